@@ -1,0 +1,49 @@
+"""tracelog: record the algebra of real training runs, deduplicated with usage
+counts, and emit it as programs for other frameworks."""
+
+from __future__ import annotations
+
+import os
+from typing import Any
+
+from tracelog.errors import LogError, TracelogError, UnsupportedOpError
+from tracelog.ir import BATCH, Graph, Node, TensorType, Value
+from tracelog.log import TraceLog, load
+
+__version__ = "0.1.0"
+
+
+def Listener(model: Any, log_dir: str | os.PathLike[str], **options: Any) -> Any:  # noqa: N802
+    """A training listener for ``model``, picked by the model's framework.
+
+    PyTorch: ``tracelog.Listener(torch_module, "runs/x")`` returns a
+    :class:`tracelog.adapters.torch.TorchListener`.
+    """
+    module = type(model).__module__
+    try:
+        import torch
+    except ImportError:
+        torch = None  # type: ignore[assignment]
+    if torch is not None and isinstance(model, torch.nn.Module):
+        from tracelog.adapters.torch import TorchListener
+
+        return TorchListener(model, log_dir, **options)
+    raise TypeError(
+        f"tracelog has no listener for {module}.{type(model).__name__}; "
+        "it records torch.nn.Module models"
+    )
+
+
+__all__ = [
+    "BATCH",
+    "Graph",
+    "Listener",
+    "LogError",
+    "Node",
+    "TensorType",
+    "TraceLog",
+    "TracelogError",
+    "UnsupportedOpError",
+    "Value",
+    "load",
+]

@@ -1,0 +1,1 @@
+"""Framework adapters: each records a framework's ops into the IR."""

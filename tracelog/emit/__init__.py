@@ -1,0 +1,1 @@
+"""Emitters: IR -> programs and models for other frameworks."""

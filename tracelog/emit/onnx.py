@@ -1,0 +1,186 @@
+"""IR -> ONNX ModelProto. The IR already speaks ONNX, so this is serialisation:
+one node per IR node, tracelog-domain ops carried as ONNX functions."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import numpy as np
+
+from tracelog.errors import UnsupportedOpError
+from tracelog.ir import Graph, TensorType, Value
+from tracelog.ops import (
+    ONNX_IR_VERSION,
+    ONNX_OPSET,
+    TRACELOG_DOMAIN,
+    TRACELOG_OPSET,
+    schema_for,
+)
+
+
+def _onnx():  # noqa: ANN202 - the onnx module, imported on use (an optional extra)
+    try:
+        import onnx
+    except ImportError:  # pragma: no cover - depends on the environment
+        raise ImportError(
+            "ONNX export needs the onnx package: pip install 'tracelog[onnx]'"
+        ) from None
+    return onnx
+
+
+def onnx_dtype(dtype: str) -> int:
+    onnx = _onnx()
+    if dtype == "bfloat16":
+        return onnx.TensorProto.BFLOAT16
+    return onnx.helper.np_dtype_to_tensor_dtype(np.dtype(dtype))
+
+
+def value_info(name: str, ty: TensorType) -> Any:
+    onnx = _onnx()
+    dims = [d if isinstance(d, int) else str(d) for d in ty.shape]
+    return onnx.helper.make_tensor_value_info(name, onnx_dtype(ty.dtype), dims)
+
+
+def const_array(v: Value, constants: dict[str, np.ndarray] | None) -> np.ndarray:
+    """The content of a constant value, from inline data or the weights file."""
+    assert v.const is not None
+    if v.const.digest is not None:
+        if constants is None or f"const/{v.const.digest}" not in constants:
+            raise KeyError(f"constant {v.name} ({v.const.digest[:12]}) is not in the weights")
+        return constants[f"const/{v.const.digest}"]
+    shape = [int(d) for d in v.type.shape]
+    return np.asarray(v.const.data, dtype=np.dtype(v.type.dtype)).reshape(shape)
+
+
+def unsupported_nodes(graph: Graph) -> list[tuple[str, int, list[str]]]:
+    """(source op, count, module paths) for each Unsupported node."""
+    found: dict[str, tuple[int, list[str]]] = {}
+    for n in graph.nodes:
+        if n.domain == TRACELOG_DOMAIN and n.op == "Unsupported":
+            key = str(n.attrs.get("source", "?"))
+            count, mods = found.get(key, (0, []))
+            if n.module not in mods:
+                mods = mods + [n.module]
+            found[key] = (count + 1, mods)
+    return [(k, c, m) for k, (c, m) in sorted(found.items())]
+
+
+def graph_to_onnx(
+    graph: Graph,
+    *,
+    name: str = "graph",
+    constants: dict[str, np.ndarray] | None = None,
+    replay_masks: bool = False,
+    doc: str = "",
+) -> Any:
+    """An ONNX model for one IR graph. Data inputs, parameters and buffers are
+    graph inputs; constants are initializers. With replay_masks, each training
+    Dropout takes its mask from an input "mask.<k>" (k in node order), so a
+    run reproduces the recorded batch exactly."""
+    onnx = _onnx()
+    helper = onnx.helper
+    missing = unsupported_nodes(graph)
+    if missing:
+        raise UnsupportedOpError("onnx", missing)
+
+    inputs = [
+        value_info(v.name, v.type)
+        for v in graph.values.values()
+        if v.kind in ("input", "param", "buffer")
+    ]
+    initializers = [
+        onnx.numpy_helper.from_array(const_array(v, constants), v.name) for v in graph.constants
+    ]
+    nodes = []
+    functions: dict[str, Any] = {}
+    n_dropout = 0
+    for i, node in enumerate(graph.nodes):
+        node_name = f"{node.module or 'root'}/{node.op}_{i}"
+        doc_string = (
+            f"{node.module} ({node.module_type}) <- {node.source}" if node.module else node.source
+        )
+        if node.op == "Dropout" and not node.domain and replay_masks:
+            mask_name = f"mask.{n_dropout}"
+            n_dropout += 1
+            inputs.append(
+                value_info(mask_name, TensorType("bool", graph.values[node.outputs[0]].type.shape))
+            )
+            nodes.extend(_replayed_dropout(node, mask_name, graph, node_name))
+            continue
+        attrs = {k: _attr(node.op, k, v, graph, node.outputs) for k, v in node.attrs.items()}
+        proto = helper.make_node(
+            node.op,
+            node.inputs,
+            node.outputs,
+            name=node_name,
+            doc_string=doc_string,
+            domain=node.domain or None,
+            **attrs,
+        )
+        nodes.append(proto)
+        if node.domain == TRACELOG_DOMAIN and node.op not in functions:
+            schema = schema_for(node.domain, node.op)
+            if schema.function is None:
+                raise UnsupportedOpError("onnx", [(node.qualified_op, 1, [node.module])])
+            functions[node.op] = onnx.parser.parse_function(schema.function)
+    outputs = []
+    for out in graph.outputs:
+        vi = value_info(out.name, graph.values[out.name].type)
+        vi.doc_string = out.role
+        outputs.append(vi)
+    produced = {o for n in graph.nodes for o in n.outputs if o}
+    out_names = {o.name for o in graph.outputs}
+    infos = [
+        value_info(v.name, v.type)
+        for v in graph.values.values()
+        if v.kind == "node" and v.name in produced and v.name not in out_names
+    ]
+    g = helper.make_graph(
+        nodes, name, inputs, outputs, initializer=initializers, value_info=infos, doc_string=doc
+    )
+    opsets = [helper.make_opsetid("", ONNX_OPSET)]
+    if functions:
+        opsets.append(helper.make_opsetid(TRACELOG_DOMAIN, TRACELOG_OPSET))
+    model = helper.make_model(
+        g,
+        opset_imports=opsets,
+        functions=[functions[k] for k in sorted(functions)],
+        ir_version=ONNX_IR_VERSION,
+        producer_name="tracelog",
+    )
+    return model
+
+
+def _attr(op: str, key: str, value: Any, graph: Graph, outputs: list[str]) -> Any:
+    onnx = _onnx()
+    if op == "Cast" and key == "to":
+        return onnx_dtype(str(value))
+    if op == "ConstantOfShape" and key == "value":
+        dtype = graph.values[outputs[0]].type.dtype
+        return onnx.numpy_helper.from_array(np.asarray([value], dtype=np.dtype(dtype)), "value")
+    return value
+
+
+def _replayed_dropout(node: Any, mask: str, graph: Graph, name: str) -> list[Any]:
+    """Dropout as PyTorch computed it: x * (mask / (1 - ratio))."""
+    helper = _onnx().helper
+    x, ratio = node.inputs[0], node.inputs[1]
+    y = node.outputs[0]
+    dt = onnx_dtype(graph.values[y].type.dtype)
+    p = f"{name}/"
+    made = [
+        helper.make_node("Cast", [mask], [p + "mask_f"], to=dt, name=p + "cast"),
+        helper.make_node(
+            "Constant",
+            [],
+            [p + "one"],
+            name=p + "one",
+            value=helper.make_tensor("one", dt, [], [1.0]),
+        ),
+        helper.make_node("Sub", [p + "one", ratio], [p + "keep"], name=p + "keep"),
+        helper.make_node("Div", [p + "mask_f", p + "keep"], [p + "scale"], name=p + "scale"),
+        helper.make_node("Mul", [x, p + "scale"], [y], name=p + "mul"),
+    ]
+    if len(node.outputs) > 1 and node.outputs[1]:
+        made.append(helper.make_node("Identity", [mask], [node.outputs[1]], name=p + "mask"))
+    return made

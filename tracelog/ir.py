@@ -1,0 +1,304 @@
+"""The neutral graph IR: values, nodes and graphs with ONNX operator semantics.
+
+A Graph is what one training batch computed in one region (prediction or loss).
+Its canonical form renames every value by order of first use, so two batches
+that ran the same algebra produce byte-identical JSON and the same sha256.
+Nothing here knows any framework or target.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+from dataclasses import dataclass, field
+from typing import Any
+
+BATCH = "batch"
+"""The symbolic leading dimension shared by the data inputs."""
+
+Dim = int | str
+AttrValue = int | float | str | list[int] | list[float] | list[str]
+
+VALUE_KINDS = ("input", "param", "buffer", "const", "node")
+GRAPH_KINDS = ("prediction", "loss")
+
+# Constants with at most this many elements are written inline in trace.json;
+# larger ones go to weights.safetensors under "const/<digest>".
+INLINE_CONSTANT_LIMIT = 64
+
+
+@dataclass(frozen=True)
+class TensorType:
+    dtype: str
+    shape: tuple[Dim, ...]
+
+    def to_json(self) -> dict[str, Any]:
+        return {"dtype": self.dtype, "shape": list(self.shape)}
+
+    @classmethod
+    def from_json(cls, d: dict[str, Any]) -> TensorType:
+        return cls(str(d["dtype"]), tuple(d["shape"]))
+
+    def __str__(self) -> str:
+        return f"{self.dtype}[{', '.join(str(d) for d in self.shape)}]"
+
+
+@dataclass
+class ConstData:
+    """The content of a constant: inline values, or a digest of stored bytes."""
+
+    data: list[Any] | None = None
+    digest: str | None = None
+
+    def to_json(self) -> dict[str, Any]:
+        return {"data": self.data} if self.digest is None else {"digest": self.digest}
+
+
+@dataclass
+class Value:
+    name: str
+    type: TensorType
+    kind: str
+    trainable: bool = False
+    const: ConstData | None = None
+
+    def to_json(self) -> dict[str, Any]:
+        d: dict[str, Any] = {"name": self.name, "kind": self.kind, **self.type.to_json()}
+        if self.kind == "param":
+            d["trainable"] = self.trainable
+        if self.const is not None:
+            d.update(self.const.to_json())
+        return d
+
+    @classmethod
+    def from_json(cls, d: dict[str, Any]) -> Value:
+        const = None
+        if d["kind"] == "const":
+            const = ConstData(data=d.get("data"), digest=d.get("digest"))
+        return cls(
+            name=str(d["name"]),
+            type=TensorType.from_json(d),
+            kind=str(d["kind"]),
+            trainable=bool(d.get("trainable", False)),
+            const=const,
+        )
+
+
+@dataclass
+class Node:
+    op: str
+    inputs: list[str]
+    outputs: list[str]
+    attrs: dict[str, AttrValue] = field(default_factory=dict)
+    domain: str = ""
+    module: str = ""
+    module_type: str = ""
+    source: str = ""
+
+    @property
+    def qualified_op(self) -> str:
+        return f"{self.domain}.{self.op}" if self.domain else self.op
+
+    def to_json(self) -> dict[str, Any]:
+        d: dict[str, Any] = {"op": self.op, "inputs": self.inputs, "outputs": self.outputs}
+        if self.domain:
+            d["domain"] = self.domain
+        if self.attrs:
+            d["attrs"] = {k: _norm_attr(v) for k, v in sorted(self.attrs.items())}
+        d["module"] = self.module
+        d["module_type"] = self.module_type
+        d["source"] = self.source
+        return d
+
+    @classmethod
+    def from_json(cls, d: dict[str, Any]) -> Node:
+        return cls(
+            op=str(d["op"]),
+            inputs=[str(x) for x in d["inputs"]],
+            outputs=[str(x) for x in d["outputs"]],
+            attrs=dict(d.get("attrs", {})),
+            domain=str(d.get("domain", "")),
+            module=str(d.get("module", "")),
+            module_type=str(d.get("module_type", "")),
+            source=str(d.get("source", "")),
+        )
+
+
+@dataclass
+class Output:
+    """A graph output. role: "prediction", "prediction.<key>", "feature.<n>",
+    "loss" or "update:<buffer path>"."""
+
+    name: str
+    role: str
+
+    def to_json(self) -> dict[str, str]:
+        return {"name": self.name, "role": self.role}
+
+
+@dataclass
+class Graph:
+    kind: str
+    values: dict[str, Value] = field(default_factory=dict)
+    nodes: list[Node] = field(default_factory=list)
+    outputs: list[Output] = field(default_factory=list)
+
+    # -- views by kind, in order of first appearance --------------------------
+    def _of_kind(self, kind: str) -> list[Value]:
+        return [v for v in self.values.values() if v.kind == kind]
+
+    @property
+    def inputs(self) -> list[Value]:
+        return self._of_kind("input")
+
+    @property
+    def params(self) -> list[Value]:
+        return self._of_kind("param")
+
+    @property
+    def buffers(self) -> list[Value]:
+        return self._of_kind("buffer")
+
+    @property
+    def constants(self) -> list[Value]:
+        return self._of_kind("const")
+
+    def output(self, role: str) -> Output:
+        for out in self.outputs:
+            if out.role == role:
+                return out
+        raise KeyError(role)
+
+    def producers(self) -> dict[str, Node]:
+        return {o: n for n in self.nodes for o in n.outputs if o}
+
+    def op_histogram(self) -> dict[str, int]:
+        hist: dict[str, int] = {}
+        for n in self.nodes:
+            hist[n.qualified_op] = hist.get(n.qualified_op, 0) + 1
+        return dict(sorted(hist.items(), key=lambda kv: (-kv[1], kv[0])))
+
+    # -- canonical form -------------------------------------------------------
+    def canonical(self) -> Graph:
+        """A copy with node outputs renamed v0, v1, ... and constants c0, c1, ...
+        in order of first use; values listed in order of first use."""
+        rename: dict[str, str] = {"": ""}
+        order: list[str] = []
+        n_const = 0
+
+        def see(name: str) -> None:
+            nonlocal n_const
+            if name in rename:
+                return
+            v = self.values[name]
+            if v.kind == "const":
+                rename[name] = f"c{n_const}"
+                n_const += 1
+            elif v.kind == "node":
+                raise ValueError(f"value {name!r} is used before it is defined")
+            else:
+                rename[name] = name
+            order.append(name)
+
+        n_val = 0
+        for v in self.values.values():  # data inputs keep their declared order
+            if v.kind == "input":
+                see(v.name)
+        for node in self.nodes:
+            for i in node.inputs:
+                see(i)
+            for o in node.outputs:
+                if o == "":
+                    continue
+                if o in rename:
+                    raise ValueError(f"value {o!r} is defined twice")
+                rename[o] = f"v{n_val}"
+                n_val += 1
+                order.append(o)
+        for out in self.outputs:
+            see(out.name)
+
+        values: dict[str, Value] = {}
+        for name in order:
+            v = self.values[name]
+            new = Value(rename[name], v.type, v.kind, v.trainable, v.const)
+            values[new.name] = new
+        nodes = [
+            Node(
+                op=n.op,
+                inputs=[rename[i] for i in n.inputs],
+                outputs=[rename[o] for o in n.outputs],
+                attrs={k: _norm_attr(a) for k, a in sorted(n.attrs.items())},
+                domain=n.domain,
+                module=n.module,
+                module_type=n.module_type,
+                source=n.source,
+            )
+            for n in self.nodes
+        ]
+        outputs = [Output(rename[o.name], o.role) for o in self.outputs]
+        return Graph(self.kind, values, nodes, outputs)
+
+    def to_json(self) -> dict[str, Any]:
+        return {
+            "kind": self.kind,
+            "values": [v.to_json() for v in self.values.values()],
+            "nodes": [n.to_json() for n in self.nodes],
+            "outputs": [o.to_json() for o in self.outputs],
+        }
+
+    @classmethod
+    def from_json(cls, d: dict[str, Any]) -> Graph:
+        values = [Value.from_json(v) for v in d["values"]]
+        return cls(
+            kind=str(d["kind"]),
+            values={v.name: v for v in values},
+            nodes=[Node.from_json(n) for n in d["nodes"]],
+            outputs=[Output(str(o["name"]), str(o["role"])) for o in d["outputs"]],
+        )
+
+    def canonical_json(self) -> str:
+        return json.dumps(self.to_json(), sort_keys=True, separators=(",", ":"))
+
+    def digest(self) -> str:
+        """sha256 of the canonical JSON. Call on a canonical graph."""
+        return hashlib.sha256(self.canonical_json().encode()).hexdigest()
+
+    # -- checks ---------------------------------------------------------------
+    def validate(self) -> None:
+        """Raise ValueError unless every value is defined once, before use, and
+        every node names an op of the vocabulary (or is an Unsupported marker)."""
+        from tracelog.ops import schema_for
+
+        defined = {v.name for v in self.values.values() if v.kind != "node"}
+        for v in self.values.values():
+            if v.kind not in VALUE_KINDS:
+                raise ValueError(f"value {v.name!r} has unknown kind {v.kind!r}")
+        if self.kind not in GRAPH_KINDS:
+            raise ValueError(f"unknown graph kind {self.kind!r}")
+        for node in self.nodes:
+            schema = schema_for(node.domain, node.op)
+            schema.check_arity(node)
+            for i in node.inputs:
+                if i and i not in defined:
+                    raise ValueError(f"{node.qualified_op} uses {i!r} before it is defined")
+            for o in node.outputs:
+                if not o:
+                    continue
+                if o in defined:
+                    raise ValueError(f"{node.qualified_op} redefines {o!r}")
+                if o not in self.values:
+                    raise ValueError(f"{node.qualified_op} output {o!r} has no type")
+                defined.add(o)
+        for out in self.outputs:
+            if out.name not in defined:
+                raise ValueError(f"output {out.role} names undefined value {out.name!r}")
+
+
+def _norm_attr(v: Any) -> Any:
+    """Attributes in one normal form: bools as ints, tuples as lists."""
+    if isinstance(v, bool):
+        return int(v)
+    if isinstance(v, (tuple, list)):
+        return [_norm_attr(x) for x in v]
+    return v

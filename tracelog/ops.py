@@ -1,0 +1,235 @@
+"""The op vocabulary: one schema per op.
+
+Ops of the default domain ("") mean exactly what the ONNX specification says
+at opset ONNX_OPSET. Where ONNX has no op with the meaning a framework
+computes, the op lives in the "tracelog" domain and its meaning is written
+down twice: in prose, and as an ONNX function body built only from standard
+ops, so that onnx.reference and onnxruntime can still serve as oracles.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import TYPE_CHECKING
+
+if TYPE_CHECKING:
+    from tracelog.ir import Node
+
+ONNX_OPSET = 21
+ONNX_IR_VERSION = 10  # the IR version that goes with opset 21
+TRACELOG_DOMAIN = "tracelog"
+TRACELOG_OPSET = 1
+
+
+@dataclass(frozen=True)
+class OpSchema:
+    name: str
+    inputs: tuple[str, ...]  # "name?" optional, "name*" variadic
+    outputs: tuple[str, ...]  # "name?" optional
+    attrs: tuple[str, ...] = ()
+    domain: str = ""
+    doc: str = ""
+    function: str | None = field(default=None, compare=False)  # ONNX text body
+
+    @property
+    def qualified(self) -> str:
+        return f"{self.domain}.{self.name}" if self.domain else self.name
+
+    def check_arity(self, node: Node) -> None:
+        if self.name == "Unsupported" and self.domain == TRACELOG_DOMAIN:
+            return
+        required = sum(1 for i in self.inputs if not i.endswith(("?", "*")))
+        variadic = any(i.endswith("*") for i in self.inputs)
+        if len(node.inputs) < required or (not variadic and len(node.inputs) > len(self.inputs)):
+            raise ValueError(f"{self.qualified} takes {self.inputs}, got {len(node.inputs)} inputs")
+        if not 1 <= len(node.outputs) <= len(self.outputs):
+            raise ValueError(
+                f"{self.qualified} gives {self.outputs}, got {len(node.outputs)} outputs"
+            )
+        unknown = set(node.attrs) - set(self.attrs)
+        if unknown:
+            raise ValueError(f"{self.qualified} has no attribute(s) {sorted(unknown)}")
+
+
+OPS: dict[tuple[str, str], OpSchema] = {}
+
+
+def define(schema: OpSchema) -> OpSchema:
+    key = (schema.domain, schema.name)
+    if key in OPS:
+        raise ValueError(f"op {schema.qualified} is defined twice")
+    OPS[key] = schema
+    return schema
+
+
+def schema_for(domain: str, name: str) -> OpSchema:
+    try:
+        return OPS[(domain, name)]
+    except KeyError:
+        raise NotImplementedError(
+            f"op {domain + '.' if domain else ''}{name} is not in the vocabulary"
+        ) from None
+
+
+def _onnx(name: str, inputs: str, outputs: str, attrs: str = "", doc: str = "") -> None:
+    define(
+        OpSchema(
+            name,
+            tuple(inputs.split()),
+            tuple(outputs.split()),
+            tuple(attrs.split()),
+            doc=doc or f"ONNX {name}, opset {ONNX_OPSET}.",
+        )
+    )
+
+
+# -- ONNX ops, grouped as the spec groups them ---------------------------------
+for _name in (
+    "Relu Tanh Sigmoid Sqrt Exp Log Abs Neg Reciprocal Erf Softplus Identity Not Floor Ceil"
+).split():
+    _onnx(_name, "X", "Y")
+_onnx("LeakyRelu", "X", "Y", "alpha")
+_onnx("Gelu", "X", "Y", "approximate")
+_onnx("Clip", "input min? max?", "output")
+for _name in "Add Sub Mul Div Pow Equal Less Greater And Or".split():
+    _onnx(_name, "A B", "C")
+_onnx("Max", "data_0*", "max")
+_onnx("Min", "data_0*", "min")
+_onnx("Where", "condition X Y", "output")
+_onnx("Cast", "input", "output", "to")
+_onnx("Softmax", "input", "output", "axis")
+_onnx("LogSoftmax", "input", "output", "axis")
+_onnx("MatMul", "A B", "Y")
+_onnx("Gemm", "A B C?", "Y", "alpha beta transA transB")
+_onnx("Conv", "X W B?", "Y", "auto_pad dilations group kernel_shape pads strides")
+_onnx(
+    "MaxPool",
+    "X",
+    "Y Indices?",
+    "auto_pad ceil_mode dilations kernel_shape pads storage_order strides",
+)
+_onnx(
+    "AveragePool",
+    "X",
+    "Y",
+    "auto_pad ceil_mode count_include_pad dilations kernel_shape pads strides",
+)
+_onnx("GlobalAveragePool", "X", "Y")
+_onnx(
+    "BatchNormalization",
+    "X scale B input_mean input_var",
+    "Y running_mean? running_var?",
+    "epsilon momentum training_mode",
+)
+_onnx(
+    "LayerNormalization",
+    "X Scale B?",
+    "Y Mean? InvStdDev?",
+    "axis epsilon stash_type",
+)
+_onnx("Dropout", "data ratio? training_mode?", "output mask?", "seed")
+for _name in "ReduceMean ReduceSum ReduceMax ReduceMin ReduceProd".split():
+    _onnx(_name, "data axes?", "reduced", "keepdims noop_with_empty_axes")
+_onnx("ArgMax", "data", "reduced", "axis keepdims select_last_index")
+_onnx("Reshape", "data shape", "reshaped", "allowzero")
+_onnx("Transpose", "data", "transposed", "perm")
+_onnx("Concat", "inputs*", "concat_result", "axis")
+_onnx("Split", "input split?", "outputs*", "axis num_outputs")
+_onnx("Slice", "data starts ends axes? steps?", "output")
+_onnx("Gather", "data indices", "output", "axis")
+_onnx("Unsqueeze", "data axes", "expanded")
+_onnx("Squeeze", "data axes?", "squeezed")
+_onnx("Expand", "input shape", "output")
+_onnx("Tile", "input repeats", "output")
+_onnx("Shape", "data", "shape", "end start")
+_onnx("ConstantOfShape", "input", "output", "value")
+_onnx(
+    "NegativeLogLikelihoodLoss",
+    "input target weight?",
+    "loss",
+    "ignore_index reduction",
+)
+# Split's outputs are variadic in ONNX; allow many.
+OPS[("", "Split")] = OpSchema(
+    "Split",
+    ("input", "split?"),
+    tuple(f"outputs_{i}?" for i in range(64)),
+    ("axis", "num_outputs"),
+    doc="ONNX Split; outputs are variadic.",
+)
+
+# -- tracelog ops --------------------------------------------------------------
+define(
+    OpSchema(
+        "BatchNormTraining",
+        ("X", "scale", "B", "running_mean", "running_var"),
+        ("Y", "new_running_mean", "new_running_var"),
+        ("epsilon", "momentum", "axes"),
+        domain=TRACELOG_DOMAIN,
+        doc=(
+            "Batch normalisation in training mode as PyTorch computes it. Y normalises X with "
+            "the batch mean and the biased batch variance over `axes` (all but the channel "
+            "axis). The running statistics update with the *unbiased* batch variance: "
+            "new_running_mean = (1 - momentum) * running_mean + momentum * mean, "
+            "new_running_var = (1 - momentum) * running_var + momentum * var * n / (n - 1), "
+            "n the number of elements reduced per channel. ONNX BatchNormalization with "
+            "training_mode=1 uses the biased variance and the opposite momentum convention, "
+            "hence this op."
+        ),
+        function="""
+<domain: "tracelog", opset_import: ["" : 21]>
+BatchNormTraining <epsilon, momentum, axes> (X, scale, B, running_mean, running_var)
+    => (Y, new_running_mean, new_running_var) {
+  eps = Constant <value_float: float = @epsilon> ()
+  mom = Constant <value_float: float = @momentum> ()
+  ax = Constant <value_ints: ints = @axes> ()
+  one = Constant <value_float = 1.0> ()
+  mean = ReduceMean <keepdims = 0> (X, ax)
+  mean_b = Unsqueeze (mean, ax)
+  centred = Sub (X, mean_b)
+  squared = Mul (centred, centred)
+  var = ReduceMean <keepdims = 0> (squared, ax)
+  var_b = Unsqueeze (var, ax)
+  var_eps = Add (var_b, eps)
+  std = Sqrt (var_eps)
+  normed = Div (centred, std)
+  scale_b = Unsqueeze (scale, ax)
+  bias_b = Unsqueeze (B, ax)
+  scaled = Mul (normed, scale_b)
+  Y = Add (scaled, bias_b)
+  n_all = Size (X)
+  n_chan = Size (mean)
+  n_int = Div (n_all, n_chan)
+  n = CastLike (n_int, X)
+  n_minus_1 = Sub (n, one)
+  bessel = Div (n, n_minus_1)
+  var_unbiased = Mul (var, bessel)
+  keep = Sub (one, mom)
+  old_mean = Mul (running_mean, keep)
+  new_mean_part = Mul (mean, mom)
+  new_running_mean = Add (old_mean, new_mean_part)
+  old_var = Mul (running_var, keep)
+  new_var_part = Mul (var_unbiased, mom)
+  new_running_var = Add (old_var, new_var_part)
+}
+""",
+    )
+)
+define(
+    OpSchema(
+        "Unsupported",
+        ("inputs*",),
+        ("outputs*",),
+        ("source", "reason"),
+        domain=TRACELOG_DOMAIN,
+        doc=(
+            "A source op the adapter could not translate. It keeps the source op's name, the "
+            "reason and typed outputs so the log stays complete; emitters refuse it by name."
+        ),
+    )
+)
+
+
+def vocabulary() -> list[OpSchema]:
+    """Every op, sorted by (domain, name)."""
+    return [OPS[k] for k in sorted(OPS)]

@@ -1,0 +1,142 @@
+"""Check that a log's IR means what the source framework computed.
+
+The recorded sample batch is replayed through the sample's prediction and
+loss graphs, serialised to ONNX and run by an independent runtime
+(onnx.reference.ReferenceEvaluator, or onnxruntime). Predictions, buffer
+updates and the loss must match what the framework produced.
+"""
+
+from __future__ import annotations
+
+import os
+from dataclasses import dataclass, field
+from typing import Any
+
+import numpy as np
+
+from tracelog.emit.onnx import graph_to_onnx
+from tracelog.errors import LogError
+from tracelog.ir import Graph
+from tracelog.log import TraceLog
+
+RUNTIMES = ("reference", "onnxruntime")
+
+
+@dataclass
+class Comparison:
+    name: str
+    max_abs: float
+    max_rel: float
+    ok: bool
+
+
+@dataclass
+class Report:
+    runtime: str
+    atol: float
+    rtol: float
+    comparisons: list[Comparison] = field(default_factory=list)
+
+    @property
+    def ok(self) -> bool:
+        return bool(self.comparisons) and all(c.ok for c in self.comparisons)
+
+    def table(self) -> str:
+        width = max([len(c.name) for c in self.comparisons] + [6])
+        lines = [
+            f"IR vs recorded batch, run by {self.runtime} (atol {self.atol:g}, rtol {self.rtol:g})",
+            f"{'output':<{width}}  {'max abs err':>12}  {'max rel err':>12}  ok",
+        ]
+        for c in self.comparisons:
+            lines.append(
+                f"{c.name:<{width}}  {c.max_abs:>12.3e}  {c.max_rel:>12.3e}  {'yes' if c.ok else 'NO'}"
+            )
+        lines.append("parity: ok" if self.ok else "parity: MISMATCH")
+        return "\n".join(lines)
+
+
+def compare(name: str, got: Any, want: Any, atol: float, rtol: float) -> Comparison:
+    got_a, want_a = np.asarray(got), np.asarray(want)
+    if got_a.shape != want_a.shape:
+        return Comparison(
+            f"{name} (shape {got_a.shape} != {want_a.shape})", float("inf"), float("inf"), False
+        )
+    if got_a.size == 0:
+        return Comparison(name, 0.0, 0.0, True)
+    g = got_a.astype(np.float64)
+    w = want_a.astype(np.float64)
+    err = np.abs(g - w)
+    rel = err / np.maximum(np.abs(w), 1e-12)
+    ok = bool(np.all(err <= atol + rtol * np.abs(w)))
+    return Comparison(name, float(err.max()), float(rel.max()), ok)
+
+
+def _runner(model: Any, runtime: str) -> Any:
+    if runtime == "reference":
+        from onnx.reference import ReferenceEvaluator
+
+        ev = ReferenceEvaluator(model)
+        return lambda feeds: ev.run(None, feeds)
+    if runtime == "onnxruntime":
+        import onnxruntime as ort
+
+        opts = ort.SessionOptions()
+        opts.log_severity_level = 3
+        sess = ort.InferenceSession(
+            model.SerializeToString(), opts, providers=["CPUExecutionProvider"]
+        )
+        return lambda feeds: sess.run(None, feeds)
+    raise ValueError(f"unknown runtime {runtime!r}; choose from {', '.join(RUNTIMES)}")
+
+
+def run_graph(
+    graph: Graph,
+    feeds: dict[str, np.ndarray],
+    *,
+    runtime: str = "reference",
+    constants: dict[str, np.ndarray] | None = None,
+) -> dict[str, np.ndarray]:
+    """Run one IR graph through an ONNX runtime; outputs keyed by role."""
+    model = graph_to_onnx(graph, constants=constants, replay_masks=True)
+    wanted = {i.name for i in model.graph.input}
+    results = _runner(model, runtime)({k: v for k, v in feeds.items() if k in wanted})
+    return {out.role: np.asarray(r) for out, r in zip(graph.outputs, results, strict=True)}
+
+
+def verify(
+    log_or_dir: TraceLog | str | os.PathLike[str],
+    *,
+    runtime: str = "reference",
+    atol: float = 1e-5,
+    rtol: float = 1e-4,
+) -> Report:
+    log = log_or_dir if isinstance(log_or_dir, TraceLog) else TraceLog.load(log_or_dir)
+    info = log.sample_info
+    if not info:
+        raise LogError("this log has no recorded sample batch (no training batch with a loss)")
+    sample = log.sample()
+    weights = log.weights()
+    report = Report(runtime, atol, rtol)
+
+    pred = log.graph(info["prediction"])
+    feeds: dict[str, np.ndarray] = {}
+    for key, arr in sample.items():
+        kind, _, name = key.partition("/")
+        if kind in ("input", "param", "buffer", "target"):
+            feeds[name] = arr
+        elif kind == "mask":
+            feeds[f"mask.{name}"] = arr
+    got = run_graph(pred, feeds, runtime=runtime, constants=weights)
+    for role, value in got.items():
+        if role.startswith("prediction"):
+            report.comparisons.append(compare(role, value, sample[f"output/{role}"], atol, rtol))
+        elif role.startswith("update:"):
+            buf = role.split(":", 1)[1]
+            report.comparisons.append(compare(role, value, sample[f"update/{buf}"], atol, rtol))
+
+    loss = log.graph(info["loss"])
+    loss_feeds = dict(feeds)
+    loss_feeds.update(got)  # the loss graph reads the prediction graph's outputs by role
+    got_loss = run_graph(loss, loss_feeds, runtime=runtime, constants=weights)
+    report.comparisons.append(compare("loss", got_loss["loss"], sample["loss"], atol, rtol))
+    return report
