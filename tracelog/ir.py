@@ -17,6 +17,26 @@ BATCH = "batch"
 """The symbolic leading dimension shared by the data inputs."""
 
 Dim = int | str
+
+
+def is_symbolic(d: object) -> bool:
+    """True for "batch" and for a batch-derived dim written "batch*k"."""
+    return isinstance(d, str)
+
+
+def batch_factor(d: object) -> int:
+    """k of "batch*k" (1 for "batch"); a merged dim such as batch x time."""
+    if d == BATCH:
+        return 1
+    if isinstance(d, str) and d.startswith(BATCH + "*") and d[len(BATCH) + 1 :].isdigit():
+        return int(d[len(BATCH) + 1 :])
+    raise ValueError(f"not a batch dim: {d!r}")
+
+
+def batch_dim(k: int) -> str:
+    return BATCH if k == 1 else f"{BATCH}*{k}"
+
+
 AttrValue = int | float | str | list[int] | list[float] | list[str]
 
 VALUE_KINDS = ("input", "param", "buffer", "const", "node")

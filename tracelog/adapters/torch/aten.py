@@ -10,7 +10,7 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 
-from tracelog.ir import BATCH, TensorType
+from tracelog.ir import TensorType, is_symbolic
 from tracelog.ops import TRACELOG_DOMAIN
 
 from .builder import ATEN, Ctx, NotSupported
@@ -521,7 +521,9 @@ def _expand(ctx: Ctx) -> Names:
     for i, d in enumerate(out):
         j = i - offset
         dims.append(1 if j >= 0 and src[j] == d else d)
-    shape = ctx.dynamic_shape(dims) if BATCH in dims else ctx.ints([int(d) for d in dims])
+    shape = (
+        ctx.dynamic_shape(dims) if any(map(is_symbolic, dims)) else ctx.ints([int(d) for d in dims])
+    )
     return ctx.one("Expand", [ctx.t(0), shape])
 
 
@@ -569,7 +571,7 @@ def _split_rule(ctx: Ctx) -> Names:
     dim = int(ctx.arg(2, "dim", 0)) % len(shape)
     sizes = (
         [int(o.shape[dim]) for o in ctx.rec.outs[: ctx.rec.n_returned]]
-        if shape[dim] != BATCH
+        if not is_symbolic(shape[dim])
         else None
     )
     if sizes is None or any(not isinstance(o.shape[dim], int) for o in ctx.rec.outs):
@@ -605,7 +607,7 @@ def _slice(ctx: Ctx) -> Names:
     step = int(ctx.arg(4, "step", 1))
     start = 0 if start is None else int(start)
     end = INT64_MAX if end is None or end >= INT64_MAX else int(end)
-    if shape[dim] == BATCH and (start, end, step) != (0, INT64_MAX, 1):
+    if is_symbolic(shape[dim]) and (start, end, step) != (0, INT64_MAX, 1):
         if ctx.batch is not None and end >= ctx.batch and start == 0 and step == 1:
             return [ctx.t(0)]  # a slice of the whole batch: x[:n] with n >= batch
         raise NotSupported("a slice of part of the batch")
@@ -623,7 +625,7 @@ def _slice(ctx: Ctx) -> Names:
 def _select(ctx: Ctx) -> Names:
     shape = ctx.in_type(0).shape
     dim = int(ctx.arg(1, "dim")) % len(shape)
-    if shape[dim] == BATCH:
+    if is_symbolic(shape[dim]):
         raise NotSupported("selecting one sample of the batch")
     return ctx.one("Gather", [ctx.t(0), ctx.const(int(ctx.arg(2, "index")), "int64")], axis=dim)
 
@@ -640,7 +642,7 @@ def _fill_rule(value_arg: int | None, fill: float):  # noqa: ANN202 - a rule fac
         value = fill if value_arg is None else ctx.arg(value_arg, "fill_value")
         if isinstance(value, TArg):
             raise NotSupported("a fill value given as a tensor")
-        if BATCH in out.shape:
+        if any(map(is_symbolic, out.shape)):
             return ctx.one("ConstantOfShape", [ctx.dynamic_shape(list(out.shape))], value=value)
         import numpy as np
 

@@ -8,7 +8,7 @@ from typing import Any
 
 import numpy as np
 
-from tracelog.ir import BATCH, ConstData, Graph, Node, Output, TensorType, Value
+from tracelog.ir import ConstData, Graph, Node, Output, TensorType, Value, batch_factor, is_symbolic
 from tracelog.ops import TRACELOG_DOMAIN
 from tracelog.registry import Table
 
@@ -359,22 +359,31 @@ class Ctx:
         return self.node(op, inputs, outs=[ty], **attrs)[0]
 
     def shape_const(self, dims: Sequence[int | str], allow_minus_one: bool = True) -> str:
-        """A shape tensor for Reshape-like ops; the batch dim becomes -1 when
-        allowed, else a Shape() of the first data input."""
-        if BATCH not in dims:
+        """A shape tensor for Reshape-like ops: a single batch-derived dim
+        becomes -1 when allowed, else it is computed from Shape(first input)."""
+        symbolic = [d for d in dims if is_symbolic(d)]
+        if not symbolic:
             return self.ints([int(d) for d in dims])
-        if allow_minus_one and dims.count(BATCH) == 1 and -1 not in dims:
-            return self.ints([-1 if d == BATCH else int(d) for d in dims])
+        if allow_minus_one and len(symbolic) == 1 and -1 not in dims:
+            return self.ints([-1 if is_symbolic(d) else int(d) for d in dims])
         return self.dynamic_shape(dims)
 
     def dynamic_shape(self, dims: Sequence[int | str]) -> str:
-        """Concat of Shape(first data input)[0:1] for batch dims and constants."""
+        """Concat of Shape(first data input)[0:1] (times k for batch*k) for
+        symbolic dims and constants for the others."""
         if not self.b.tape.inputs:
             raise NotSupported("a batch-sized shape with no data input")
         first_name, first = next(iter(self.b.tape.inputs.items()))
         self.b.name_of(first)
-        bdim = self.helper("Shape", [first_name], TensorType("int64", (1,)), start=0, end=1)
-        parts = [bdim if d == BATCH else self.ints([int(d)]) for d in dims]
+        one = TensorType("int64", (1,))
+        bdim = self.helper("Shape", [first_name], one, start=0, end=1)
+        parts = []
+        for d in dims:
+            if not is_symbolic(d):
+                parts.append(self.ints([int(d)]))
+                continue
+            k = batch_factor(d)
+            parts.append(bdim if k == 1 else self.helper("Mul", [bdim, self.ints([k])], one))
         if len(parts) == 1:
             return parts[0]
         return self.helper("Concat", parts, TensorType("int64", (len(dims),)), axis=0)

@@ -25,6 +25,7 @@ from tracelog.log import TraceLog
 
 from . import aten as _aten  # noqa: F401 - importing fills the aten table
 from .builder import Builder, NotSupported
+from .shapes import exact_batch_dims
 from .tape import ConstInfo, Rec, Ref, Tape, TArg, dtype_name, symbolic_shape, tensor_digest
 
 logger = logging.getLogger("tracelog")
@@ -197,10 +198,20 @@ class _Window:
                 return targ
             if isinstance(a, (list, tuple)):
                 return tuple(norm(x) for x in a)
-            if a is None or isinstance(a, (bool, int, float, str)):
+            if a is None or isinstance(
+                a,
+                (
+                    bool,
+                    int,
+                    float,
+                    str,
+                    torch.dtype,
+                    torch.device,
+                    torch.layout,
+                    torch.memory_format,
+                ),
+            ):
                 return a
-            if isinstance(a, torch.dtype):
-                return dtype_name(a)
             return str(a)
 
         nargs = norm(args)
@@ -209,9 +220,8 @@ class _Window:
         outs: list[torch.Tensor] = []
         _flatten_out(out, outs)
         n_returned = len(outs)
-        for i in _mutated_args(func, args):
-            if isinstance(args[i], torch.Tensor):
-                outs.append(args[i])
+        mutated = tuple(i for i in _mutated_args(func, args) if isinstance(args[i], torch.Tensor))
+        outs.extend(args[i] for i in mutated)
         targs = []
         for k, t in enumerate(outs):
             ref: Ref = ("o", index, k)
@@ -224,7 +234,19 @@ class _Window:
         module = self.stack[-1] if self.stack else ("", "")
         name = _op_name(func)
         self.tape.recs.append(
-            Rec(index, name, region, module, nargs, nkwargs, tuple(targs), n_returned, tainted)
+            Rec(
+                index,
+                name,
+                region,
+                module,
+                nargs,
+                nkwargs,
+                tuple(targs),
+                n_returned,
+                tainted,
+                func,
+                mutated,
+            )
         )
         if region == "post":
             if (
@@ -475,7 +497,8 @@ class TorchListener:
         cached = self._cache.get(fp)
         if cached is None:
             trainable = {n: p.requires_grad for n, p in self.model.named_parameters()}
-            builder = Builder(tape, trainable, self.log.constants)
+            # exact batch dims from a meta replay; the equal-size guess if it fails
+            builder = Builder(exact_batch_dims(tape) or tape, trainable, self.log.constants)
             builder.convert()
             try:
                 pred, loss_graph, masks = builder.graphs()

@@ -65,6 +65,8 @@ class Rec:
     outs: tuple[TArg, ...]  # returned tensors, then tensors mutated in place
     n_returned: int
     tainted: bool
+    func: Any = field(default=None, compare=False, repr=False)  # the OpOverload, for replay
+    mutated: tuple[int, ...] = ()  # positional args written in place, not returned
 
     def key(self, batch: int | None) -> tuple[Any, ...]:
         args, kwargs = self.args, self.kwargs

@@ -1,0 +1,185 @@
+"""Which dims are the batch dim: found by running the tape again on meta
+tensors with a different batch size.
+
+Marking every dim equal to the batch size is a guess that fails when a
+feature dim happens to equal it (batch 64 and 64 channels). Instead, the
+recorded ops are replayed on the meta device (shapes only, no data, no RNG)
+with the data inputs' leading dim changed from B to B + 1; a dim is the batch
+dim exactly where the two runs differ by that change. If the replay fails
+(an op with no meta kernel, or an int argument that is ambiguous), the guess
+stands.
+"""
+
+from __future__ import annotations
+
+from dataclasses import replace
+from typing import Any
+
+import torch
+
+from tracelog.ir import BATCH, batch_dim
+
+from .tape import Ref, Tape, TArg
+
+_TORCH_DTYPES = {
+    "float32": torch.float32,
+    "float64": torch.float64,
+    "float16": torch.float16,
+    "bfloat16": torch.bfloat16,
+    "int64": torch.int64,
+    "int32": torch.int32,
+    "int16": torch.int16,
+    "int8": torch.int8,
+    "uint8": torch.uint8,
+    "bool": torch.bool,
+}
+
+# Random ops keep their input's shape; replaying them would still be shape-only,
+# but they are skipped so no generator is ever touched.
+_RANDOM_INPLACE = {"aten.bernoulli_.float", "aten.uniform_.default", "aten.normal_.default"}
+
+
+def _concrete(shape: tuple[int | str, ...], batch: int) -> tuple[int, ...]:
+    return tuple(batch if d == BATCH else int(d) for d in shape)
+
+
+def exact_batch_dims(tape: Tape) -> Tape | None:
+    """A copy of the tape whose shapes mark exactly the batch-derived dims,
+    or None when the replay could not tell."""
+    batch = tape.batch_size
+    if batch is None or batch < 2:
+        return None
+    other = batch + 1
+    metas: dict[Ref, torch.Tensor] = {}
+
+    def meta_of(a: TArg) -> torch.Tensor:
+        t = metas.get(a.ref)
+        if t is None:
+            shape = list(_concrete(a.shape, batch))
+            if a.ref[0] in ("i", "t") and shape:
+                shape[0] = other  # the data's leading dim is the batch by definition
+            t = torch.empty(shape, dtype=_TORCH_DTYPES[a.dtype], device="meta")
+            metas[a.ref] = t
+        return t
+
+    def sub(obj: Any, chosen: set[int] | None, counter: list[int]) -> Any:
+        """Replace TArgs by meta tensors, and the ints inside size lists that are
+        multiples k*B of the batch, whose running position is in `chosen` (None:
+        all of them), by k*(B + 1). A lone int (groups, dim, a split size) stays."""
+        if isinstance(obj, TArg):
+            return meta_of(obj)
+        if isinstance(obj, tuple):
+            out = []
+            for x in obj:
+                if type(x) is int and x > 0 and x % batch == 0:
+                    pos = counter[0]
+                    counter[0] += 1
+                    follow = chosen is None or pos in chosen
+                    out.append(x // batch * other if follow else x)
+                else:
+                    out.append(sub(x, chosen, counter))
+            return out
+        if isinstance(obj, torch.device):
+            return torch.device("meta")
+        return obj
+
+    def run(rec: Any, chosen: set[int] | None) -> list[torch.Tensor]:
+        counter = [0]
+        args = [sub(a, chosen, counter) for a in rec.args]
+        kwargs = {k: sub(v, chosen, counter) for k, v in rec.kwargs}
+        if "device" in kwargs:
+            kwargs["device"] = torch.device("meta")
+        if rec.op in _RANDOM_INPLACE:
+            return [args[0]]
+        outs: list[torch.Tensor] = []
+        _flatten(rec.func(*args, **kwargs), outs)
+        return outs + [args[i] for i in rec.mutated]
+
+    def n_batch_ints(rec: Any) -> int:
+        counter = [0]
+        for a in (*rec.args, *(v for _, v in rec.kwargs)):
+            sub(a, set(), counter)
+        return counter[0]
+
+    def changes(rec: Any, outs: list[torch.Tensor]) -> tuple[int, ...] | None:
+        """Positions where the replay moved a dim from B to B + 1; None if it
+        changed any dim some other way (then this choice, or the replay, is wrong)."""
+        if len(outs) != len(rec.outs):
+            return None
+        found: list[int] = []
+        for k, t in enumerate(outs):
+            concrete = _concrete(rec.outs[k].shape, batch)
+            if t.dim() != len(concrete):
+                return None
+            for i, (d, m) in enumerate(zip(concrete, t.shape, strict=True)):
+                if d == m:
+                    continue
+                if d % batch == 0 and m == d // batch * other:
+                    found.append(i)  # the batch, or a dim merged with it (batch x time)
+                else:
+                    return None
+        return tuple(found)
+
+    with torch.no_grad():
+        for rec in tape.recs:
+            # Which batch-valued ints in size lists follow the batch is ambiguous
+            # when a feature dim equals it (view(x, [B, B])). Try all of them, each
+            # alone, and none; keep the choices whose outputs change only by
+            # B -> B + 1, and of those the one that moves the earliest dims
+            # (the batch leads in the data).
+            choices: list[set[int] | None] = [set()]
+            if rec.tainted:
+                n = n_batch_ints(rec)
+                choices = [None] + ([{i} for i in range(n)] + [set()] if n else [])
+            best: tuple[tuple[bool, tuple[int, ...]], list[torch.Tensor]] | None = None
+            for chosen in choices:
+                try:
+                    outs = run(rec, chosen)
+                except Exception:  # no meta kernel, or this choice is wrong
+                    continue
+                moved = changes(rec, outs)
+                if moved is None:
+                    continue
+                key = (not moved, moved)
+                if best is None or key < best[0]:
+                    best = (key, outs)
+            if best is None:
+                return None
+            for k, t in enumerate(best[1]):
+                metas[("o", rec.index, k)] = t
+
+    def resym(a: TArg) -> TArg:
+        concrete = _concrete(a.shape, batch)
+        t = metas.get(a.ref)
+        if t is None or a.ref[0] in ("p", "b", "c"):
+            return a._replace(shape=concrete)
+        if t.dim() != len(concrete):
+            return a._replace(shape=concrete)
+        shape = tuple(
+            batch_dim(d // batch) if (d % batch == 0 and int(m) == d // batch * other) else d
+            for d, m in zip(concrete, t.shape, strict=True)
+        )
+        return a._replace(shape=shape)
+
+    def walk(obj: Any) -> Any:
+        if isinstance(obj, TArg):
+            return resym(obj)
+        if isinstance(obj, tuple):
+            return tuple(walk(x) for x in obj)
+        return obj
+
+    new = replace(tape)
+    new.recs = [
+        replace(r, args=walk(r.args), kwargs=walk(r.kwargs), outs=walk(r.outs)) for r in tape.recs
+    ]
+    new.inputs = {k: resym(v) for k, v in tape.inputs.items()}
+    new.targets = [resym(t) for t in tape.targets]
+    return new
+
+
+def _flatten(out: Any, found: list[torch.Tensor]) -> None:
+    if isinstance(out, torch.Tensor):
+        found.append(out)
+    elif isinstance(out, (list, tuple)):
+        for o in out:
+            _flatten(o, found)

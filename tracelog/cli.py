@@ -1,0 +1,142 @@
+"""The ``tracelog`` command line: show and verify log directories."""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+from collections.abc import Sequence
+
+from tracelog.errors import TracelogError
+from tracelog.log import TraceLog
+
+
+def _epochs(epochs: list[int]) -> str:
+    if not epochs:
+        return "-"
+    if epochs == list(range(epochs[0], epochs[-1] + 1)):
+        return str(epochs[0]) if len(epochs) == 1 else f"{epochs[0]}-{epochs[-1]}"
+    return ",".join(str(e) for e in epochs)
+
+
+def _pos(p: tuple[int, int] | None) -> str:
+    return "-" if p is None else f"{p[0]}:{p[1]}"
+
+
+def _ops(hist: dict[str, int]) -> str:
+    return ", ".join(op if n == 1 else f"{op} x{n}" for op, n in hist.items())
+
+
+def show_text(log: TraceLog, where: str) -> str:
+    fw = log.framework
+    lines = [
+        f"{where}: {fw.get('name', '?')} {fw.get('version', '')} on {fw.get('device', '?')}, "
+        f"model {log.model.get('class', '?')}; {log.recorded} batches recorded, "
+        f"{log.unrecorded} unrecorded"
+    ]
+    header = ("#", "kind", "phase", "hash", "nodes", "batches", "epochs", "first", "last", "ops")
+    rows = [header]
+    for i, e in enumerate(log.entries_sorted(), 1):
+        g = log.graphs[e.hash]
+        rows.append(
+            (
+                str(i),
+                e.kind,
+                e.phase,
+                e.hash[:12],
+                str(len(g.nodes)),
+                str(e.usage.batches),
+                _epochs(e.usage.epochs),
+                _pos(e.usage.first),
+                _pos(e.usage.last),
+                _ops(g.op_histogram()),
+            )
+        )
+    widths = [max(len(r[c]) for r in rows) for c in range(len(header) - 1)]
+    for r in rows:
+        cells = [r[c].ljust(widths[c]) for c in range(len(widths))] + [r[-1]]
+        lines.append("  ".join(cells).rstrip())
+    lines.append("(first/last are epoch:batch; batch counts restart each epoch and phase)")
+    for f in log.failures:
+        lines.append(
+            f"unrecorded: {f['phase']} epoch {f['epoch']} batch {f['batch']}: {f['error']}"
+        )
+    if log.unrecorded > len(log.failures):
+        lines.append(f"... and {log.unrecorded - len(log.failures)} more unrecorded batches")
+    return "\n".join(lines)
+
+
+def show_json(log: TraceLog) -> str:
+    entries = []
+    for e in log.entries_sorted():
+        g = log.graphs[e.hash]
+        entries.append(
+            {
+                "hash": e.hash,
+                "kind": e.kind,
+                "phase": e.phase,
+                "nodes": len(g.nodes),
+                "ops": g.op_histogram(),
+                **e.usage.to_json(),
+            }
+        )
+    return json.dumps(
+        {
+            "framework": log.framework,
+            "recorded": log.recorded,
+            "unrecorded": log.unrecorded,
+            "entries": entries,
+        },
+        indent=1,
+    )
+
+
+def _cmd_show(args: argparse.Namespace) -> int:
+    log = TraceLog.load(args.log_dir)
+    print(show_json(log) if args.json else show_text(log, args.log_dir))
+    return 0
+
+
+def _cmd_verify(args: argparse.Namespace) -> int:
+    from tracelog.verify import verify
+
+    report = verify(args.log_dir, runtime=args.runtime, atol=args.atol, rtol=args.rtol)
+    print(report.table())
+    return 0 if report.ok else 1
+
+
+def build_parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(
+        prog="tracelog", description="Inspect and check logs written by a tracelog listener."
+    )
+    sub = parser.add_subparsers(dest="command", required=True)
+    p = sub.add_parser("show", help="one row per unique graph, with its usage counts")
+    p.add_argument("log_dir")
+    p.add_argument("--json", action="store_true", help="machine-readable output")
+    p.set_defaults(func=_cmd_show)
+    p = sub.add_parser(
+        "verify",
+        help="replay the recorded batch through the IR on an ONNX runtime; exit 1 on mismatch",
+    )
+    p.add_argument("log_dir")
+    p.add_argument("--runtime", choices=("reference", "onnxruntime"), default="reference")
+    p.add_argument("--atol", type=float, default=1e-5)
+    p.add_argument("--rtol", type=float, default=1e-4)
+    p.set_defaults(func=_cmd_verify)
+    return parser
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    args = build_parser().parse_args(argv)
+    try:
+        return int(args.func(args))
+    except TracelogError as e:
+        print(f"tracelog: error: {e}", file=sys.stderr)
+        return 2
+    except ImportError as e:
+        print(f"tracelog: error: {e}", file=sys.stderr)
+        return 2
+
+
+if __name__ == "__main__":  # pragma: no cover
+    sys.exit(main())
