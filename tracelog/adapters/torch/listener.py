@@ -111,7 +111,7 @@ class _Window:
         self.error: str | None = None
         self.seed: Ref | None = None
         self.explicit_loss: Ref | None = None
-        self.last_scalar: tuple[Ref, bool] | None = None
+        self.last_scalar: Ref | None = None
         self.input_tensors: dict[str, torch.Tensor] = {}
         self.output_tensors: dict[str, torch.Tensor] = {}
         self.target_tensors: list[torch.Tensor] = []
@@ -187,6 +187,11 @@ class _Window:
             region = "post"
         else:
             return  # before the forward: preprocessing, not part of either graph
+        if region == "post" and not self._uses_model(args, kwargs):
+            # Data preparation after the forward (y[idx], y.long()): not part of
+            # the loss graph. Its outputs stay unknown, so the loss meets them as
+            # targets (batch-sized) or constants.
+            return
         tainted = False
         batch = self.tape.batch_size
 
@@ -258,8 +263,22 @@ class _Window:
                 self.seed = nargs[0].ref  # autograd's seed for loss.backward()
             for k, t in enumerate(outs[:n_returned]):
                 if t.dim() == 0 and t.is_floating_point():
-                    self.last_scalar = (("o", index, k), t.requires_grad)
+                    self.last_scalar = ("o", index, k)
                     break  # an op's first scalar: nll_loss's second is its total weight
+
+    def _uses_model(self, args: tuple[Any, ...], kwargs: dict[str, Any]) -> bool:
+        """Does any tensor argument come from the model: a data input, a
+        parameter, a buffer or a recorded op's output?"""
+        stack: list[Any] = [*args, *kwargs.values()]
+        while stack:
+            a = stack.pop()
+            if isinstance(a, torch.Tensor):
+                ref = self.refs.get(id(a))
+                if ref is not None and ref[0] in ("i", "p", "b", "o"):
+                    return True
+            elif isinstance(a, (list, tuple)):
+                stack.extend(a)
+        return False
 
     def _targ(self, t: torch.Tensor, region: str) -> TArg:
         ref = self.refs.get(id(t))
@@ -302,9 +321,10 @@ class _Window:
         if self.seed is not None and self.saw_backward:
             return self.seed
         if self.last_scalar is not None:
-            ref, requires_grad = self.last_scalar
-            if requires_grad or self.phase == "eval":
-                return ref
+            # Autograd attaches history to the same tensor after dispatch, so
+            # requires_grad is read now, not when the op ran.
+            if self.phase == "eval" or self.tensor(self.last_scalar).requires_grad:
+                return self.last_scalar
         return None
 
     def tensor(self, ref: Ref) -> torch.Tensor:
