@@ -1,1 +1,27 @@
 """Emitters: IR -> programs and models for other frameworks."""
+
+from __future__ import annotations
+
+import os
+from pathlib import Path
+from typing import Any
+
+TARGETS = ("tensorflow",)
+
+
+def get_target(name: str) -> Any:
+    if name == "tensorflow":
+        from tracelog.emit import tensorflow
+
+        return tensorflow.target()
+    raise ValueError(f"unknown target {name!r}; choose from {', '.join(TARGETS)}")
+
+
+def emit(
+    log_dir: str | os.PathLike[str], target: str = "tensorflow", out: str | None = None
+) -> Path:
+    """Write the program for `target` into the log directory (or `out`); return its path.
+    Raises tracelog.UnsupportedOpError, writing nothing, when an op has no rule."""
+    from tracelog.emit.program import write_program
+
+    return write_program(log_dir, get_target(target), out)
