@@ -5,22 +5,9 @@ from __future__ import annotations
 
 import onnx
 import pytest
-from helpers import record
-from zoo import CASES, Case
 
 from tracelog.emit.onnx import graph_to_onnx
 from tracelog.verify import verify
-
-
-@pytest.fixture(params=CASES, ids=[c.name for c in CASES])
-def recorded(request: pytest.FixtureRequest, tmp_path_factory: pytest.TempPathFactory):
-    case: Case = request.param
-    model = case.model()
-    # a full batch and a short one: both must dedup into one graph via `batch`
-    batches = [(case.x(n), case.y(n)) for n in (6, 6, 4)]
-    log_dir = tmp_path_factory.mktemp(case.name)
-    log = record(model, log_dir, batches, case.loss, epochs=2)
-    return case, log_dir, log
 
 
 def _entries(log, kind: str, phase: str):

@@ -6,6 +6,7 @@ from __future__ import annotations
 import os
 from typing import Any
 
+from tracelog import emit  # callable: tracelog.emit(log_dir, target=...)
 from tracelog.errors import LogError, TracelogError, UnsupportedOpError
 from tracelog.ir import BATCH, Graph, Node, TensorType, Value
 from tracelog.log import TraceLog, load
@@ -36,6 +37,8 @@ def Listener(model: Any, log_dir: str | os.PathLike[str], **options: Any) -> Any
 
 __all__ = [
     "BATCH",
+    "check",
+    "emit",
     "Graph",
     "Listener",
     "LogError",
@@ -47,3 +50,11 @@ __all__ = [
     "Value",
     "load",
 ]
+
+
+def check(log_dir: str | os.PathLike[str], target: str = "tensorflow", **tolerances: float) -> Any:
+    """Emit and run the program for ``target`` on the recorded batch; a report
+    with per-output max abs/rel errors and ``.ok``."""
+    from tracelog.parity import check as _check
+
+    return _check(log_dir, target, **tolerances)

@@ -1,4 +1,4 @@
-"""The ``tracelog`` command line: show and verify log directories."""
+"""The ``tracelog`` command line: show, verify, emit and check log directories."""
 
 from __future__ import annotations
 
@@ -105,7 +105,27 @@ def _cmd_verify(args: argparse.Namespace) -> int:
     return 0 if report.ok else 1
 
 
+def _cmd_emit(args: argparse.Namespace) -> int:
+    from tracelog.emit import emit
+
+    path = emit(args.log_dir, args.target, args.out)
+    print(path)
+    return 0
+
+
+def _cmd_check(args: argparse.Namespace) -> int:
+    from tracelog.parity import check
+
+    report = check(
+        args.log_dir, args.target, atol=args.atol, rtol=args.rtol, grad_atol=args.grad_atol
+    )
+    print(report.table())
+    return 0 if report.ok else 1
+
+
 def build_parser() -> argparse.ArgumentParser:
+    from tracelog.emit import TARGETS
+
     parser = argparse.ArgumentParser(
         prog="tracelog", description="Inspect and check logs written by a tracelog listener."
     )
@@ -123,6 +143,24 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--atol", type=float, default=1e-5)
     p.add_argument("--rtol", type=float, default=1e-4)
     p.set_defaults(func=_cmd_verify)
+    p = sub.add_parser(
+        "emit",
+        help="write a program for another framework (exit 2 listing unsupported ops)",
+    )
+    p.add_argument("log_dir")
+    p.add_argument("--target", choices=TARGETS, required=True)
+    p.add_argument("--out", help="file to write (default: LOG_DIR/program_<target>.py)")
+    p.set_defaults(func=_cmd_emit)
+    p = sub.add_parser(
+        "check",
+        help="emit, run the program on the recorded batch, compare; exit 1 on mismatch",
+    )
+    p.add_argument("log_dir")
+    p.add_argument("--target", choices=TARGETS, required=True)
+    p.add_argument("--atol", type=float, default=1e-5)
+    p.add_argument("--rtol", type=float, default=1e-4)
+    p.add_argument("--grad-atol", type=float, default=1e-4)
+    p.set_defaults(func=_cmd_check)
     return parser
 
 

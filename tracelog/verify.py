@@ -32,10 +32,11 @@ class Comparison:
 
 @dataclass
 class Report:
-    runtime: str
-    atol: float
-    rtol: float
+    """Per-output comparisons; on a mismatch, where the first divergence is."""
+
+    title: str
     comparisons: list[Comparison] = field(default_factory=list)
+    divergence: str | None = None
 
     @property
     def ok(self) -> bool:
@@ -43,14 +44,13 @@ class Report:
 
     def table(self) -> str:
         width = max([len(c.name) for c in self.comparisons] + [6])
-        lines = [
-            f"IR vs recorded batch, run by {self.runtime} (atol {self.atol:g}, rtol {self.rtol:g})",
-            f"{'output':<{width}}  {'max abs err':>12}  {'max rel err':>12}  ok",
-        ]
+        lines = [self.title, f"{'output':<{width}}  {'max abs err':>12}  {'max rel err':>12}  ok"]
         for c in self.comparisons:
             lines.append(
                 f"{c.name:<{width}}  {c.max_abs:>12.3e}  {c.max_rel:>12.3e}  {'yes' if c.ok else 'NO'}"
             )
+        if self.divergence:
+            lines.append(self.divergence)
         lines.append("parity: ok" if self.ok else "parity: MISMATCH")
         return "\n".join(lines)
 
@@ -103,6 +103,33 @@ def run_graph(
     return {out.role: np.asarray(r) for out, r in zip(graph.outputs, results, strict=True)}
 
 
+def sample_feeds(sample: dict[str, np.ndarray]) -> dict[str, np.ndarray]:
+    """Graph inputs by name from a sample: data, targets, parameters and
+    buffers of that moment, and dropout masks as "mask.<k>"."""
+    feeds: dict[str, np.ndarray] = {}
+    for key, arr in sample.items():
+        kind, _, name = key.partition("/")
+        if kind in ("input", "param", "buffer", "target"):
+            feeds[name] = arr
+        elif kind == "mask":
+            feeds[f"mask.{name}"] = arr
+    return feeds
+
+
+def all_values(
+    graph: Graph,
+    feeds: dict[str, np.ndarray],
+    *,
+    runtime: str = "reference",
+    constants: dict[str, np.ndarray] | None = None,
+) -> dict[str, np.ndarray]:
+    """Every node output of a graph, by IR value name, from an ONNX runtime."""
+    model = graph_to_onnx(graph, constants=constants, replay_masks=True, expose_all=True)
+    wanted = {i.name for i in model.graph.input}
+    results = _runner(model, runtime)({k: v for k, v in feeds.items() if k in wanted})
+    return {o.name: np.asarray(r) for o, r in zip(model.graph.output, results, strict=True)}
+
+
 def verify(
     log_or_dir: TraceLog | str | os.PathLike[str],
     *,
@@ -116,16 +143,10 @@ def verify(
         raise LogError("this log has no recorded sample batch (no training batch with a loss)")
     sample = log.sample()
     weights = log.weights()
-    report = Report(runtime, atol, rtol)
+    report = Report(f"IR vs recorded batch, run by {runtime} (atol {atol:g}, rtol {rtol:g})")
 
     pred = log.graph(info["prediction"])
-    feeds: dict[str, np.ndarray] = {}
-    for key, arr in sample.items():
-        kind, _, name = key.partition("/")
-        if kind in ("input", "param", "buffer", "target"):
-            feeds[name] = arr
-        elif kind == "mask":
-            feeds[f"mask.{name}"] = arr
+    feeds = sample_feeds(sample)
     got = run_graph(pred, feeds, runtime=runtime, constants=weights)
     for role, value in got.items():
         if role.startswith("prediction"):

@@ -3,6 +3,8 @@
 from __future__ import annotations
 
 import os
+import sys
+import types
 from pathlib import Path
 from typing import Any
 
@@ -25,3 +27,17 @@ def emit(
     from tracelog.emit.program import write_program
 
     return write_program(log_dir, get_target(target), out)
+
+
+class _CallableModule(types.ModuleType):
+    """`tracelog.emit(log_dir, target=...)` is the public API, and `tracelog.emit`
+    is also this package (DESIGN.md's layout): importing a submodule rebinds
+    the package attribute, so the package itself must be the callable."""
+
+    def __call__(
+        self, log_dir: str | os.PathLike[str], target: str = "tensorflow", out: str | None = None
+    ) -> Path:
+        return emit(log_dir, target, out)
+
+
+sys.modules[__name__].__class__ = _CallableModule

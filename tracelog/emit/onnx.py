@@ -71,12 +71,14 @@ def graph_to_onnx(
     name: str = "graph",
     constants: dict[str, np.ndarray] | None = None,
     replay_masks: bool = False,
+    expose_all: bool = False,
     doc: str = "",
 ) -> Any:
     """An ONNX model for one IR graph. Data inputs, parameters and buffers are
     graph inputs; constants are initializers. With replay_masks, each training
     Dropout takes its mask from an input "mask.<k>" (k in node order), so a
-    run reproduces the recorded batch exactly."""
+    run reproduces the recorded batch exactly. With expose_all, every node
+    output is a graph output too (for per-node comparison)."""
     onnx = _onnx()
     helper = onnx.helper
     missing = unsupported_nodes(graph)
@@ -135,6 +137,9 @@ def graph_to_onnx(
         for v in graph.values.values()
         if v.kind == "node" and v.name in produced and v.name not in out_names
     ]
+    if expose_all:
+        outputs += infos
+        infos = []
     g = helper.make_graph(
         nodes, name, inputs, outputs, initializer=initializers, value_info=infos, doc_string=doc
     )

@@ -54,9 +54,8 @@ def _compare(name, got, want, atol, rtol):
 {sample_step}
 
 
-def check_parity(log_dir, atol=1e-5, rtol=1e-4, grad_atol=1e-4):
-    """Replay the recorded batch with the parameters of that moment; compare
-    predictions, buffer updates, loss and parameter gradients."""
+def sample_params(log_dir):
+    """The parameters and buffers as they were when the sample batch ran."""
     sample = load_file(os.path.join(log_dir, "sample.safetensors"))
     weights = load_file(os.path.join(log_dir, "weights.safetensors"))
     params = {{}}
@@ -64,6 +63,14 @@ def check_parity(log_dir, atol=1e-5, rtol=1e-4, grad_atol=1e-4):
         key = "param/" + name if "param/" + name in sample else "buffer/" + name
         params[name] = {variable}
     params.update({{k: {const_in} for k, v in weights.items() if k.startswith("const/")}})
+    return params
+
+
+def check_parity(log_dir, atol=1e-5, rtol=1e-4, grad_atol=1e-4):
+    """Replay the recorded batch with the parameters of that moment; compare
+    predictions, buffer updates, loss and parameter gradients."""
+    sample = load_file(os.path.join(log_dir, "sample.safetensors"))
+    params = sample_params(log_dir)
     trainable = [name for name, flag in PARAMETERS if flag]
 {grad_block}
     rows = []
@@ -211,12 +218,17 @@ def build_program(log: TraceLog, target: Target, trace: bool = False) -> str:
     parameters = [(p["name"], bool(p["trainable"])) for p in log.model.get("params", [])]
     parameters += [(b["name"], False) for b in log.model.get("buffers", [])]
     pred, loss = log.graph(info["prediction"]), log.graph(info["loss"])
-    sample_step = _sample_step(target, pred, loss, fnames[info["prediction"]], fnames[info["loss"]])
+    sample_step = _sample_step(
+        target, pred, loss, fnames[info["prediction"]], fnames[info["loss"]], trace
+    )
     variable = "tf.Variable(sample[key], trainable=trainable)"
+    trace_arg = ", {'prediction': {}, 'loss': {}}" if trace else ""
     grad_block = (
         "    with tf.GradientTape() as tape:\n"
-        "        outputs, loss = sample_step(params, sample)\n"
-        "    grads = tape.gradient(loss, [params[name] for name in trainable])"
+        f"        outputs, loss = sample_step(params, sample{trace_arg})\n"
+        "    grads = tape.gradient(loss, [params[name] for name in trainable])\n"
+        "    # an embedding's gradient arrives as IndexedSlices\n"
+        "    grads = [None if g is None else tf.convert_to_tensor(g) for g in grads]"
     )
     parity = PARITY.format(
         sample_step=sample_step,
@@ -259,7 +271,9 @@ def build_program(log: TraceLog, target: Target, trace: bool = False) -> str:
     return format_source(text)
 
 
-def _sample_step(target: Target, pred: Graph, loss: Graph, pname: str, lname: str) -> str:
+def _sample_step(
+    target: Target, pred: Graph, loss: Graph, pname: str, lname: str, trace: bool = False
+) -> str:
     def from_sample(key: str) -> str:
         return target.tensor_in.format(x="sample[" + literal(key) + "]")
 
@@ -277,12 +291,14 @@ def _sample_step(target: Target, pred: Graph, loss: Graph, pname: str, lname: st
             largs.append(from_sample("input/" + v.name))
     names = _arg_names(target, loss)
     lcall = ", ".join(f"{n}={a}" for n, a in zip(names, largs, strict=True))
+    ptrace = ", _trace=_traces['prediction']" if trace else ""
+    ltrace = ", _trace=_traces['loss']" if trace else ""
     return (
-        "def sample_step(params, sample):\n"
+        f"def sample_step(params, sample{', _traces' if trace else ''}):\n"
         '    """The recorded batch: its prediction graph, then its loss graph."""\n'
         '    rng = {k.replace("/", "."): v for k, v in sample.items() if k.startswith("mask/")}\n'
-        f"    outputs = {pname}(params, {pargs}, rng=rng)\n"
-        f"    loss = {lname}(params, {lcall})\n"
+        f"    outputs = {pname}(params, {pargs}, rng=rng{ptrace})\n"
+        f"    loss = {lname}(params, {lcall}{ltrace})\n"
         "    return outputs, loss"
     )
 

@@ -146,6 +146,11 @@ def _conv(c: RuleCtx) -> str:
     cin = c.in_type(0).shape[1]
     if group == 1:
         w = f"tf.transpose({c.i(1)}, [2, 3, 1, 0])"  # OIHW -> HWIO
+        if dil != [1, 1]:
+            # TF's CPU kernels have no gradient for dilation > 1: dilate the kernel
+            # with zeros instead (the same sums, and differentiable).
+            w = f"{c.use('_dilate_kernel')}({w}, {dil})"
+            dil = [1, 1]
         y = f"tf.nn.conv2d({x}, {w}, strides={strides}, padding={padding}, dilations={dil})"
     elif group == cin:
         # depthwise: OIHW with I=1, O=cin*m -> HW(cin)(m)
@@ -450,6 +455,15 @@ def _nll_loss(logp, target, weight, reduction, ignore_index):
     if reduction == "sum":
         return tf.reduce_sum(losses)
     return tf.reduce_sum(losses) / tf.reduce_sum(w)
+''',
+    "_dilate_kernel": '''
+def _dilate_kernel(w, rates):
+    """An HWIO kernel with (rate - 1) zeros between taps: a dilated convolution
+    as a plain one, which TensorFlow can differentiate on the CPU."""
+    kh, kw, cin, cout = w.shape
+    taps = [[i * rates[0], j * rates[1]] for i in range(kh) for j in range(kw)]
+    shape = [(kh - 1) * rates[0] + 1, (kw - 1) * rates[1] + 1, cin, cout]
+    return tf.scatter_nd(taps, tf.reshape(w, [kh * kw, cin, cout]), shape)
 ''',
     "_grouped_conv2d": '''
 def _grouped_conv2d(x, w, groups, strides, padding, dilations):
