@@ -101,25 +101,27 @@ _onnx("Softmax", "input", "output", "axis")
 _onnx("LogSoftmax", "input", "output", "axis")
 _onnx("MatMul", "A B", "Y")
 _onnx("Gemm", "A B C?", "Y", "alpha beta transA transB")
-_onnx("Conv", "X W B?", "Y", "auto_pad dilations group kernel_shape pads strides")
+# channels_last: set only by the layout pass on graphs lowered for a target
+# (tracelog.passes.layout); such a graph is never stored in a log.
+_onnx("Conv", "X W B?", "Y", "auto_pad dilations group kernel_shape pads strides channels_last")
 _onnx(
     "MaxPool",
     "X",
     "Y Indices?",
-    "auto_pad ceil_mode dilations kernel_shape pads storage_order strides",
+    "auto_pad ceil_mode dilations kernel_shape pads storage_order strides channels_last",
 )
 _onnx(
     "AveragePool",
     "X",
     "Y",
-    "auto_pad ceil_mode count_include_pad dilations kernel_shape pads strides",
+    "auto_pad ceil_mode count_include_pad dilations kernel_shape pads strides channels_last",
 )
-_onnx("GlobalAveragePool", "X", "Y")
+_onnx("GlobalAveragePool", "X", "Y", "channels_last")
 _onnx(
     "BatchNormalization",
     "X scale B input_mean input_var",
     "Y running_mean? running_var?",
-    "epsilon momentum training_mode",
+    "epsilon momentum training_mode channels_last",
 )
 _onnx(
     "LayerNormalization",
@@ -164,7 +166,7 @@ define(
         "BatchNormTraining",
         ("X", "scale", "B", "running_mean", "running_var"),
         ("Y", "new_running_mean", "new_running_var"),
-        ("epsilon", "momentum", "axes"),
+        ("epsilon", "momentum", "axes", "channels_last"),
         domain=TRACELOG_DOMAIN,
         doc=(
             "Batch normalisation in training mode as PyTorch computes it. Y normalises X with "

@@ -4,8 +4,10 @@ check, a jinja2 skeleton, black. Target specifics come from a Target."""
 from __future__ import annotations
 
 import os
+from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
 
 import jinja2
 import numpy as np
@@ -36,7 +38,8 @@ class Target:
     file_name: str
     const_expr: str  # format with {value} and {dtype}
     tensor_in: str  # wraps a numpy array from the sample: format with {x}
-    layout_note: str  # said in the header when a graph has layout-sensitive ops
+    layout_note: str  # said in the header when a pass changed the layout: format with {layout}
+    passes: tuple[Callable[[Graph], tuple[Graph, Any]], ...] = ()  # each returns (graph, report)
 
 
 PARITY = '''
@@ -208,12 +211,21 @@ def build_program(log: TraceLog, target: Target, trace: bool = False) -> str:
     fnames = _function_names(log)
     helpers: set[str] = set()
     functions = []
+    layout_lines = []
     for digest, fname in fnames.items():
         entries = [e for e in log.entries_sorted() if e.hash == digest]
+        graph = log.graphs[digest]
+        for rewrite in target.passes:
+            graph, report = rewrite(graph)
+            if (
+                report is not None
+                and getattr(report, "kept", None) is not None
+                and graph is not log.graphs[digest]
+            ):
+                if report.kept or any(n.attrs.get("channels_last") for n in graph.nodes):
+                    layout_lines.append(f"  {fname}: {report.summary()}")
         functions.append(
-            emit_function(
-                target, log.graphs[digest], fname, entries, digest, constants, helpers, trace
-            )
+            emit_function(target, graph, fname, entries, digest, constants, helpers, trace)
         )
     parameters = [(p["name"], bool(p["trainable"])) for p in log.model.get("params", [])]
     parameters += [(b["name"], False) for b in log.model.get("buffers", [])]
@@ -237,13 +249,9 @@ def build_program(log: TraceLog, target: Target, trace: bool = False) -> str:
         grad_block=grad_block,
     )
     fw = log.framework
-    kept = sum(
-        1
-        for g in log.graphs.values()
-        for n in g.nodes
-        if n.op in ("Conv", "MaxPool", "AveragePool")
+    layout = (
+        target.layout_note.format(layout="\n".join(layout_lines)) + "\n\n" if layout_lines else ""
     )
-    layout = f"{target.layout_note.format(layout_ops=kept)}\n\n" if kept else ""
     description = (
         f"Emitted by tracelog from a {fw.get('name')} {fw.get('version')} training log of\n"
         f"{log.model.get('class', 'a model')} ({log.recorded} batches recorded): "

@@ -8,6 +8,7 @@ rules transpose in and out around the kernel (see the program header).
 from __future__ import annotations
 
 from tracelog.emit.common import EmitTable, RuleCtx, literal
+from tracelog.passes.layout import to_channels_last
 
 TF = EmitTable("tensorflow")
 IMPORTS = ("tf", "np", "os", "sys", "load_file")
@@ -132,6 +133,18 @@ def _gemm(c: RuleCtx) -> str:
     return expr
 
 
+def _channels_last(c: RuleCtx) -> bool:
+    return bool(int(c.attr("channels_last", 0)))
+
+
+def _to_nhwc(c: RuleCtx, x: str) -> str:
+    return x if _channels_last(c) else f"tf.transpose({x}, {NCHW_TO_NHWC})"
+
+
+def _from_nhwc(c: RuleCtx, y: str) -> str:
+    return y if _channels_last(c) else f"tf.transpose({y}, {NHWC_TO_NCHW})"
+
+
 @TF.register("Conv")
 def _conv(c: RuleCtx) -> str:
     rank = len(c.in_type(0).shape)
@@ -141,9 +154,10 @@ def _conv(c: RuleCtx) -> str:
     strides = list(c.attr("strides", [1, 1]))
     dil = list(c.attr("dilations", [1, 1]))
     group = int(c.attr("group", 1))
-    x = f"tf.transpose({c.i(0)}, {NCHW_TO_NHWC})"
+    x = _to_nhwc(c, c.i(0))
     padding = f"[[0, 0], [{pads[0]}, {pads[2]}], [{pads[1]}, {pads[3]}], [0, 0]]"
-    cin = c.in_type(0).shape[1]
+    cin = c.in_type(0).shape[3 if _channels_last(c) else 1]
+    wshape = c.in_type(1).shape
     if group == 1:
         w = f"tf.transpose({c.i(1)}, [2, 3, 1, 0])"  # OIHW -> HWIO
         if dil != [1, 1]:
@@ -152,21 +166,21 @@ def _conv(c: RuleCtx) -> str:
             w = f"{c.use('_dilate_kernel')}({w}, {dil})"
             dil = [1, 1]
         y = f"tf.nn.conv2d({x}, {w}, strides={strides}, padding={padding}, dilations={dil})"
-    elif group == cin:
+    elif group == cin and dil == [1, 1]:
         # depthwise: OIHW with I=1, O=cin*m -> HW(cin)(m)
-        mult = c.in_type(1).shape[0] // group
-        w = f"tf.reshape(tf.transpose({c.i(1)}, [2, 3, 1, 0]), [{c.in_type(1).shape[2]}, {c.in_type(1).shape[3]}, {cin}, {mult}])"
+        mult = int(wshape[0]) // group
+        w = f"tf.reshape(tf.transpose({c.i(1)}, [2, 3, 1, 0]), [{wshape[2]}, {wshape[3]}, {cin}, {mult}])"
         y = (
             f"tf.nn.depthwise_conv2d({x}, {w}, strides=[1, {strides[0]}, {strides[1]}, 1], "
-            f"padding={padding}, dilations={dil})"
+            f"padding={padding})"
         )
     else:
-        parts = c.use("_grouped_conv2d")
-        y = f"{parts}({x}, {c.i(1)}, {group}, {strides}, {padding}, {dil})"
-    y = f"tf.transpose({y}, {NHWC_TO_NCHW})"
+        if dil != [1, 1]:
+            raise NotImplementedError("tensorflow: dilated grouped Conv")
+        y = f"{c.use('_grouped_conv2d')}({x}, {c.i(1)}, {group}, {strides}, {padding})"
     if c.has(2):
-        y = f"{y} + tf.reshape({c.i(2)}, [1, -1, 1, 1])"
-    return y
+        y = f"{y} + {c.i(2)}"  # NHWC: the bias broadcasts along the last axis
+    return _from_nhwc(c, y)
 
 
 # -- normalisation -----------------------------------------------------------------------
@@ -174,7 +188,8 @@ def _conv(c: RuleCtx) -> str:
 def _batch_norm(c: RuleCtx) -> str:
     eps = literal(float(c.attr("epsilon", 1e-5)))
     fn = c.use("_batch_norm_eval")
-    return f"{fn}({c.i(0)}, {c.i(1)}, {c.i(2)}, {c.i(3)}, {c.i(4)}, {eps})"
+    axis = len(c.in_type(0).shape) - 1 if _channels_last(c) else 1
+    return f"{fn}({c.i(0)}, {c.i(1)}, {c.i(2)}, {c.i(3)}, {c.i(4)}, {eps}, {axis})"
 
 
 @TF.register("tracelog.BatchNormTraining")
@@ -183,7 +198,8 @@ def _batch_norm_train(c: RuleCtx) -> str:
     eps = literal(float(c.attr("epsilon")))
     mom = literal(float(c.attr("momentum")))
     axes = literal(list(c.attr("axes")))
-    return f"{fn}({c.i(0)}, {c.i(1)}, {c.i(2)}, {c.i(3)}, {c.i(4)}, {eps}, {mom}, {axes})"
+    axis = len(c.in_type(0).shape) - 1 if _channels_last(c) else 1
+    return f"{fn}({c.i(0)}, {c.i(1)}, {c.i(2)}, {c.i(3)}, {c.i(4)}, {eps}, {mom}, {axes}, {axis})"
 
 
 @TF.register("LayerNormalization")
@@ -214,11 +230,11 @@ def _max_pool(c: RuleCtx) -> str:
     if list(c.attr("dilations", [1, 1])) != [1, 1]:
         raise NotImplementedError("tensorflow: dilated MaxPool")
     k, s, p = list(c.attr("kernel_shape")), list(c.attr("strides", [1, 1])), _pool_pads(c)
-    x = f"tf.transpose({c.i(0)}, {NCHW_TO_NHWC})"
+    x = _to_nhwc(c, c.i(0))
     if any(p):
         x = f"tf.pad({x}, [[0, 0], [{p[0]}, {p[2]}], [{p[1]}, {p[3]}], [0, 0]], constant_values=-np.inf)"
     y = f"tf.nn.max_pool2d({x}, ksize={k}, strides={s}, padding='VALID')"
-    return f"tf.transpose({y}, {NHWC_TO_NCHW})"
+    return _from_nhwc(c, y)
 
 
 @TF.register("AveragePool")
@@ -226,19 +242,20 @@ def _avg_pool(c: RuleCtx) -> str:
     if int(c.attr("ceil_mode", 0)):
         raise NotImplementedError("tensorflow: AveragePool with ceil_mode")
     k, s, p = list(c.attr("kernel_shape")), list(c.attr("strides", [1, 1])), _pool_pads(c)
-    x = f"tf.transpose({c.i(0)}, {NCHW_TO_NHWC})"
+    x = _to_nhwc(c, c.i(0))
     if any(p):
         if not int(c.attr("count_include_pad", 0)):
             raise NotImplementedError("tensorflow: padded AveragePool without count_include_pad")
         x = f"tf.pad({x}, [[0, 0], [{p[0]}, {p[2]}], [{p[1]}, {p[3]}], [0, 0]])"
     y = f"tf.nn.avg_pool2d({x}, ksize={k}, strides={s}, padding='VALID')"
-    return f"tf.transpose({y}, {NHWC_TO_NCHW})"
+    return _from_nhwc(c, y)
 
 
 @TF.register("GlobalAveragePool")
 def _gap(c: RuleCtx) -> str:
     rank = len(c.in_type(0).shape)
-    return f"tf.math.reduce_mean({c.i(0)}, axis={list(range(2, rank))}, keepdims=True)"
+    axes = list(range(1, rank - 1)) if _channels_last(c) else list(range(2, rank))
+    return f"tf.math.reduce_mean({c.i(0)}, axis={axes}, keepdims=True)"
 
 
 # -- reductions ------------------------------------------------------------------------------
@@ -399,11 +416,11 @@ TF.not_yet("tracelog.Unsupported", reason="the source op could not be recorded")
 
 HELPERS: dict[str, str] = {  # emitted into a program only when a rule uses them
     "_batch_norm_train": '''
-def _batch_norm_train(x, scale, bias, running_mean, running_var, eps, momentum, axes):
+def _batch_norm_train(x, scale, bias, running_mean, running_var, eps, momentum, axes, channel_axis):
     """Batch norm in training mode as PyTorch computes it: normalise with the
     batch's biased variance, update the running variance with the unbiased one."""
     shape = [1] * len(x.shape)
-    shape[1] = -1
+    shape[channel_axis] = -1
     mean, var = tf.nn.moments(x, axes=axes)
     y = (x - tf.reshape(mean, shape)) / tf.sqrt(tf.reshape(var, shape) + eps)
     y = y * tf.reshape(scale, shape) + tf.reshape(bias, shape)
@@ -413,9 +430,9 @@ def _batch_norm_train(x, scale, bias, running_mean, running_var, eps, momentum, 
     return y, new_mean, new_var
 ''',
     "_batch_norm_eval": """
-def _batch_norm_eval(x, scale, bias, mean, var, eps):
+def _batch_norm_eval(x, scale, bias, mean, var, eps, channel_axis):
     shape = [1] * len(x.shape)
-    shape[1] = -1
+    shape[channel_axis] = -1
     y = (x - tf.reshape(mean, shape)) / tf.sqrt(tf.reshape(var, shape) + eps)
     return y * tf.reshape(scale, shape) + tf.reshape(bias, shape)
 """,
@@ -466,11 +483,11 @@ def _dilate_kernel(w, rates):
     return tf.scatter_nd(taps, tf.reshape(w, [kh * kw, cin, cout]), shape)
 ''',
     "_grouped_conv2d": '''
-def _grouped_conv2d(x, w, groups, strides, padding, dilations):
+def _grouped_conv2d(x, w, groups, strides, padding):
     """Grouped convolution (NHWC input, OIHW weights) as one conv per group."""
     xs = tf.split(x, groups, axis=3)
     ws = tf.split(tf.transpose(w, [2, 3, 1, 0]), groups, axis=3)
-    ys = [tf.nn.conv2d(a, b, strides=strides, padding=padding, dilations=dilations) for a, b in zip(xs, ws)]
+    ys = [tf.nn.conv2d(a, b, strides=strides, padding=padding) for a, b in zip(xs, ws)]
     return tf.concat(ys, axis=3)
 ''',
 }
@@ -490,8 +507,9 @@ def target():  # noqa: ANN201 - a Target, built on use to keep imports light
         const_expr="tf.constant({value}, tf.{dtype})",
         tensor_in="tf.constant({x})",
         layout_note=(
-            "Layout: the graphs keep PyTorch's NCHW order. TensorFlow's CPU kernels take\n"
-            "NHWC only, so each of the {layout_ops} convolution and pooling ops transposes its\n"
-            "input to NHWC and its output back (no layout pass removes them yet)."
+            "Layout: NHWC inside (TensorFlow's CPU convolution and pooling kernels take\n"
+            "channels last); the recording was NCHW. Transposes kept, per function:\n"
+            "{layout}"
         ),
+        passes=(to_channels_last,),
     )

@@ -1,0 +1,1 @@
+"""Rewrites of IR graphs before emission."""
