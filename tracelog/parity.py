@@ -9,10 +9,13 @@ import os
 import types
 from pathlib import Path
 
+import numpy as np
+
 from tracelog.emit import get_target
 from tracelog.emit.program import Target, build_program, write_program
 from tracelog.ir import Node
 from tracelog.log import TraceLog
+from tracelog.passes.layout import TO_NHWC
 from tracelog.verify import Comparison, Report, all_values, compare, sample_feeds
 
 
@@ -80,11 +83,30 @@ def node_comparisons(
     found = []
     for kind, graph, ref in (("prediction", pred, ref_pred), ("loss", loss, ref_loss)):
         trace = traces[kind]
+        channels_last = _channels_last_names(trace)
         for node in graph.nodes:
             for o in node.outputs:
-                if o in trace and o in ref:
+                if o not in ref:
+                    continue
+                if o in trace:
                     found.append((kind, node, compare(o, trace[o], ref[o], atol, rtol)))
+                elif o in channels_last and np.ndim(ref[o]) == 4:
+                    # the program computed this value channels-last (layout pass)
+                    want = np.transpose(ref[o], TO_NHWC)
+                    found.append(
+                        (kind, node, compare(o, trace[channels_last[o]], want, atol, rtol))
+                    )
     return found
+
+
+def _channels_last_names(trace: dict[str, object]) -> dict[str, str]:
+    """IR value name -> the program's name for its NHWC twin ("v5" -> "v5_nhwc")."""
+    twins: dict[str, str] = {}
+    for name in sorted(trace):
+        base, sep, _ = name.partition("_nhwc")
+        if sep and base not in twins:
+            twins[base] = name
+    return twins
 
 
 def first_divergence(

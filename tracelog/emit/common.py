@@ -87,7 +87,8 @@ def usage_comment(entries: list[GraphEntry]) -> str:
         )
         first = f"{u.first[0]}:{u.first[1]}" if u.first else "-"
         last = f"{u.last[0]}:{u.last[1]}" if u.last else "-"
-        parts.append(f"{e.phase}: {u.batches} batches, {span}, first {first}, last {last}")
+        count = f"{u.batches} batch" if u.batches == 1 else f"{u.batches} batches"
+        parts.append(f"{e.phase}: {count}, {span}, first {first}, last {last}")
     return "; ".join(parts)
 
 

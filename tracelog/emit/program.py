@@ -83,7 +83,7 @@ def check_parity(log_dir, atol=1e-5, rtol=1e-4, grad_atol=1e-4):
         elif role.startswith("update:"):
             rows.append(_compare(role, value, sample["update/" + role[7:]], atol, rtol))
     rows.append(_compare("loss", loss, sample["loss"], atol, rtol))
-    for name, grad in zip(trainable, grads):
+    for name, grad in zip(trainable, grads, strict=True):
         if "grad/" + name in sample:
             want = sample["grad/" + name]
             got = np.zeros_like(want) if grad is None else grad

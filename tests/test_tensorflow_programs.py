@@ -1,0 +1,162 @@
+"""Emitted TensorFlow programs as users meet them: the golden text, byte-for-
+byte determinism, a stand-alone run, unsupported ops, and the two examples."""
+
+from __future__ import annotations
+
+import difflib
+import importlib.util
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+import torch
+import torch.nn as nn
+import torch.nn.functional as F
+
+import tracelog
+from tracelog.cli import main as cli
+
+pytest.importorskip("tensorflow", reason="the TensorFlow target needs tensorflow-cpu")
+
+ROOT = Path(__file__).parent.parent
+GOLDEN = Path(__file__).parent / "golden" / "digits_mlp_tensorflow.py"
+
+
+def _example(name: str):
+    spec = importlib.util.spec_from_file_location(name, ROOT / "examples" / f"{name}.py")
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
+
+
+@pytest.fixture(scope="module")
+def mlp_log(tmp_path_factory) -> Path:
+    log_dir = tmp_path_factory.mktemp("digits_mlp")
+    _example("digits_mlp_torch_to_tf").record(log_dir, epochs=1)
+    return log_dir
+
+
+def test_golden_program_text(mlp_log: Path) -> None:
+    """A change to the emitted text shows up here as a readable diff. After a
+    deliberate change: TRACELOG_UPDATE_GOLDEN=1 pytest tests/test_tensorflow_programs.py"""
+    text = tracelog.emit(mlp_log, target="tensorflow").read_text()
+    if os.environ.get("TRACELOG_UPDATE_GOLDEN"):
+        GOLDEN.write_text(text)
+    want = GOLDEN.read_text()
+    diff = "".join(
+        difflib.unified_diff(want.splitlines(True), text.splitlines(True), "golden", "emitted")
+    )
+    assert text == want, diff
+
+
+def test_emission_is_byte_identical_across_processes(mlp_log: Path, tmp_path: Path) -> None:
+    outs = []
+    for seed in ("0", "12345"):
+        out = tmp_path / f"program_{seed}.py"
+        env = {**os.environ, "PYTHONHASHSEED": seed}
+        r = subprocess.run(
+            [
+                sys.executable,
+                "-m",
+                "tracelog.cli",
+                "emit",
+                str(mlp_log),
+                "--target",
+                "tensorflow",
+                "--out",
+                str(out),
+            ],
+            env=env,
+            capture_output=True,
+            text=True,
+        )
+        assert r.returncode == 0, r.stderr
+        outs.append(out.read_bytes())
+    assert outs[0] == outs[1]
+
+
+def test_program_runs_alone_in_a_fresh_process(mlp_log: Path) -> None:
+    program = tracelog.emit(mlp_log, target="tensorflow")
+    text = program.read_text()
+    assert "tracelog" not in "".join(line for line in text.splitlines() if "import" in line)
+    # any attempt to import tracelog inside the program fails loudly
+    code = "import runpy, sys; sys.modules['tracelog'] = None; sys.argv = [sys.argv[1]]; runpy.run_path(sys.argv[0], run_name='__main__')"
+    r = subprocess.run(
+        [sys.executable, "-c", code, str(program)], capture_output=True, text=True, cwd=mlp_log
+    )
+    assert r.returncode == 0, r.stdout + r.stderr
+    assert "parity: ok" in r.stdout
+    assert "grad fc1.weight" in r.stdout
+
+
+def test_check_cli_and_report(mlp_log: Path, capsys) -> None:
+    assert cli(["check", str(mlp_log), "--target", "tensorflow"]) == 0
+    assert "parity: ok" in capsys.readouterr().out
+    report = tracelog.check(mlp_log, target="tensorflow")
+    assert report.ok and report.divergence is None
+    assert {c.name for c in report.comparisons} >= {"prediction", "loss", "grad out.bias"}
+
+
+def test_mismatch_names_the_first_divergent_node(mlp_log: Path, monkeypatch) -> None:
+    from tracelog.emit import tensorflow as tf_emitter
+
+    gemm = tf_emitter.TF["Gemm"]
+    calls = {"n": 0}
+
+    def skewed_second_gemm(c):
+        calls["n"] += 1
+        expr = gemm(c)
+        return f"({expr}) * 1.001" if c.node.module == "fc2" else expr
+
+    monkeypatch.setitem(tf_emitter.TF._rules, "Gemm", skewed_second_gemm)
+    report = tracelog.check(mlp_log, target="tensorflow")
+    assert not report.ok
+    assert report.divergence is not None
+    assert "Gemm" in report.divergence and "at fc2 (Linear)" in report.divergence
+
+
+def test_unsupported_op_exits_2_and_lists_it(tmp_path: Path, capsys) -> None:
+    class Cumulative(nn.Module):
+        def __init__(self) -> None:
+            super().__init__()
+            self.fc = nn.Linear(4, 3)
+
+        def forward(self, x: torch.Tensor) -> torch.Tensor:
+            return torch.cumsum(self.fc(x), dim=1) + torch.cumsum(x[:, :3], dim=1)
+
+    model = Cumulative()
+    with tracelog.Listener(model, tmp_path / "log") as listener:
+        for _ in range(2):
+            with listener.batch():
+                F.cross_entropy(model(torch.randn(5, 4)), torch.randint(0, 3, (5,))).backward()
+    assert tracelog.load(tmp_path / "log").recorded == 2  # the log is still whole
+    assert cli(["emit", str(tmp_path / "log"), "--target", "tensorflow"]) == 2
+    err = capsys.readouterr().err
+    assert err.count("\n") == 1
+    assert "aten.cumsum.default x2 in <root>" in err
+    assert not (tmp_path / "log" / "program_tensorflow.py").exists()
+    with pytest.raises(tracelog.UnsupportedOpError) as info:
+        tracelog.emit(tmp_path / "log", target="tensorflow")
+    assert info.value.ops == [("aten.cumsum.default", 2, [""])]
+
+
+def test_resnet18_example_parity_and_layout(tmp_path: Path, capsys) -> None:
+    module = _example("resnet18_torch_to_tf")
+    out = tmp_path / "resnet18"
+    assert module.main(["--out", str(out), "--limit", "200", "--batch-size", "40"]) == 0
+    printed = capsys.readouterr().out
+    assert "parity: ok" in printed
+    text = (out / "program_tensorflow.py").read_text()
+    assert (
+        "predict_train: 2 transposes kept: data input x enters NCHW; back to NCHW for Reshape"
+        in text
+    )
+    body = text.split("def predict_train", 1)[1].split("\ndef ", 1)[0]
+    lines = [line.strip() for line in body.splitlines()]
+    transposes = [line for line in lines if "= tf.transpose(" in line]
+    assert len(transposes) == 2  # the input, and the exit to flatten: none inside the body
+    log = tracelog.load(out)
+    (train,) = [e for e in log.entries_sorted() if e.kind == "prediction" and e.phase == "train"]
+    assert train.usage.batches == 4
