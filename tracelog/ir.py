@@ -47,6 +47,13 @@ GRAPH_KINDS = ("prediction", "loss")
 INLINE_CONSTANT_LIMIT = 64
 
 
+def array_digest(dtype: str, shape: tuple[int, ...], data: bytes) -> str:
+    """The content key of a constant: sha256 over dtype, shape and bytes."""
+    h = hashlib.sha256(f"{dtype}{tuple(shape)}".encode())
+    h.update(data)
+    return h.hexdigest()
+
+
 @dataclass(frozen=True)
 class TensorType:
     dtype: str

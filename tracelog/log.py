@@ -167,7 +167,7 @@ class TraceLog:
         path = self._dir / name
         try:
             return dict(load(path.read_bytes()))
-        except (OSError, ValueError, Exception) as e:  # safetensors raises its own type
+        except Exception as e:  # OSError, or safetensors' own error type
             raise LogError(f"{path}: cannot read tensors ({_one_line(e)})") from None
 
     # -- serialisation ------------------------------------------------------------

@@ -17,6 +17,7 @@ from tracelog.emit.common import (
     Namespace,
     RuleCtx,
     check_supported,
+    const_value,
     format_source,
     literal,
     shape_text,
@@ -39,7 +40,8 @@ class Target:
     const_expr: str  # format with {value} and {dtype}
     tensor_in: str  # wraps a numpy array from the sample: format with {x}
     layout_note: str  # said in the header when a pass changed the layout: format with {layout}
-    passes: tuple[Callable[[Graph], tuple[Graph, Any]], ...] = ()  # each returns (graph, report)
+    # rewrites before emission; each returns (graph, report with .changed and .summary())
+    passes: tuple[Callable[[Graph], tuple[Graph, Any]], ...] = ()
 
 
 PARITY = '''
@@ -121,8 +123,15 @@ def _function_names(log: TraceLog) -> dict[str, str]:
     return names
 
 
+# names the program defines at module level, besides its graph functions
+PROGRAM_NAMES = (
+    "PARAMETERS", "load_params", "sample_step", "sample_params", "check_parity", "main",
+    "_compare", "params", "rng", "_trace", "_traces",
+)  # fmt: skip
+
+
 def _function_namespace(target: Target) -> Namespace:
-    return Namespace(target.reserved + tuple(target.helpers) + ("params", "rng", "_trace"))
+    return Namespace(target.reserved + tuple(target.helpers) + PROGRAM_NAMES)
 
 
 def _arg_names(target: Target, graph: Graph) -> list[str]:
@@ -157,8 +166,6 @@ def emit_function(
             if v.const is not None and v.const.digest is not None:
                 names[v.name] = f"params[{literal('const/' + v.const.digest)}]"
             else:
-                from tracelog.emit.common import const_value
-
                 value = const_value(v, constants)
                 names[v.name] = target.const_expr.format(
                     value=literal(value.tolist()), dtype=v.type.dtype
@@ -207,7 +214,10 @@ def build_program(log: TraceLog, target: Target, trace: bool = False) -> str:
     info = log.sample_info
     if not info:
         raise LogError("this log has no recorded sample batch, so no parity check can be emitted")
-    constants = {}  # large constants are read from params at run time
+    # Rules may read constant values (shapes, axes, indices); the large ones
+    # live in the weights file.
+    stored = any(v.const and v.const.digest for g in log.graphs.values() for v in g.constants)
+    constants = log.weights() if stored else {}
     fnames = _function_names(log)
     helpers: set[str] = set()
     functions = []

@@ -43,6 +43,7 @@ REDUCTIONS = {"ReduceMean", "ReduceSum", "ReduceMax", "ReduceMin"}
 
 @dataclass
 class LayoutReport:
+    changed: bool = False  # some op now runs channels-last
     kept: list[str] = field(default_factory=list)
 
     def summary(self) -> str:
@@ -123,7 +124,9 @@ def to_channels_last(graph: Graph) -> tuple[Graph, LayoutReport]:
     while changed:
         changed = _cancel(rw) or _push(rw)
         _dead_code(g)
-    return g, _report(graph, g)
+    report = _report(g)
+    report.changed = True
+    return g, report
 
 
 def _rank(g: Graph, name: str) -> int:
@@ -224,7 +227,7 @@ def _dead_code(g: Graph) -> None:
     g.values = {k: v for k, v in g.values.items() if k in used or v.kind != "node"}
 
 
-def _report(before: Graph, after: Graph) -> LayoutReport:
+def _report(after: Graph) -> LayoutReport:
     report = LayoutReport()
     uses: dict[str, list[Node]] = {}
     for n in after.nodes:

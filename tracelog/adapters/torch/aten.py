@@ -10,6 +10,8 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 
+import numpy as np
+
 from tracelog.ir import TensorType, is_symbolic
 from tracelog.ops import TRACELOG_DOMAIN
 
@@ -644,8 +646,6 @@ def _fill_rule(value_arg: int | None, fill: float):  # noqa: ANN202 - a rule fac
             raise NotSupported("a fill value given as a tensor")
         if any(map(is_symbolic, out.shape)):
             return ctx.one("ConstantOfShape", [ctx.dynamic_shape(list(out.shape))], value=value)
-        import numpy as np
-
         data = np.full([int(d) for d in out.shape], value, dtype=np.dtype(out.dtype))
         return [ctx.const(data, out.dtype)]
 

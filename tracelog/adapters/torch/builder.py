@@ -8,13 +8,22 @@ from typing import Any
 
 import numpy as np
 
-from tracelog.ir import ConstData, Graph, Node, Output, TensorType, Value, batch_factor, is_symbolic
+from tracelog.ir import (
+    INLINE_CONSTANT_LIMIT,
+    ConstData,
+    Graph,
+    Node,
+    Output,
+    TensorType,
+    Value,
+    array_digest,
+    batch_factor,
+    is_symbolic,
+)
 from tracelog.ops import TRACELOG_DOMAIN
 from tracelog.registry import Table
 
 from .tape import Tape, TArg
-
-INLINE_LIMIT = 64
 
 
 class NotSupported(Exception):
@@ -87,7 +96,7 @@ class Builder:
             return self._const_cache[key]
         name = f"k{self._n_const}"
         self._n_const += 1
-        digest = _array_digest(arr)
+        digest = array_digest(dtype, tuple(arr.shape), np.require(arr, requirements="C").tobytes())
         self.values[name] = Value(
             name,
             TensorType(dtype, tuple(arr.shape)),
@@ -395,16 +404,8 @@ def _np_dtype(dtype: str) -> np.dtype:
     return np.dtype(dtype)
 
 
-def _array_digest(arr: np.ndarray) -> str:
-    import hashlib
-
-    h = hashlib.sha256(f"{arr.dtype}{tuple(arr.shape)}".encode())
-    h.update(np.ascontiguousarray(arr).tobytes())
-    return h.hexdigest()
-
-
 def _const_data(arr: np.ndarray, digest: str, store: dict[str, np.ndarray]) -> ConstData:
-    if arr.size <= INLINE_LIMIT:
+    if arr.size <= INLINE_CONSTANT_LIMIT:
         return ConstData(data=arr.tolist())  # a plain number for a 0-d array
     store[digest] = arr
     return ConstData(digest=digest)

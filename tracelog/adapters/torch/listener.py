@@ -26,7 +26,17 @@ from tracelog.log import TraceLog
 from . import aten as _aten  # noqa: F401 - importing fills the aten table
 from .builder import Builder, NotSupported
 from .shapes import exact_batch_dims
-from .tape import ConstInfo, Rec, Ref, Tape, TArg, dtype_name, symbolic_shape, tensor_digest
+from .tape import (
+    ConstInfo,
+    Rec,
+    Ref,
+    Tape,
+    TArg,
+    dtype_name,
+    flatten_tensors,
+    symbolic_shape,
+    tensor_digest,
+)
 
 logger = logging.getLogger("tracelog")
 
@@ -223,7 +233,7 @@ class _Window:
         nkwargs = tuple((k, norm(v)) for k, v in sorted(kwargs.items()))
         index = len(self.tape.recs)
         outs: list[torch.Tensor] = []
-        _flatten_out(out, outs)
+        flatten_tensors(out, outs)
         n_returned = len(outs)
         mutated = tuple(i for i in _mutated_args(func, args) if isinstance(args[i], torch.Tensor))
         outs.extend(args[i] for i in mutated)
@@ -337,14 +347,6 @@ class _Window:
 
 class _UserError(Exception):
     """The user's code raised inside the window; never re-raised by strict mode."""
-
-
-def _flatten_out(out: Any, found: list[torch.Tensor]) -> None:
-    if isinstance(out, torch.Tensor):
-        found.append(out)
-    elif isinstance(out, (list, tuple)):
-        for o in out:
-            _flatten_out(o, found)
 
 
 class TorchListener:

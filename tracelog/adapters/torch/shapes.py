@@ -19,7 +19,7 @@ import torch
 
 from tracelog.ir import BATCH, batch_dim
 
-from .tape import Ref, Tape, TArg
+from .tape import Ref, Tape, TArg, flatten_tensors
 
 _TORCH_DTYPES = {
     "float32": torch.float32,
@@ -92,7 +92,7 @@ def exact_batch_dims(tape: Tape) -> Tape | None:
         if rec.op in _RANDOM_INPLACE:
             return [args[0]]
         outs: list[torch.Tensor] = []
-        _flatten(rec.func(*args, **kwargs), outs)
+        flatten_tensors(rec.func(*args, **kwargs), outs)
         return outs + [args[i] for i in rec.mutated]
 
     def n_batch_ints(rec: Any) -> int:
@@ -175,11 +175,3 @@ def exact_batch_dims(tape: Tape) -> Tape | None:
     new.inputs = {k: resym(v) for k, v in tape.inputs.items()}
     new.targets = [resym(t) for t in tape.targets]
     return new
-
-
-def _flatten(out: Any, found: list[torch.Tensor]) -> None:
-    if isinstance(out, torch.Tensor):
-        found.append(out)
-    elif isinstance(out, (list, tuple)):
-        for o in out:
-            _flatten(o, found)

@@ -8,13 +8,12 @@ built only for a fingerprint not seen before.
 
 from __future__ import annotations
 
-import hashlib
 from dataclasses import dataclass, field
 from typing import Any, NamedTuple
 
 import torch
 
-from tracelog.ir import BATCH, TensorType
+from tracelog.ir import BATCH, TensorType, array_digest
 
 # Where a tensor came from.
 #   ("p", name) parameter, ("b", name) buffer, ("i", name) data input,
@@ -148,6 +147,14 @@ def symbolic_ints(obj: Any, batch: int | None) -> Any:
 
 def tensor_digest(t: torch.Tensor) -> str:
     arr = t.detach().cpu().contiguous()
-    h = hashlib.sha256(f"{arr.dtype}{tuple(arr.shape)}".encode())
-    h.update(arr.view(torch.uint8).numpy().tobytes() if arr.numel() else b"")
-    return h.hexdigest()
+    data = arr.view(torch.uint8).numpy().tobytes() if arr.numel() else b""
+    return array_digest(dtype_name(arr.dtype), tuple(arr.shape), data)
+
+
+def flatten_tensors(out: Any, found: list[torch.Tensor]) -> None:
+    """The tensors of an op's result, in order (tuples and lists flattened)."""
+    if isinstance(out, torch.Tensor):
+        found.append(out)
+    elif isinstance(out, (list, tuple)):
+        for o in out:
+            flatten_tensors(o, found)
