@@ -50,7 +50,7 @@ for _op, _sym in _BINARY.items():
 @TF.register("Div")
 def _div(c: RuleCtx) -> str:
     if c.out_type().dtype.startswith(("int", "uint")):
-        return f"tf.math.truncatediv({c.i(0)}, {c.i(1)})"  # ONNX integer Div truncates
+        return f"tf.truncatediv({c.i(0)}, {c.i(1)})"  # ONNX integer Div truncates
     return f"{c.i(0)} / {c.i(1)}"
 
 

@@ -1,0 +1,436 @@
+"""Sample inputs per IR op: a one-node graph, random inputs, and (where torch
+has the same operation) what torch computes. The shared op tests run every
+sample through every emitter and compare with onnx.reference and torch.
+A test fails when an op of an emitter's table has no sample here."""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from typing import Any
+
+import numpy as np
+
+from tracelog.ir import ConstData, Graph, Node, Output, TensorType, Value
+
+Array = np.ndarray
+
+
+@dataclass
+class OpSample:
+    op: str  # qualified: "Conv", "tracelog.BatchNormTraining"
+    inputs: list[tuple[str, Array]]  # runtime inputs, in node input order ("" skips)
+    attrs: dict[str, Any] = field(default_factory=dict)
+    consts: dict[str, Array] = field(default_factory=dict)  # constant inputs by name
+    order: list[str] | None = None  # node input order when consts interleave
+    n_out: int = 1
+    torch: Callable[..., Any] | None = None  # torch's result from the runtime inputs
+    name: str = ""
+
+    @property
+    def id(self) -> str:
+        return self.name or self.op
+
+    def graph(self, out_types: list[TensorType] | None = None) -> Graph:
+        """The one-node graph; every output is a graph output. Without
+        out_types the outputs get placeholder types (enough for onnx.reference)."""
+        domain, _, op = self.op.rpartition(".")
+        values: dict[str, Value] = {}
+        for name, arr in self.inputs:
+            values[name] = Value(name, TensorType(str(arr.dtype), arr.shape), "input")
+        for name, arr in self.consts.items():
+            values[name] = Value(
+                name,
+                TensorType(str(arr.dtype), arr.shape),
+                "const",
+                const=ConstData(data=arr.tolist()),
+            )
+        order = self.order or [n for n, _ in self.inputs] + list(self.consts)
+        outs = [f"y{k}" for k in range(self.n_out)]
+        for k, o in enumerate(outs):
+            ty = out_types[k] if out_types else TensorType("float32", ())
+            values[o] = Value(o, ty, "node")
+        roles = ["prediction"] + [f"prediction.{k}" for k in range(1, self.n_out)]
+        return Graph(
+            "prediction",
+            values,
+            [Node(op, order, outs, dict(self.attrs), domain=domain, module="m", module_type="Op")],
+            [Output(o, r) for o, r in zip(outs, roles, strict=True)],
+        )
+
+    def feeds(self) -> dict[str, Array]:
+        return dict(self.inputs)
+
+
+def _r(*shape: int, lo: float = -2.0, hi: float = 2.0, seed: int = 0) -> Array:
+    return np.random.default_rng(seed + sum(shape)).uniform(lo, hi, shape).astype(np.float32)
+
+
+def _i(*v: int) -> Array:
+    return np.asarray(v, dtype=np.int64)
+
+
+def _t(fn: Callable[..., Any]) -> Callable[..., Any]:
+    """A torch function of numpy arrays, returning numpy."""
+
+    def run(*arrays: Array) -> Array:
+        import torch
+
+        return fn(*[torch.from_numpy(a) for a in arrays]).detach().numpy()
+
+    return run
+
+
+def _samples() -> list[OpSample]:
+    import torch
+    import torch.nn.functional as F
+
+    x = _r(2, 3, 4)
+    pos = _r(2, 3, 4, lo=0.1, hi=3.0)
+    img = _r(2, 3, 6, 6)
+    s: list[OpSample] = []
+    unary = {
+        "Relu": torch.relu, "Tanh": torch.tanh, "Sigmoid": torch.sigmoid, "Exp": torch.exp,
+        "Abs": torch.abs, "Neg": torch.neg, "Erf": torch.erf, "Softplus": F.softplus,
+        "Floor": torch.floor, "Ceil": torch.ceil, "Identity": lambda a: a.clone(),
+    }  # fmt: skip
+    for op, fn in unary.items():
+        s.append(OpSample(op, [("x", x)], torch=_t(fn)))
+    for op, fn in {"Sqrt": torch.sqrt, "Log": torch.log, "Reciprocal": torch.reciprocal}.items():
+        s.append(OpSample(op, [("x", pos)], torch=_t(fn)))
+    s.append(OpSample("Not", [("x", x > 0)], torch=_t(torch.logical_not)))
+    s.append(
+        OpSample("LeakyRelu", [("x", x)], {"alpha": 0.2}, torch=_t(lambda a: F.leaky_relu(a, 0.2)))
+    )
+    s.append(OpSample("Gelu", [("x", x)], {"approximate": "none"}, torch=_t(F.gelu)))
+    s.append(
+        OpSample(
+            "Gelu",
+            [("x", x)],
+            {"approximate": "tanh"},
+            torch=_t(lambda a: F.gelu(a, approximate="tanh")),
+            name="Gelu-tanh",
+        )
+    )
+    s.append(
+        OpSample(
+            "Clip",
+            [("x", x)],
+            consts={
+                "lo": np.float32(-0.5) * np.ones((), np.float32),
+                "hi": np.ones((), np.float32),
+            },
+            torch=_t(lambda a: a.clamp(-0.5, 1.0)),
+        )
+    )
+    y = _r(3, 4, seed=1)
+    for op, fn in {"Add": torch.add, "Sub": torch.sub, "Mul": torch.mul, "Div": torch.div}.items():
+        s.append(OpSample(op, [("a", x), ("b", y)], torch=_t(fn)))
+    s.append(
+        OpSample(
+            "Div",
+            [("a", _i(7, -7, 9)), ("b", _i(2, 2, -4))],
+            torch=_t(lambda a, b: torch.div(a, b, rounding_mode="trunc")),
+            name="Div-int",
+        )
+    )
+    s.append(OpSample("Pow", [("a", pos), ("b", y)], torch=_t(torch.pow)))
+    for op, fn in {"Equal": torch.eq, "Less": torch.lt, "Greater": torch.gt}.items():
+        s.append(OpSample(op, [("a", np.round(x)), ("b", np.round(y))], torch=_t(fn)))
+    for op, fn in {"And": torch.logical_and, "Or": torch.logical_or}.items():
+        s.append(OpSample(op, [("a", x > 0), ("b", y > 0)], torch=_t(fn)))
+    s.append(OpSample("Max", [("a", x), ("b", y)], torch=_t(torch.maximum)))
+    s.append(OpSample("Min", [("a", x), ("b", y)], torch=_t(torch.minimum)))
+    s.append(OpSample("Where", [("c", x > 0), ("a", x), ("b", y)], torch=_t(torch.where)))
+    s.append(OpSample("Cast", [("x", x)], {"to": "int64"}, torch=_t(lambda a: a.to(torch.int64))))
+    s.append(OpSample("Softmax", [("x", x)], {"axis": 1}, torch=_t(lambda a: torch.softmax(a, 1))))
+    s.append(
+        OpSample(
+            "LogSoftmax", [("x", x)], {"axis": -1}, torch=_t(lambda a: torch.log_softmax(a, -1))
+        )
+    )
+    s.append(OpSample("MatMul", [("a", x), ("b", _r(4, 5))], torch=_t(torch.matmul)))
+    s.append(
+        OpSample(
+            "Gemm",
+            [("a", _r(3, 4)), ("w", _r(5, 4)), ("c", _r(5))],
+            {"transB": 1, "alpha": 0.5, "beta": 2.0},
+            torch=_t(lambda a, w, c: 0.5 * a @ w.T + 2.0 * c),
+        )
+    )
+    w = _r(4, 3, 3, 3, seed=2)
+    s.append(
+        OpSample(
+            "Conv",
+            [("x", img), ("w", w), ("b", _r(4))],
+            {
+                "kernel_shape": [3, 3],
+                "strides": [2, 1],
+                "pads": [1, 0, 1, 0],
+                "dilations": [1, 1],
+                "group": 1,
+            },
+            torch=_t(lambda a, k, b: F.conv2d(a, k, b, stride=(2, 1), padding=(1, 0))),
+        )
+    )
+    s.append(
+        OpSample(
+            "Conv",
+            [("x", img), ("w", w)],
+            {
+                "kernel_shape": [3, 3],
+                "strides": [1, 1],
+                "pads": [2, 2, 2, 2],
+                "dilations": [2, 2],
+                "group": 1,
+            },
+            torch=_t(lambda a, k: F.conv2d(a, k, padding=2, dilation=2)),
+            name="Conv-dilated",
+        )
+    )
+    s.append(
+        OpSample(
+            "Conv",
+            [("x", img), ("w", _r(6, 1, 3, 3))],
+            {
+                "kernel_shape": [3, 3],
+                "strides": [1, 1],
+                "pads": [1, 1, 1, 1],
+                "dilations": [1, 1],
+                "group": 3,
+            },
+            torch=_t(lambda a, k: F.conv2d(a, k, padding=1, groups=3)),
+            name="Conv-depthwise",
+        )
+    )
+    img4 = _r(2, 4, 5, 5)
+    s.append(
+        OpSample(
+            "Conv",
+            [("x", img4), ("w", _r(6, 2, 3, 3))],
+            {
+                "kernel_shape": [3, 3],
+                "strides": [1, 1],
+                "pads": [0, 0, 0, 0],
+                "dilations": [1, 1],
+                "group": 2,
+            },
+            torch=_t(lambda a, k: F.conv2d(a, k, groups=2)),
+            name="Conv-grouped",
+        )
+    )
+    s.append(
+        OpSample(
+            "MaxPool",
+            [("x", img)],
+            {"kernel_shape": [3, 3], "strides": [2, 2], "pads": [1, 1, 1, 1]},
+            torch=_t(lambda a: F.max_pool2d(a, 3, 2, 1)),
+        )
+    )
+    s.append(
+        OpSample(
+            "AveragePool",
+            [("x", img)],
+            {
+                "kernel_shape": [2, 2],
+                "strides": [2, 2],
+                "pads": [1, 1, 1, 1],
+                "count_include_pad": 1,
+            },
+            torch=_t(lambda a: F.avg_pool2d(a, 2, 2, 1)),
+        )
+    )
+    s.append(
+        OpSample("GlobalAveragePool", [("x", img)], torch=_t(lambda a: F.adaptive_avg_pool2d(a, 1)))
+    )
+    c = img.shape[1]
+    stats = [
+        ("scale", _r(c, lo=0.5)),
+        ("bias", _r(c)),
+        ("mean", _r(c)),
+        ("var", _r(c, lo=0.5, hi=2.0)),
+    ]
+    s.append(
+        OpSample(
+            "BatchNormalization",
+            [("x", img), *stats],
+            {"epsilon": 1e-5},
+            torch=_t(lambda a, g, b, m, v: F.batch_norm(a, m, v, g, b, False, 0.0, 1e-5)),
+        )
+    )
+
+    def bn_train(a, g, b, m, v):  # noqa: ANN001, ANN202
+        return F.batch_norm(a, m.clone(), v.clone(), g, b, True, 0.1, 1e-5)
+
+    s.append(
+        OpSample(
+            "tracelog.BatchNormTraining",
+            [("x", img), *stats],
+            {"epsilon": 1e-5, "momentum": 0.1, "axes": [0, 2, 3]},
+            n_out=3,
+            torch=_t(bn_train),
+        )
+    )
+    s.append(
+        OpSample(
+            "LayerNormalization",
+            [("x", x), ("g", _r(4)), ("b", _r(4))],
+            {"axis": -1, "epsilon": 1e-5},
+            torch=_t(lambda a, g, b: F.layer_norm(a, (4,), g, b)),
+        )
+    )
+    s.append(
+        OpSample(
+            "Dropout",
+            [("x", x)],
+            consts={"ratio": np.float32(0.0) * np.ones((), np.float32), "train": np.ones((), bool)},
+            n_out=2,
+            torch=_t(lambda a: a.clone()),  # ratio 0: deterministic, the same in every runtime
+        )
+    )
+    for op, fn in {
+        "ReduceMean": lambda a: a.mean(dim=(0, 2), keepdim=True),
+        "ReduceSum": lambda a: a.sum(dim=(0, 2), keepdim=True),
+        "ReduceMax": lambda a: a.amax(dim=(0, 2), keepdim=True),
+        "ReduceMin": lambda a: a.amin(dim=(0, 2), keepdim=True),
+        "ReduceProd": lambda a: a.prod(dim=0, keepdim=True).prod(dim=2, keepdim=True),
+    }.items():
+        s.append(OpSample(op, [("x", x)], {"keepdims": 1}, consts={"axes": _i(0, 2)}, torch=_t(fn)))
+    s.append(
+        OpSample(
+            "ReduceMean",
+            [("x", x)],
+            {"keepdims": 0},
+            torch=_t(lambda a: a.mean()),
+            name="ReduceMean-all",
+        )
+    )
+    s.append(
+        OpSample("ArgMax", [("x", x)], {"axis": 1, "keepdims": 0}, torch=_t(lambda a: a.argmax(1)))
+    )
+    s.append(
+        OpSample(
+            "Reshape", [("x", x)], consts={"shape": _i(-1, 6)}, torch=_t(lambda a: a.reshape(-1, 6))
+        )
+    )
+    s.append(
+        OpSample(
+            "Transpose", [("x", x)], {"perm": [2, 0, 1]}, torch=_t(lambda a: a.permute(2, 0, 1))
+        )
+    )
+    s.append(
+        OpSample(
+            "Concat",
+            [("a", x), ("b", x * 2)],
+            {"axis": 1},
+            torch=_t(lambda a, b: torch.cat([a, b], 1)),
+        )
+    )
+    s.append(
+        OpSample(
+            "Split",
+            [("x", x)],
+            {"axis": 2},
+            consts={"split": _i(1, 3)},
+            n_out=2,
+            torch=_t(lambda a: torch.split(a, [1, 3], 2)[0]),
+        )
+    )
+    s.append(
+        OpSample(
+            "Slice",
+            [("x", x)],
+            consts={"starts": _i(1), "ends": _i(2**63 - 1), "axes": _i(2), "steps": _i(2)},
+            torch=_t(lambda a: a[:, :, 1::2]),
+        )
+    )
+    s.append(
+        OpSample(
+            "Gather",
+            [("x", x)],
+            {"axis": 1},
+            consts={"i": np.asarray(2, np.int64)},
+            torch=_t(lambda a: a[:, 2]),
+        )
+    )
+    s.append(
+        OpSample(
+            "Gather",
+            [("w", _r(5, 3)), ("i", _i(4, 0, 4, 2))],
+            {"axis": 0},
+            torch=_t(lambda w, i: F.embedding(i, w)),
+            name="Gather-embedding",
+        )
+    )
+    s.append(
+        OpSample(
+            "Unsqueeze",
+            [("x", x)],
+            consts={"axes": _i(1, -1)},
+            torch=_t(lambda a: a.unsqueeze(1).unsqueeze(-1)),
+        )
+    )
+    s.append(
+        OpSample(
+            "Squeeze",
+            [("x", _r(2, 1, 4))],
+            consts={"axes": _i(1)},
+            torch=_t(lambda a: a.squeeze(1)),
+        )
+    )
+    s.append(
+        OpSample(
+            "Expand",
+            [("x", _r(3, 1))],
+            consts={"shape": _i(2, 1, 4)},
+            torch=_t(lambda a: a.expand(2, 3, 4)),
+        )
+    )
+    s.append(
+        OpSample(
+            "Tile", [("x", x)], consts={"reps": _i(1, 2, 1)}, torch=_t(lambda a: a.repeat(1, 2, 1))
+        )
+    )
+    s.append(
+        OpSample(
+            "Shape",
+            [("x", x)],
+            {"start": 0, "end": 2},
+            torch=_t(lambda a: torch.tensor(a.shape[:2])),
+        )
+    )
+    s.append(
+        OpSample(
+            "ConstantOfShape",
+            [("s", _i(2, 3))],
+            {"value": 1.5},
+            torch=None,  # torch.full needs a Python shape; onnx.reference is the oracle
+        )
+    )
+    logp = np.log(np.random.default_rng(3).dirichlet(np.ones(5), size=6)).astype(np.float32)
+    tgt = _i(0, 4, 2, 2, 1, 3)
+    s.append(
+        OpSample(
+            "NegativeLogLikelihoodLoss",
+            [("p", logp), ("t", tgt)],
+            {"reduction": "mean", "ignore_index": 2},
+            torch=_t(lambda p, t: F.nll_loss(p, t, ignore_index=2)),
+        )
+    )
+    s.append(
+        OpSample(
+            "NegativeLogLikelihoodLoss",
+            [("p", logp), ("t", tgt), ("w", _r(5, lo=0.1, hi=1.0))],
+            {"reduction": "sum"},
+            torch=_t(lambda p, t, w: F.nll_loss(p, t, w, reduction="sum")),
+            name="NegativeLogLikelihoodLoss-weighted",
+        )
+    )
+    # inputs and constants in the node's input order
+    for sample in s:
+        if sample.consts and sample.order is None:
+            sample.order = [n for n, _ in sample.inputs] + list(sample.consts)
+    return s
+
+
+SAMPLES = _samples()
