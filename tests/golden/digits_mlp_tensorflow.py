@@ -26,14 +26,25 @@ PARAMETERS = [
 ]
 
 
-def load_params(path):
-    """Read weights.safetensors into tf.Variables, trainable flags kept."""
-    arrays = load_file(path)
-    params = {
-        name: tf.Variable(arrays[name], trainable=trainable) for name, trainable in PARAMETERS
-    }
-    params.update({k: tf.constant(v) for k, v in arrays.items() if k.startswith("const/")})
-    return params
+def _as_param(array, trainable):
+    return tf.Variable(array, trainable=trainable)
+
+
+def _as_const(array):
+    return tf.constant(array)
+
+
+def _numpy(x):
+    return np.asarray(x)
+
+
+def _value_and_grads(step, variables):
+    """Run step() under a GradientTape; gradients of its loss for variables."""
+    with tf.GradientTape() as tape:
+        outputs, loss = step()
+    grads = tape.gradient(loss, variables)
+    # an embedding's gradient arrives as IndexedSlices
+    return outputs, loss, [None if g is None else tf.convert_to_tensor(g) for g in grads]
 
 
 def _dropout(x, rate, rng, key):
@@ -129,8 +140,17 @@ def predict_eval(params, x, rng=None):
     return {"prediction": v5}
 
 
+def load_params(path):
+    """Read weights.safetensors: parameters as trainable objects of this
+    framework, buffers as plain tensors, large constants by key."""
+    arrays = load_file(path)
+    params = {name: _as_param(arrays[name], trainable) for name, trainable in PARAMETERS}
+    params.update({k: _as_const(v) for k, v in arrays.items() if k.startswith("const/")})
+    return params
+
+
 def _compare(name, got, want, atol, rtol):
-    got = np.asarray(got, dtype=np.float64)
+    got = np.asarray(_numpy(got), dtype=np.float64)
     want = np.asarray(want, dtype=np.float64)
     if got.shape != want.shape:
         return name, float("inf"), float("inf"), False
@@ -143,9 +163,9 @@ def _compare(name, got, want, atol, rtol):
 def sample_step(params, sample):
     """The recorded batch: its prediction graph, then its loss graph."""
     rng = {k.replace("/", "."): v for k, v in sample.items() if k.startswith("mask/")}
-    outputs = predict_train(params, x=tf.constant(sample["input/x"]), rng=rng)
+    outputs = predict_train(params, x=_as_const(sample["input/x"]), rng=rng)
     loss = loss_train(
-        params, prediction=outputs["prediction"], target=tf.constant(sample["target/target"])
+        params, prediction=outputs["prediction"], target=_as_const(sample["target/target"])
     )
     return outputs, loss
 
@@ -157,8 +177,8 @@ def sample_params(log_dir):
     params = {}
     for name, trainable in PARAMETERS:
         key = "param/" + name if "param/" + name in sample else "buffer/" + name
-        params[name] = tf.Variable(sample[key], trainable=trainable)
-    params.update({k: tf.constant(v) for k, v in weights.items() if k.startswith("const/")})
+        params[name] = _as_param(sample[key], trainable)
+    params.update({k: _as_const(v) for k, v in weights.items() if k.startswith("const/")})
     return params
 
 
@@ -168,11 +188,9 @@ def check_parity(log_dir, atol=1e-5, rtol=1e-4, grad_atol=1e-4):
     sample = load_file(os.path.join(log_dir, "sample.safetensors"))
     params = sample_params(log_dir)
     trainable = [name for name, flag in PARAMETERS if flag]
-    with tf.GradientTape() as tape:
-        outputs, loss = sample_step(params, sample)
-    grads = tape.gradient(loss, [params[name] for name in trainable])
-    # an embedding's gradient arrives as IndexedSlices
-    grads = [None if g is None else tf.convert_to_tensor(g) for g in grads]
+    outputs, loss, grads = _value_and_grads(
+        lambda: sample_step(params, sample), [params[name] for name in trainable]
+    )
     rows = []
     for role, value in outputs.items():
         if role.startswith("prediction"):

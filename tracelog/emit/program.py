@@ -38,15 +38,23 @@ class Target:
     template: str
     file_name: str
     const_expr: str  # format with {value} and {dtype}
-    tensor_in: str  # wraps a numpy array from the sample: format with {x}
     layout_note: str  # said in the header when a pass changed the layout: format with {layout}
     # rewrites before emission; each returns (graph, report with .changed and .summary())
     passes: tuple[Callable[[Graph], tuple[Graph, Any]], ...] = ()
 
 
 PARITY = '''
+def load_params(path):
+    """Read weights.safetensors: parameters as trainable objects of this
+    framework, buffers as plain tensors, large constants by key."""
+    arrays = load_file(path)
+    params = {{name: _as_param(arrays[name], trainable) for name, trainable in PARAMETERS}}
+    params.update({{k: _as_const(v) for k, v in arrays.items() if k.startswith("const/")}})
+    return params
+
+
 def _compare(name, got, want, atol, rtol):
-    got = np.asarray(got, dtype=np.float64)
+    got = np.asarray(_numpy(got), dtype=np.float64)
     want = np.asarray(want, dtype=np.float64)
     if got.shape != want.shape:
         return name, float("inf"), float("inf"), False
@@ -66,8 +74,8 @@ def sample_params(log_dir):
     params = {{}}
     for name, trainable in PARAMETERS:
         key = "param/" + name if "param/" + name in sample else "buffer/" + name
-        params[name] = {variable}
-    params.update({{k: {const_in} for k, v in weights.items() if k.startswith("const/")}})
+        params[name] = _as_param(sample[key], trainable)
+    params.update({{k: _as_const(v) for k, v in weights.items() if k.startswith("const/")}})
     return params
 
 
@@ -77,7 +85,9 @@ def check_parity(log_dir, atol=1e-5, rtol=1e-4, grad_atol=1e-4):
     sample = load_file(os.path.join(log_dir, "sample.safetensors"))
     params = sample_params(log_dir)
     trainable = [name for name, flag in PARAMETERS if flag]
-{grad_block}
+    outputs, loss, grads = _value_and_grads(
+        lambda: sample_step(params, sample{trace_arg}), [params[name] for name in trainable]
+    )
     rows = []
     for role, value in outputs.items():
         if role.startswith("prediction"):
@@ -243,21 +253,8 @@ def build_program(log: TraceLog, target: Target, trace: bool = False) -> str:
     sample_step = _sample_step(
         target, pred, loss, fnames[info["prediction"]], fnames[info["loss"]], trace
     )
-    variable = "tf.Variable(sample[key], trainable=trainable)"
     trace_arg = ", {'prediction': {}, 'loss': {}}" if trace else ""
-    grad_block = (
-        "    with tf.GradientTape() as tape:\n"
-        f"        outputs, loss = sample_step(params, sample{trace_arg})\n"
-        "    grads = tape.gradient(loss, [params[name] for name in trainable])\n"
-        "    # an embedding's gradient arrives as IndexedSlices\n"
-        "    grads = [None if g is None else tf.convert_to_tensor(g) for g in grads]"
-    )
-    parity = PARITY.format(
-        sample_step=sample_step,
-        variable=variable,
-        const_in="tf.constant(v)",
-        grad_block=grad_block,
-    )
+    parity = PARITY.format(sample_step=sample_step, trace_arg=trace_arg)
     fw = log.framework
     layout = (
         target.layout_note.format(layout="\n".join(layout_lines)) + "\n\n" if layout_lines else ""
@@ -293,7 +290,7 @@ def _sample_step(
     target: Target, pred: Graph, loss: Graph, pname: str, lname: str, trace: bool = False
 ) -> str:
     def from_sample(key: str) -> str:
-        return target.tensor_in.format(x="sample[" + literal(key) + "]")
+        return "_as_const(sample[" + literal(key) + "])"
 
     pargs = ", ".join(
         f"{n}={from_sample('input/' + v.name)}"

@@ -505,7 +505,6 @@ def target():  # noqa: ANN201 - a Target, built on use to keep imports light
         template="tensorflow.py.j2",
         file_name="program_tensorflow.py",
         const_expr="tf.constant({value}, tf.{dtype})",
-        tensor_in="tf.constant({x})",
         layout_note=(
             "Layout: NHWC inside (TensorFlow's CPU convolution and pooling kernels take\n"
             "channels last); the recording was NCHW. Transposes kept, per function:\n"
