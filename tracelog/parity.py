@@ -82,7 +82,7 @@ def node_comparisons(
     ref_loss = all_values(loss, loss_feeds, constants=weights)
     found = []
     for kind, graph, ref in (("prediction", pred, ref_pred), ("loss", loss, ref_loss)):
-        trace = traces[kind]
+        trace = {k: module._numpy(v) for k, v in traces[kind].items()}
         channels_last = _channels_last_names(trace)
         for node in graph.nodes:
             for o in node.outputs:
