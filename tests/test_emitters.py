@@ -12,7 +12,7 @@ from tracelog.emit.common import format_source
 from tracelog.ops import vocabulary
 from tracelog.parity import node_comparisons
 
-FRAMEWORK = {"tensorflow": "tensorflow", "torch": "torch"}
+FRAMEWORK = {"tensorflow": "tensorflow", "torch": "torch", "jax": "jax"}
 
 
 @pytest.fixture(params=TARGETS)

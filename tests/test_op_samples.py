@@ -12,7 +12,7 @@ from tracelog.emit.onnx import graph_to_onnx
 from tracelog.ir import TensorType
 from tracelog.verify import compare
 
-EMITTERS = ["tensorflow", "torch"]
+EMITTERS = ["tensorflow", "torch", "jax"]
 
 
 def reference(sample: OpSample) -> list[np.ndarray]:
@@ -29,6 +29,8 @@ def typed_graph(sample: OpSample):
 PRELUDE = {
     "tensorflow": "import numpy as np\nimport tensorflow as tf",
     "torch": "import numpy as np\nimport torch\nimport torch.nn.functional as F",
+    "jax": "import numpy as np\nimport jax\nimport jax.numpy as jnp\nfrom jax import lax\n"
+    'jax.config.update("jax_enable_x64", True)',
 }
 
 
@@ -48,10 +50,16 @@ def run_emitted(emitter: str, sample: OpSample) -> tuple[list[np.ndarray], list[
         import tensorflow as tf
 
         feeds = {name: tf.constant(arr) for name, arr in sample.inputs}
-    else:
+    elif emitter == "torch":
         import torch
 
         feeds = {name: torch.from_numpy(np.array(arr)) for name, arr in sample.inputs}
+    else:
+        import jax.numpy as jnp
+
+        feeds = {name: jnp.asarray(arr) for name, arr in sample.inputs}
+    if sample.op == "Dropout":  # the recorded-mask path: a mask of ones for ratio 0
+        feeds["rng"] = {"mask.0": np.ones(sample.inputs[0][1].shape, bool)}
     out = namespace["f"]({}, **feeds)
     return [_numpy(out[o.role]) for o in graph.outputs], ref
 

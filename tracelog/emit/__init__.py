@@ -8,7 +8,7 @@ import types
 from pathlib import Path
 from typing import Any
 
-TARGETS = ("tensorflow", "torch")
+TARGETS = ("tensorflow", "torch", "jax")
 
 
 def get_target(name: str) -> Any:
@@ -16,6 +16,10 @@ def get_target(name: str) -> Any:
         from tracelog.emit import tensorflow
 
         return tensorflow.target()
+    if name == "jax":
+        from tracelog.emit import jax
+
+        return jax.target()
     if name == "torch":
         from tracelog.emit import pytorch
 

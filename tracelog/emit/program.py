@@ -86,7 +86,7 @@ def check_parity(log_dir, atol=1e-5, rtol=1e-4, grad_atol=1e-4):
     params = sample_params(log_dir)
     trainable = [name for name, flag in PARAMETERS if flag]
     outputs, loss, grads = _value_and_grads(
-        lambda: sample_step(params, sample{trace_arg}), [params[name] for name in trainable]
+        lambda p: sample_step(p, sample{trace_arg}), params, trainable
     )
     rows = []
     for role, value in outputs.items():
