@@ -142,6 +142,13 @@ def test_unsupported_op_exits_2_and_lists_it(tmp_path: Path, capsys) -> None:
     assert info.value.ops == [("aten.cumsum.default", 2, [""])]
 
 
+@pytest.mark.parametrize("target", ["torch", "jax", "onnx"])
+def test_digits_mlp_round_trips_to_the_other_targets(mlp_log: Path, target: str) -> None:
+    pytest.importorskip({"torch": "torch", "jax": "jax", "onnx": "onnxruntime"}[target])
+    report = tracelog.check(mlp_log, target=target)
+    assert report.ok, report.table()
+
+
 def test_resnet18_example_parity_and_layout(tmp_path: Path, capsys) -> None:
     module = _example("resnet18_torch_to_tf")
     out = tmp_path / "resnet18"
@@ -160,3 +167,8 @@ def test_resnet18_example_parity_and_layout(tmp_path: Path, capsys) -> None:
     log = tracelog.load(out)
     (train,) = [e for e in log.entries_sorted() if e.kind == "prediction" and e.phase == "train"]
     assert train.usage.batches == 4
+    # the same log to JAX (gradients under jax.jit) and to ONNX; fp32 as in the example
+    pytest.importorskip("jax")
+    for target in ("jax", "onnx"):
+        report = tracelog.check(out, target=target, atol=5e-5)
+        assert report.ok, report.table()

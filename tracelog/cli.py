@@ -149,7 +149,9 @@ def build_parser() -> argparse.ArgumentParser:
     )
     p.add_argument("log_dir")
     p.add_argument("--target", choices=TARGETS, required=True)
-    p.add_argument("--out", help="file to write (default: LOG_DIR/program_<target>.py)")
+    p.add_argument(
+        "--out", help="file to write (default: LOG_DIR/program_<target>.py, or LOG_DIR/model.onnx)"
+    )
     p.set_defaults(func=_cmd_emit)
     p = sub.add_parser(
         "check",

@@ -19,6 +19,40 @@ from tracelog.passes.layout import TO_NHWC
 from tracelog.verify import Comparison, Report, all_values, compare, sample_feeds
 
 
+def check_onnx(log_dir: str | os.PathLike[str], *, atol: float, rtol: float) -> Report:
+    """Write model.onnx, check it with onnx.checker (full), and run its
+    replay form on onnxruntime with the recorded batch: predictions, buffer
+    updates and loss. ONNX has no autodiff, so no gradients."""
+    import onnx
+    import onnxruntime as ort
+
+    from tracelog.emit.onnx_model import build_model, write_model
+
+    path = write_model(log_dir)
+    onnx.checker.check_model(str(path), full_check=True)
+    log = TraceLog.load(log_dir)
+    model = build_model(log, replay_masks=True, params_as_inputs=True)
+    opts = ort.SessionOptions()
+    opts.log_severity_level = 3
+    sess = ort.InferenceSession(model.SerializeToString(), opts, providers=["CPUExecutionProvider"])
+    sample = log.sample()
+    feeds = sample_feeds(sample)
+    wanted = {i.name for i in sess.get_inputs()}
+    results = sess.run(None, {k: v for k, v in feeds.items() if k in wanted})
+    report = Report(
+        f"{path.name} vs recorded batch, run by onnxruntime (atol {atol:g}, rtol {rtol:g})"
+    )
+    for out, value in zip(sess.get_outputs(), results, strict=True):
+        if out.name.startswith("prediction"):
+            want = sample[f"output/{out.name}"]
+        elif out.name.startswith("update:"):
+            want = sample[f"update/{out.name[7:]}"]
+        else:
+            want = sample["loss"]
+        report.comparisons.append(compare(out.name, value, want, atol, rtol))
+    return report
+
+
 def _import_path(path: Path) -> types.ModuleType:
     spec = importlib.util.spec_from_file_location(f"tracelog_program_{path.stem}", path)
     assert spec is not None and spec.loader is not None
@@ -45,6 +79,8 @@ def check(
 ) -> Report:
     """Emit the program for `target` into the log directory, run its parity
     check on the recorded batch, and report per-output errors (`.ok`)."""
+    if target == "onnx":
+        return check_onnx(log_dir, atol=atol, rtol=rtol)
     tgt = get_target(target)
     path = write_program(log_dir, tgt)
     module = _import_path(path)

@@ -38,11 +38,12 @@ def _numpy(x):
     return np.asarray(x)
 
 
-def _value_and_grads(step, variables):
-    """Run step() under a GradientTape; gradients of its loss for variables."""
+def _value_and_grads(step, params, trainable):
+    """step(params) under a GradientTape; gradients of its loss for the
+    trainable variables, in order."""
     with tf.GradientTape() as tape:
-        outputs, loss = step()
-    grads = tape.gradient(loss, variables)
+        outputs, loss = step(params)
+    grads = tape.gradient(loss, [params[name] for name in trainable])
     # an embedding's gradient arrives as IndexedSlices
     return outputs, loss, [None if g is None else tf.convert_to_tensor(g) for g in grads]
 
@@ -188,9 +189,7 @@ def check_parity(log_dir, atol=1e-5, rtol=1e-4, grad_atol=1e-4):
     sample = load_file(os.path.join(log_dir, "sample.safetensors"))
     params = sample_params(log_dir)
     trainable = [name for name, flag in PARAMETERS if flag]
-    outputs, loss, grads = _value_and_grads(
-        lambda: sample_step(params, sample), [params[name] for name in trainable]
-    )
+    outputs, loss, grads = _value_and_grads(lambda p: sample_step(p, sample), params, trainable)
     rows = []
     for role, value in outputs.items():
         if role.startswith("prediction"):

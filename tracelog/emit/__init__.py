@@ -8,7 +8,8 @@ import types
 from pathlib import Path
 from typing import Any
 
-TARGETS = ("tensorflow", "torch", "jax")
+TARGETS = ("tensorflow", "torch", "jax", "onnx")
+PROGRAM_TARGETS = ("tensorflow", "torch", "jax")
 
 
 def get_target(name: str) -> Any:
@@ -24,14 +25,19 @@ def get_target(name: str) -> Any:
         from tracelog.emit import pytorch
 
         return pytorch.target()
-    raise ValueError(f"unknown target {name!r}; choose from {', '.join(TARGETS)}")
+    raise ValueError(f"unknown program target {name!r}; choose from {', '.join(PROGRAM_TARGETS)}")
 
 
 def emit(
     log_dir: str | os.PathLike[str], target: str = "tensorflow", out: str | None = None
 ) -> Path:
-    """Write the program for `target` into the log directory (or `out`); return its path.
+    """Write the program for `target` (model.onnx for "onnx") into the log
+    directory (or `out`); return its path.
     Raises tracelog.UnsupportedOpError, writing nothing, when an op has no rule."""
+    if target == "onnx":
+        from tracelog.emit.onnx_model import write_model
+
+        return write_model(log_dir, out)
     from tracelog.emit.program import write_program
 
     return write_program(log_dir, get_target(target), out)

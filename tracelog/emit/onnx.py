@@ -93,38 +93,8 @@ def graph_to_onnx(
     initializers = [
         onnx.numpy_helper.from_array(const_array(v, constants), v.name) for v in graph.constants
     ]
-    nodes = []
-    functions: dict[str, Any] = {}
-    n_dropout = 0
-    for i, node in enumerate(graph.nodes):
-        node_name = f"{node.module or 'root'}/{node.op}_{i}"
-        doc_string = (
-            f"{node.module} ({node.module_type}) <- {node.source}" if node.module else node.source
-        )
-        if node.op == "Dropout" and not node.domain and replay_masks:
-            mask_name = f"mask.{n_dropout}"
-            n_dropout += 1
-            inputs.append(
-                value_info(mask_name, TensorType("bool", graph.values[node.outputs[0]].type.shape))
-            )
-            nodes.extend(_replayed_dropout(node, mask_name, graph, node_name))
-            continue
-        attrs = {k: _attr(node.op, k, v, graph, node.outputs) for k, v in node.attrs.items()}
-        proto = helper.make_node(
-            node.op,
-            node.inputs,
-            node.outputs,
-            name=node_name,
-            doc_string=doc_string,
-            domain=node.domain or None,
-            **attrs,
-        )
-        nodes.append(proto)
-        if node.domain == TRACELOG_DOMAIN and node.op not in functions:
-            schema = schema_for(node.domain, node.op)
-            if schema.function is None:
-                raise UnsupportedOpError("onnx", [(node.qualified_op, 1, [node.module])])
-            functions[node.op] = onnx.parser.parse_function(schema.function)
+    nodes, functions, masks = _graph_nodes(graph, replay_masks)
+    inputs += masks
     outputs = []
     for out in graph.outputs:
         vi = value_info(out.name, graph.values[out.name].type)
@@ -154,6 +124,46 @@ def graph_to_onnx(
         producer_name="tracelog",
     )
     return model
+
+
+def _graph_nodes(graph: Graph, replay_masks: bool) -> tuple[list[Any], dict[str, Any], list[Any]]:
+    """NodeProtos for a graph's nodes, the FunctionProtos of the tracelog ops
+    they use, and (with replay_masks) the value infos of the mask inputs."""
+    onnx = _onnx()
+    helper = onnx.helper
+    nodes: list[Any] = []
+    functions: dict[str, Any] = {}
+    masks: list[Any] = []
+    for i, node in enumerate(graph.nodes):
+        node_name = f"{node.module or 'root'}/{node.op}_{i}"
+        doc_string = (
+            f"{node.module} ({node.module_type}) <- {node.source}" if node.module else node.source
+        )
+        if node.op == "Dropout" and not node.domain and replay_masks:
+            mask_name = f"mask.{len(masks)}"
+            masks.append(
+                value_info(mask_name, TensorType("bool", graph.values[node.outputs[0]].type.shape))
+            )
+            nodes.extend(_replayed_dropout(node, mask_name, graph, node_name))
+            continue
+        attrs = {k: _attr(node.op, k, v, graph, node.outputs) for k, v in node.attrs.items()}
+        nodes.append(
+            helper.make_node(
+                node.op,
+                node.inputs,
+                node.outputs,
+                name=node_name,
+                doc_string=doc_string,
+                domain=node.domain or None,
+                **attrs,
+            )
+        )
+        if node.domain == TRACELOG_DOMAIN and node.op not in functions:
+            schema = schema_for(node.domain, node.op)
+            if schema.function is None:
+                raise UnsupportedOpError("onnx", [(node.qualified_op, 1, [node.module])])
+            functions[node.op] = onnx.parser.parse_function(schema.function)
+    return nodes, functions, masks
 
 
 def _attr(op: str, key: str, value: Any, graph: Graph, outputs: list[str]) -> Any:

@@ -1,0 +1,193 @@
+"""The ONNX target: one model.onnx holding every unique graph of a log.
+
+Each unique graph is a local function (domain "tracelog.graphs", named as the
+program emitters name it: predict_train, loss_train, ...) whose doc string
+carries its usage counts. The main graph runs the sample batch's prediction
+function and then its loss function, with the batch dim as the dim_param
+"batch" and the final parameters and buffers as initializers named by module
+path (also graph inputs, so a caller may feed other values).
+"""
+
+from __future__ import annotations
+
+import json
+import os
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+from tracelog.emit.common import check_supported, usage_comment
+from tracelog.emit.onnx import _graph_nodes, _onnx, const_array, value_info
+from tracelog.errors import LogError
+from tracelog.ir import Graph
+from tracelog.log import TraceLog
+from tracelog.ops import ONNX_IR_VERSION, ONNX_OPSET, TRACELOG_DOMAIN, TRACELOG_OPSET
+from tracelog.registry import Table
+
+GRAPHS_DOMAIN = "tracelog.graphs"
+FILE_NAME = "model.onnx"
+
+# The ONNX "table": every vocabulary op serialises as itself; tracelog ops as
+# the ONNX functions their schemas give. Kept as a table so that the shared
+# coverage checks treat all targets alike.
+ONNX_TABLE: Table[Any] = Table("onnx")
+
+
+def _fill_table() -> None:
+    from tracelog.ops import vocabulary
+
+    for schema in vocabulary():
+        if schema.domain == TRACELOG_DOMAIN and schema.function is None:
+            ONNX_TABLE.not_yet(schema.qualified, reason="the source op could not be recorded")
+        else:
+            ONNX_TABLE.add(schema.qualified, schema)
+
+
+_fill_table()
+
+
+def _function(
+    graph: Graph, name: str, doc: str, replay_masks: bool, constants: dict[str, np.ndarray]
+) -> tuple[Any, dict[str, Any], list[str]]:
+    onnx = _onnx()
+    helper = onnx.helper
+    nodes, op_functions, masks = _graph_nodes(graph, replay_masks)
+    const_nodes = [
+        helper.make_node(
+            "Constant",
+            [],
+            [v.name],
+            name=f"const/{v.name}",
+            value=onnx.numpy_helper.from_array(const_array(v, constants), v.name),
+        )
+        for v in graph.constants
+    ]
+    inputs = [v.name for v in graph.values.values() if v.kind in ("input", "param", "buffer")]
+    mask_names = [m.name for m in masks]
+    fn = helper.make_function(
+        GRAPHS_DOMAIN,
+        name,
+        inputs + mask_names,
+        [o.name for o in graph.outputs],
+        const_nodes + nodes,
+        opset_imports=[
+            helper.make_opsetid("", ONNX_OPSET),
+            helper.make_opsetid(TRACELOG_DOMAIN, TRACELOG_OPSET),
+        ],
+        doc_string=doc,
+    )
+    return fn, op_functions, mask_names
+
+
+def build_model(
+    log: TraceLog, *, replay_masks: bool = False, params_as_inputs: bool = False
+) -> Any:
+    """The ModelProto of a log. With replay_masks, training Dropout takes its
+    mask from inputs "mask.<k>" (for parity replay); without, Dropout runs as
+    ONNX defines it, drawing its own masks. Parameters and buffers are
+    initializers; with params_as_inputs they are graph inputs instead."""
+    from tracelog.emit.program import _function_names
+
+    onnx = _onnx()
+    helper = onnx.helper
+    check_supported(log, ONNX_TABLE, "onnx")
+    info = log.sample_info
+    if not info:
+        raise LogError("this log has no recorded sample batch to build the main graph from")
+    weights = log.weights()
+    fnames = _function_names(log)
+    functions: list[Any] = []
+    op_functions: dict[str, Any] = {}
+    masks_of: dict[str, list[str]] = {}
+    for digest, fname in fnames.items():
+        entries = [e for e in log.entries_sorted() if e.hash == digest]
+        graph = log.graphs[digest]
+        doc = f"{graph.kind} graph {digest[:12]}, {len(graph.nodes)} ops. {usage_comment(entries)}"
+        fn, ops, masks = _function(graph, fname, doc, replay_masks, weights)
+        functions.append(fn)
+        op_functions.update(ops)
+        masks_of[digest] = masks
+
+    pred, loss = log.graph(info["prediction"]), log.graph(info["loss"])
+    pred_roles = [o.role for o in pred.outputs]
+    inputs: list[Any] = []
+    seen: set[str] = set()
+    initializers = []
+    for g in (pred, loss):
+        for v in g.values.values():
+            if v.name in seen or v.kind not in ("input", "param", "buffer") or v.name in pred_roles:
+                continue
+            seen.add(v.name)
+            if v.kind in ("param", "buffer") and not params_as_inputs:
+                initializers.append(onnx.numpy_helper.from_array(weights[v.name], v.name))
+            else:
+                inputs.append(value_info(v.name, v.type))
+    for mask in masks_of[info["prediction"]]:
+        shape = next(
+            pred.values[n.outputs[0]].type for n in pred.nodes if n.op == "Dropout" and not n.domain
+        )
+        inputs.append(value_info(mask, type(shape)("bool", shape.shape)))
+    call_pred = helper.make_node(
+        fnames[info["prediction"]],
+        [v.name for v in pred.values.values() if v.kind in ("input", "param", "buffer")]
+        + masks_of[info["prediction"]],
+        pred_roles,
+        domain=GRAPHS_DOMAIN,
+        name="prediction",
+    )
+    call_loss = helper.make_node(
+        fnames[info["loss"]],
+        [v.name for v in loss.values.values() if v.kind in ("input", "param", "buffer")],
+        ["loss"],
+        domain=GRAPHS_DOMAIN,
+        name="loss",
+    )
+    outputs = [value_info(o.role, pred.values[o.name].type) for o in pred.outputs]
+    outputs.append(value_info("loss", loss.values[loss.output("loss").name].type))
+    fw = log.framework
+    graph = helper.make_graph(
+        [call_pred, call_loss],
+        "tracelog",
+        inputs,
+        outputs,
+        initializer=initializers,
+        doc_string=(
+            f"The recorded sample batch's prediction and loss graphs of a {fw.get('name')} "
+            f"{fw.get('version')} run of {log.model.get('class', 'a model')}; every unique "
+            f"graph of the run is a function in domain {GRAPHS_DOMAIN}."
+        ),
+    )
+    model = helper.make_model(
+        graph,
+        opset_imports=[
+            helper.make_opsetid("", ONNX_OPSET),
+            helper.make_opsetid(TRACELOG_DOMAIN, TRACELOG_OPSET),
+            helper.make_opsetid(GRAPHS_DOMAIN, 1),
+        ],
+        functions=[op_functions[k] for k in sorted(op_functions)] + functions,
+        ir_version=ONNX_IR_VERSION,
+        producer_name="tracelog",
+    )
+    usage = [
+        {"function": fnames[e.hash], "kind": e.kind, "phase": e.phase, **e.usage.to_json()}
+        for e in log.entries_sorted()
+    ]
+    helper.set_model_props(
+        model,
+        {
+            "tracelog.framework": json.dumps(fw, sort_keys=True),
+            "tracelog.usage": json.dumps(usage, sort_keys=True),
+        },
+    )
+    return model
+
+
+def write_model(log_dir: str | os.PathLike[str], out: str | None = None) -> Path:
+    log = TraceLog.load(log_dir)
+    model = build_model(log)
+    path = Path(out) if out else Path(log_dir) / FILE_NAME
+    tmp = path.with_name(f".{path.name}.tmp{os.getpid()}")
+    tmp.write_bytes(model.SerializeToString(deterministic=True))
+    os.replace(tmp, path)
+    return path
