@@ -138,6 +138,40 @@ class RuleCtx:
         return helper
 
 
+def slice_expr(c: RuleCtx, target: str) -> str:
+    """ONNX Slice with constant bounds as Python subscript syntax, x[a:b:s],
+    which TensorFlow, PyTorch and JAX tensors all accept."""
+    starts, ends = c.ints(1), c.ints(2)
+    axes = c.ints(3) if c.has(3) else None
+    steps = c.ints(4) if c.has(4) else None
+    if (
+        starts is None
+        or ends is None
+        or (c.has(3) and axes is None)
+        or (c.has(4) and steps is None)
+    ):
+        raise NotImplementedError(f"{target}: Slice with computed bounds")
+    rank = len(c.in_type(0).shape)
+    axes = axes or list(range(len(starts)))
+    steps = steps or [1] * len(starts)
+    index = [":"] * rank
+    for a, s, e, st in zip(axes, starts, ends, steps, strict=True):
+        end = "" if e >= 2**62 else str(e)
+        step = "" if st == 1 else f":{st}"
+        index[a % rank] = f"{s if s else ''}:{end}{step}"
+    while index and index[-1] == ":":
+        index.pop()
+    return f"{c.i(0)}[{', '.join(index)}]"
+
+
+def chain(c: RuleCtx, fn: str) -> str:
+    """A variadic ONNX op (Max, Min) as nested binary calls of fn."""
+    expr = c.i(0)
+    for k in range(1, len(c.node.inputs)):
+        expr = f"{fn}({expr}, {c.i(k)})"
+    return expr
+
+
 Rule = Callable[[RuleCtx], str | list[str]]
 
 

@@ -8,7 +8,7 @@ float constant carries its dtype, so float32 graphs stay float32.
 
 from __future__ import annotations
 
-from tracelog.emit.common import EmitTable, RuleCtx, literal
+from tracelog.emit.common import EmitTable, RuleCtx, chain, literal, slice_expr
 
 JAX = EmitTable("jax")
 IMPORTS = ("jax", "jnp", "lax", "np", "os", "sys", "load_file")
@@ -63,10 +63,7 @@ for _op, _fn in {
 @JAX.register("Max", "Min")
 def _max_min(c: RuleCtx) -> str:
     fn = "jnp.maximum" if c.node.op == "Max" else "jnp.minimum"
-    expr = c.i(0)
-    for k in range(1, len(c.node.inputs)):
-        expr = f"{fn}({expr}, {c.i(k)})"
-    return expr
+    return chain(c, fn)
 
 
 @JAX.register("LeakyRelu")
@@ -275,27 +272,7 @@ def _split(c: RuleCtx) -> str:
 
 @JAX.register("Slice")
 def _slice(c: RuleCtx) -> str:
-    starts, ends = c.ints(1), c.ints(2)
-    axes = c.ints(3) if c.has(3) else None
-    steps = c.ints(4) if c.has(4) else None
-    if (
-        starts is None
-        or ends is None
-        or (c.has(3) and axes is None)
-        or (c.has(4) and steps is None)
-    ):
-        raise NotImplementedError("jax: Slice with computed bounds")
-    rank = len(c.in_type(0).shape)
-    axes = axes or list(range(len(starts)))
-    steps = steps or [1] * len(starts)
-    index = [":"] * rank
-    for a, s, e, st in zip(axes, starts, ends, steps, strict=True):
-        end = "" if e >= 2**62 else str(e)
-        step = "" if st == 1 else f":{st}"
-        index[a % rank] = f"{s if s else ''}:{end}{step}"
-    while index and index[-1] == ":":
-        index.pop()
-    return f"{c.i(0)}[{', '.join(index)}]"
+    return slice_expr(c, "jax")
 
 
 @JAX.register("Gather")

@@ -644,4 +644,4 @@ def _model_facts(model: torch.nn.Module) -> dict[str, Any]:
     }
 
 
-__all__ = ["TorchListener", "Rec"]
+__all__ = ["TorchListener"]
