@@ -24,7 +24,7 @@ from torch.utils._python_dispatch import TorchDispatchMode
 from tracelog.log import TraceLog
 
 from . import aten as _aten  # noqa: F401 - importing fills the aten table
-from .builder import Builder, NotSupported
+from .builder import ATEN, Builder, NotSupported
 from .shapes import exact_batch_dims
 from .tape import (
     ConstInfo,
@@ -36,6 +36,7 @@ from .tape import (
     flatten_tensors,
     symbolic_shape,
     tensor_digest,
+    to_numpy,
 )
 
 logger = logging.getLogger("tracelog")
@@ -520,7 +521,9 @@ class TorchListener:
         if cached is None:
             trainable = {n: p.requires_grad for n, p in self.model.named_parameters()}
             # exact batch dims from a meta replay; the equal-size guess if it fails
-            builder = Builder(exact_batch_dims(tape) or tape, trainable, self.log.constants)
+            builder = Builder(
+                exact_batch_dims(tape) or tape, trainable, self.log.constants, ATEN, to_numpy
+            )
             builder.convert()
             try:
                 pred, loss_graph, masks = builder.graphs()

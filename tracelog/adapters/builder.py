@@ -1,0 +1,414 @@
+"""Turn a tape into IR graphs: convert each record through an adapter's op
+table, then cut the prediction graph and the loss graph out of the result.
+Framework-neutral: the adapter gives the table and how to read a tensor."""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Sequence
+from typing import Any
+
+import numpy as np
+
+from tracelog.adapters.tape import Tape, TArg
+from tracelog.ir import (
+    INLINE_CONSTANT_LIMIT,
+    ConstData,
+    Graph,
+    Node,
+    Output,
+    TensorType,
+    Value,
+    array_digest,
+    batch_factor,
+    is_symbolic,
+)
+from tracelog.ops import TRACELOG_DOMAIN
+from tracelog.registry import Table
+
+
+class NotSupported(Exception):
+    """A converter met a form of its op that tracelog does not model."""
+
+
+Converter = Callable[["Ctx"], Sequence[str | None]]
+
+
+class Builder:
+    def __init__(
+        self,
+        tape: Tape,
+        trainable: dict[str, bool],
+        constants: dict[str, np.ndarray],
+        table: Table[Converter],
+        to_numpy: Callable[[Any], np.ndarray],
+    ) -> None:
+        self.tape = tape
+        self.table = table
+        self.to_numpy = to_numpy
+        self.trainable = trainable
+        self.constants = constants  # digest -> array, shared with the TraceLog
+        self.values: dict[str, Value] = {}
+        self.nodes: list[Node] = []
+        self.node_region: list[str] = []
+        self.names: dict[tuple[Any, ...], str | None] = {}
+        self.pseudo: dict[str, tuple[Any, ...]] = {}
+        self.random_recs: list[int] = []  # per Dropout node: the record of its mask
+        self._n_helper = 0
+        self._n_const = 0
+        self._const_cache: dict[tuple[Any, ...], str] = {}
+
+    # -- values -------------------------------------------------------------------
+    def name_of(self, targ: TArg) -> str:
+        ref = targ.ref
+        kind = ref[0]
+        if kind == "o":
+            if ref not in self.names:
+                raise NotSupported(f"uses a tensor from an op that was not recorded ({ref})")
+            name = self.names[ref]
+            if name is None:
+                raise NotSupported("uses an output that tracelog does not model")
+            return name
+        if kind in ("p", "b", "i"):
+            name = ref[1]
+            if name not in self.values:
+                vkind = {"p": "param", "b": "buffer", "i": "input"}[kind]
+                self.values[name] = Value(
+                    name, targ.type, vkind, trainable=self.trainable.get(name, False)
+                )
+            return name
+        if kind == "t":
+            name = "target" if ref[1] == 0 else f"target_{ref[1]}"
+            if name not in self.values:
+                self.values[name] = Value(name, targ.type, "input")
+            return name
+        if kind == "c":
+            name = f"const{ref[1]}"
+            if name not in self.values:
+                info = self.tape.consts[ref[1]]
+                arr = np.asarray(self.to_numpy(info.tensor))
+                self.values[name] = Value(
+                    name, targ.type, "const", const=_const_data(arr, info.digest, self.constants)
+                )
+            return name
+        raise NotSupported(f"unknown tensor origin {ref}")
+
+    def new_const(self, data: Any, dtype: str) -> str:
+        arr = np.asarray(data, dtype=_np_dtype(dtype))
+        key = (dtype, arr.shape, arr.tobytes())
+        if key in self._const_cache:
+            return self._const_cache[key]
+        name = f"k{self._n_const}"
+        self._n_const += 1
+        digest = array_digest(dtype, tuple(arr.shape), np.require(arr, requirements="C").tobytes())
+        self.values[name] = Value(
+            name,
+            TensorType(dtype, tuple(arr.shape)),
+            "const",
+            const=_const_data(arr, digest, self.constants),
+        )
+        self._const_cache[key] = name
+        return name
+
+    def helper_name(self) -> str:
+        self._n_helper += 1
+        return f"h{self._n_helper}"
+
+    # -- conversion -----------------------------------------------------------------
+    def convert(self) -> None:
+        for rec in self.tape.recs:
+            ctx = Ctx(self, rec)
+            rule = self.table.get(rec.op)
+            try:
+                if rule is None:
+                    reason = self.table.reason(rec.op) or f"no rule in the {self.table.name} table"
+                    raise NotSupported(reason)
+                names = list(rule(ctx))
+            except NotSupported as e:
+                names = self._unsupported(ctx, str(e))
+            for k in range(len(rec.outs)):
+                self.names[("o", rec.index, k)] = names[k] if k < len(names) else None
+
+    def _unsupported(self, ctx: Ctx, reason: str) -> list[str | None]:
+        inputs = []
+        for targ in ctx.rec.tensor_args():
+            try:
+                inputs.append(self.name_of(targ))
+            except NotSupported:
+                continue
+        return list(
+            ctx.node(
+                "Unsupported",
+                inputs,
+                outs=list(ctx.rec.outs),
+                domain=TRACELOG_DOMAIN,
+                source=ctx.rec.op,
+                reason=reason,
+            )
+        )
+
+    # -- cutting graphs -------------------------------------------------------------
+    def graphs(self) -> tuple[Graph, Graph | None, list[int]]:
+        """The prediction graph, the loss graph (None without a loss) and, per
+        Dropout node of the prediction graph, the record index of its mask."""
+        producer = {o: i for i, n in enumerate(self.nodes) for o in n.outputs if o}
+        tape = self.tape
+
+        # The loss graph: post-region nodes the loss depends on. Values from the
+        # prediction region become its inputs ("features").
+        loss_graph = None
+        feature_names: dict[str, str] = {}
+        output_roles = {self._ref_name(ref): role for role, ref in tape.outputs}
+        if tape.loss is not None:
+            loss_name = self._ref_name(tape.loss)
+            keep, leaves = self._slice([loss_name], producer, region="post")
+            for leaf in leaves:
+                v = self.values[leaf]
+                if v.kind == "node":
+                    feature_names[leaf] = output_roles.get(leaf) or f"feature.{len(feature_names)}"
+            loss_graph = self._assemble(
+                "loss", keep, [Output(loss_name, "loss")], rename=feature_names
+            )
+
+        outputs = [Output(self._ref_name(ref), role) for role, ref in tape.outputs]
+        for name, role in feature_names.items():
+            if role.startswith("feature."):
+                outputs.append(Output(name, role))
+        for buf, ref in tape.buffer_updates:
+            outputs.append(Output(self._ref_name(ref), f"update:{buf}"))
+        keep, _ = self._slice([o.name for o in outputs], producer, region="pred")
+        pred = self._assemble("prediction", keep, outputs, data_inputs=list(tape.inputs))
+        masks = [self.random_recs[k] for i, k in sorted(self._dropouts.items()) if i in keep]
+        return pred, loss_graph, masks
+
+    @property
+    def _dropouts(self) -> dict[int, int]:
+        idx = [i for i, n in enumerate(self.nodes) if n.op == "Dropout" and not n.domain]
+        return {i: k for k, i in enumerate(idx)}
+
+    def _ref_name(self, ref: tuple[Any, ...]) -> str:
+        if ref[0] == "o":
+            name = self.names.get(ref)
+            if name is None:
+                raise NotSupported("an output of the batch comes from an unmodelled op")
+            return name
+        kind = {"i": "i", "p": "p", "b": "b"}.get(ref[0])
+        if kind is None:
+            raise NotSupported(f"an output of the batch has origin {ref}")
+        return str(ref[1])
+
+    def _slice(
+        self, roots: list[str], producer: dict[str, int], region: str
+    ) -> tuple[list[int], list[str]]:
+        keep: set[int] = set()
+        leaves: list[str] = []
+        seen: set[str] = set()
+        stack = list(reversed(roots))
+        while stack:
+            name = stack.pop()
+            if name in seen or not name:
+                continue
+            seen.add(name)
+            i = producer.get(name)
+            if i is None or self.node_region[i] != region:
+                if i is not None:
+                    leaves.append(name)
+                continue
+            if i in keep:
+                continue
+            keep.add(i)
+            stack.extend(reversed(self.nodes[i].inputs))
+        return sorted(keep), leaves
+
+    def _assemble(
+        self,
+        kind: str,
+        keep: list[int],
+        outputs: list[Output],
+        rename: dict[str, str] | None = None,
+        data_inputs: list[str] | None = None,
+    ) -> Graph:
+        rename = rename or {}
+        values: dict[str, Value] = {}
+        for name in data_inputs or []:
+            v = self.values.get(name)
+            if v is None:  # an input the forward never used
+                arg = self.tape.inputs[name]
+                v = Value(name, arg.type, "input")
+            values[name] = v
+        for old, new in rename.items():
+            values[new] = Value(new, self.values[old].type, "input")
+        nodes: list[Node] = []
+        for i in keep:
+            n = self.nodes[i]
+            ins = [rename.get(x, x) for x in n.inputs]
+            for x in ins:
+                if x and x not in values:
+                    values[x] = self.values[x]
+            for o in n.outputs:
+                if o:
+                    values[o] = self.values[o]
+            nodes.append(
+                Node(
+                    n.op,
+                    ins,
+                    list(n.outputs),
+                    dict(n.attrs),
+                    n.domain,
+                    n.module,
+                    n.module_type,
+                    n.source,
+                )
+            )
+        outs = [Output(rename.get(o.name, o.name), o.role) for o in outputs]
+        for o in outs:
+            if o.name not in values:
+                values[o.name] = self.values[o.name]
+        graph = Graph(kind, _inputs_first(values), nodes, outs)
+        graph.validate()
+        return graph
+
+
+def _inputs_first(values: dict[str, Value]) -> dict[str, Value]:
+    inputs = {k: v for k, v in values.items() if v.kind == "input"}
+    return {**inputs, **{k: v for k, v in values.items() if v.kind != "input"}}
+
+
+class Ctx:
+    """What a converter sees: one record, and ways to add IR nodes for it."""
+
+    def __init__(self, builder: Builder, rec: Any) -> None:
+        self.b = builder
+        self.rec = rec
+
+    @property
+    def batch(self) -> int | None:
+        return self.b.tape.batch_size
+
+    def arg(self, i: int, name: str | None = None, default: Any = None) -> Any:
+        if i < len(self.rec.args):
+            return self.rec.args[i]
+        if name is not None:
+            return self.rec.kwarg(name, default)
+        return default
+
+    def t(self, i: int, name: str | None = None) -> str:
+        a = self.arg(i, name)
+        if not isinstance(a, TArg):
+            raise NotSupported(f"argument {i} is not a tensor")
+        n = self.b.name_of(a)
+        if n in self.b.pseudo:
+            raise NotSupported("a random tensor is used outside the dropout pattern")
+        return n
+
+    def opt(self, i: int, name: str | None = None) -> str:
+        return "" if self.arg(i, name) is None else self.t(i, name)
+
+    def raw_name(self, i: int) -> str:
+        """The IR name of tensor arg i, pseudo values allowed."""
+        a = self.arg(i)
+        if not isinstance(a, TArg):
+            raise NotSupported(f"argument {i} is not a tensor")
+        return self.b.name_of(a)
+
+    def in_type(self, i: int) -> TensorType:
+        a = self.arg(i)
+        if not isinstance(a, TArg):
+            raise NotSupported(f"argument {i} is not a tensor")
+        return a.type
+
+    def out_type(self, k: int = 0) -> TensorType:
+        return self.rec.outs[k].type
+
+    def const(self, data: Any, dtype: str) -> str:
+        return self.b.new_const(data, dtype)
+
+    def ints(self, data: Sequence[int]) -> str:
+        return self.b.new_const(list(data), "int64")
+
+    def node(
+        self,
+        op: str,
+        inputs: Sequence[str],
+        *,
+        outs: int | Sequence[TensorType | TArg] | None = None,
+        domain: str = "",
+        **attrs: Any,
+    ) -> list[str]:
+        """Add a node. outs: None for the record's returned tensors, an int for
+        the first n of them, or explicit types for a helper node."""
+        if outs is None:
+            types = [a.type for a in self.rec.outs[: self.rec.n_returned]]
+        elif isinstance(outs, int):
+            types = [a.type for a in self.rec.outs[:outs]]
+        else:
+            types = [o.type if isinstance(o, TArg) else o for o in outs]
+        names = []
+        for ty in types:
+            name = self.b.helper_name()
+            self.b.values[name] = Value(name, ty, "node")
+            names.append(name)
+        path, mtype = self.rec.module
+        self.b.nodes.append(
+            Node(
+                op,
+                list(inputs),
+                names,
+                {k: v for k, v in attrs.items() if v is not None},
+                domain,
+                path,
+                mtype,
+                self.rec.op,
+            )
+        )
+        self.b.node_region.append(self.rec.region)
+        return names
+
+    def one(self, op: str, inputs: Sequence[str], **attrs: Any) -> list[str]:
+        """A node with the record's first output as its only output."""
+        return self.node(op, inputs, outs=1, **attrs)
+
+    def helper(self, op: str, inputs: Sequence[str], ty: TensorType, **attrs: Any) -> str:
+        return self.node(op, inputs, outs=[ty], **attrs)[0]
+
+    def shape_const(self, dims: Sequence[int | str], allow_minus_one: bool = True) -> str:
+        """A shape tensor for Reshape-like ops: a single batch-derived dim
+        becomes -1 when allowed, else it is computed from Shape(first input)."""
+        symbolic = [d for d in dims if is_symbolic(d)]
+        if not symbolic:
+            return self.ints([int(d) for d in dims])
+        if allow_minus_one and len(symbolic) == 1 and -1 not in dims:
+            return self.ints([-1 if is_symbolic(d) else int(d) for d in dims])
+        return self.dynamic_shape(dims)
+
+    def dynamic_shape(self, dims: Sequence[int | str]) -> str:
+        """Concat of Shape(first data input)[0:1] (times k for batch*k) for
+        symbolic dims and constants for the others."""
+        if not self.b.tape.inputs:
+            raise NotSupported("a batch-sized shape with no data input")
+        first_name, first = next(iter(self.b.tape.inputs.items()))
+        self.b.name_of(first)
+        one = TensorType("int64", (1,))
+        bdim = self.helper("Shape", [first_name], one, start=0, end=1)
+        parts = []
+        for d in dims:
+            if not is_symbolic(d):
+                parts.append(self.ints([int(d)]))
+                continue
+            k = batch_factor(d)
+            parts.append(bdim if k == 1 else self.helper("Mul", [bdim, self.ints([k])], one))
+        if len(parts) == 1:
+            return parts[0]
+        return self.helper("Concat", parts, TensorType("int64", (len(dims),)), axis=0)
+
+
+def _np_dtype(dtype: str) -> np.dtype:
+    if dtype == "bfloat16":
+        raise NotSupported("bfloat16 constants are not supported")
+    return np.dtype(dtype)
+
+
+def _const_data(arr: np.ndarray, digest: str, store: dict[str, np.ndarray]) -> ConstData:
+    if arr.size <= INLINE_CONSTANT_LIMIT:
+        return ConstData(data=arr.tolist())  # a plain number for a 0-d array
+    store[digest] = arr
+    return ConstData(digest=digest)

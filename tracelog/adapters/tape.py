@@ -1,0 +1,125 @@
+"""The per-batch tape: what a framework executed in one batch window, in a
+light, framework-neutral form.
+
+Every op becomes a Rec whose tensor arguments are refs (where the tensor came
+from) with symbolic shapes. The tuple of Rec keys is the batch fingerprint:
+equal fingerprints mean equal graphs, so the IR is built only for a
+fingerprint not seen before.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable
+from dataclasses import dataclass, field
+from typing import Any, NamedTuple
+
+from tracelog.ir import BATCH, TensorType
+
+# Where a tensor came from.
+#   ("p", name) parameter, ("b", name) buffer, ("i", name) data input,
+#   ("o", rec, k) output k of record rec, ("t", k) target k, ("c", k) constant k
+Ref = tuple[Any, ...]
+
+
+class TArg(NamedTuple):
+    """A tensor argument or output: where it came from and its symbolic type."""
+
+    ref: Ref
+    dtype: str
+    shape: tuple[int | str, ...]
+
+    @property
+    def type(self) -> TensorType:
+        return TensorType(self.dtype, self.shape)
+
+
+@dataclass
+class Rec:
+    index: int
+    op: str  # "aten.convolution.default"
+    region: str  # "pred" or "post"
+    module: tuple[str, str]  # (path, class name)
+    args: tuple[Any, ...]
+    kwargs: tuple[tuple[str, Any], ...]
+    outs: tuple[TArg, ...]  # returned tensors, then tensors mutated in place
+    n_returned: int
+    tainted: bool
+    func: Any = field(default=None, compare=False, repr=False)  # the OpOverload, for replay
+    mutated: tuple[int, ...] = ()  # positional args written in place, not returned
+
+    def key(self, batch: int | None) -> tuple[Any, ...]:
+        args, kwargs = self.args, self.kwargs
+        if self.tainted:
+            args, kwargs = symbolic_ints(args, batch), symbolic_ints(kwargs, batch)
+        return (self.op, self.region, self.module, args, kwargs, self.outs)
+
+    def tensor_args(self) -> list[TArg]:
+        found: list[TArg] = []
+        _collect(self.args, found)
+        _collect(tuple(v for _, v in self.kwargs), found)
+        return found
+
+    def kwarg(self, name: str, default: Any = None) -> Any:
+        for k, v in self.kwargs:
+            if k == name:
+                return v
+        return default
+
+
+def _collect(obj: Any, found: list[TArg]) -> None:
+    if isinstance(obj, TArg):
+        found.append(obj)
+    elif isinstance(obj, tuple):
+        for x in obj:
+            _collect(x, found)
+
+
+@dataclass
+class ConstInfo:
+    tensor: Any  # the framework's tensor; the Builder's to_numpy reads it
+    digest: str
+
+
+@dataclass
+class Tape:
+    """One batch window's records and the facts needed to build its graphs."""
+
+    batch_size: int | None = None
+    recs: list[Rec] = field(default_factory=list)
+    inputs: dict[str, TArg] = field(default_factory=dict)
+    outputs: list[tuple[str, Ref]] = field(default_factory=list)  # (role, ref)
+    targets: list[TArg] = field(default_factory=list)
+    consts: list[ConstInfo] = field(default_factory=list)
+    buffer_updates: list[tuple[str, Ref]] = field(default_factory=list)
+    loss: Ref | None = None
+
+    def fingerprint(self) -> tuple[Any, ...]:
+        return (
+            tuple(r.key(self.batch_size) for r in self.recs),
+            tuple(self.inputs.items()),
+            tuple(self.outputs),
+            tuple(self.targets),
+            tuple(c.digest for c in self.consts),
+            tuple(self.buffer_updates),
+            self.loss,
+        )
+
+
+def symbolic_shape(shape: Iterable[int], batch: int | None, tainted: bool) -> tuple[int | str, ...]:
+    """Dims equal to the batch size of a value derived from the data become BATCH.
+    A feature dim that happens to equal the batch size is marked too; the short
+    last batch then makes a second, honestly counted entry."""
+    if not tainted or batch is None or batch < 2:
+        return tuple(int(d) for d in shape)
+    return tuple(BATCH if d == batch else int(d) for d in shape)
+
+
+def symbolic_ints(obj: Any, batch: int | None) -> Any:
+    """Ints equal to the batch size in the arguments of a data-derived op."""
+    if batch is None or batch < 2:
+        return obj
+    if type(obj) is int and obj == batch:
+        return BATCH
+    if isinstance(obj, tuple) and not isinstance(obj, TArg):
+        return tuple(symbolic_ints(x, batch) for x in obj)
+    return obj
