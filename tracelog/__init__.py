@@ -18,7 +18,8 @@ def Listener(model: Any, log_dir: str | os.PathLike[str], **options: Any) -> Any
     """A training listener for ``model``, picked by the model's framework.
 
     PyTorch: ``tracelog.Listener(torch_module, "runs/x")`` returns a
-    :class:`tracelog.adapters.torch.TorchListener`.
+    :class:`tracelog.adapters.torch.TorchListener`; a Keras model (TensorFlow
+    backend, eager loop) a :class:`tracelog.adapters.tensorflow.TFListener`.
     """
     module = type(model).__module__
     try:
@@ -29,9 +30,13 @@ def Listener(model: Any, log_dir: str | os.PathLike[str], **options: Any) -> Any
         from tracelog.adapters.torch import TorchListener
 
         return TorchListener(model, log_dir, **options)
+    if module.startswith("keras") or module.startswith("tf_keras"):
+        from tracelog.adapters.tensorflow import TFListener
+
+        return TFListener(model, log_dir, **options)
     raise TypeError(
         f"tracelog has no listener for {module}.{type(model).__name__}; "
-        "it records torch.nn.Module models"
+        "it records torch.nn.Module and Keras models"
     )
 
 

@@ -56,6 +56,7 @@ class Builder:
         self._n_helper = 0
         self._n_const = 0
         self._const_cache: dict[tuple[Any, ...], str] = {}
+        self._current: Any = None
 
     # -- values -------------------------------------------------------------------
     def name_of(self, targ: TArg) -> str:
@@ -81,6 +82,8 @@ class Builder:
             if name not in self.values:
                 self.values[name] = Value(name, targ.type, "input")
             return name
+        if kind == "n":
+            return self._batch_scalar(targ)
         if kind == "c":
             name = f"const{ref[1]}"
             if name not in self.values:
@@ -91,6 +94,46 @@ class Builder:
                 )
             return name
         raise NotSupported(f"unknown tensor origin {ref}")
+
+    def _batch_scalar(self, targ: TArg) -> str:
+        """A constant the adapter saw equal to the batch size (Keras' mean
+        reduction divides by it): computed from the data input's shape, so that
+        batches of other sizes run the same graph."""
+        name = f"batch_size_{targ.dtype}_{len(targ.shape)}"
+        if name in self.values:
+            return name
+        first_name, first = next(iter(self.tape.inputs.items()))
+        self.name_of(first)
+        rec = self._current
+        module = rec.module if rec is not None else ("", "")
+        region = rec.region if rec is not None else "post"
+        shape = self.helper_name()
+        self.values[shape] = Value(shape, TensorType("int64", (1,)), "node")
+        steps = [
+            Node("Shape", [first_name], [shape], {"start": 0, "end": 1}, "", *module, "batch size"),
+        ]
+        cur = shape
+        if len(targ.shape) == 0:
+            sq = self.helper_name()
+            self.values[sq] = Value(sq, TensorType("int64", ()), "node")
+            steps.append(
+                Node(
+                    "Squeeze",
+                    [cur, self.new_const([0], "int64")],
+                    [sq],
+                    {},
+                    "",
+                    *module,
+                    "batch size",
+                )
+            )
+            cur = sq
+        self.values[name] = Value(name, targ.type, "node")
+        steps.append(Node("Cast", [cur], [name], {"to": targ.dtype}, "", *module, "batch size"))
+        for node in steps:
+            self.nodes.append(node)
+            self.node_region.append(region)
+        return name
 
     def new_const(self, data: Any, dtype: str) -> str:
         arr = np.asarray(data, dtype=_np_dtype(dtype))
@@ -116,6 +159,7 @@ class Builder:
     # -- conversion -----------------------------------------------------------------
     def convert(self) -> None:
         for rec in self.tape.recs:
+            self._current = rec
             ctx = Ctx(self, rec)
             rule = self.table.get(rec.op)
             try:

@@ -1,0 +1,119 @@
+"""The TensorFlow/Keras adapter on eager GradientTape loops: Keras 3 layers
+recorded as IR, deduplicated across short batches, checked against
+onnx.reference, and emitted back out as PyTorch and JAX with parity."""
+
+from __future__ import annotations
+
+import os
+
+import numpy as np
+import pytest
+
+import tracelog
+from tracelog.verify import verify
+
+os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "3")
+tf = pytest.importorskip("tensorflow", reason="the Keras adapter needs tensorflow-cpu")
+keras = pytest.importorskip("keras")
+
+
+def _mlp():
+    return keras.Sequential(
+        [
+            keras.Input((64,)),
+            keras.layers.Dense(32, activation="relu", name="fc1"),
+            keras.layers.Dropout(0.2),
+            keras.layers.Dense(10, name="out"),
+        ]
+    )
+
+
+def _cnn():
+    return keras.Sequential(
+        [
+            keras.Input((8, 8, 1)),
+            keras.layers.Conv2D(4, 3, padding="same", name="conv"),
+            keras.layers.BatchNormalization(name="bn"),
+            keras.layers.ReLU(),
+            keras.layers.MaxPooling2D(),
+            keras.layers.Flatten(),
+            keras.layers.Dropout(0.5),
+            keras.layers.Dense(10, name="fc"),
+        ]
+    )
+
+
+def _train(model, x, y, log_dir, epochs=2, batch=16):
+    loss_fn = keras.losses.SparseCategoricalCrossentropy(from_logits=True)
+    opt = keras.optimizers.SGD(0.1)
+    listener = tracelog.Listener(model, log_dir, strict=True)
+    for _ in listener.epochs(epochs):
+        for i in range(0, len(y), batch):
+            with listener.batch(), tf.GradientTape() as tape:
+                loss = loss_fn(y[i : i + batch], model(x[i : i + batch], training=True))
+            grads = tape.gradient(loss, model.trainable_variables)
+            opt.apply_gradients(zip(grads, model.trainable_variables, strict=True))
+    return listener.close()
+
+
+@pytest.fixture(scope="module", params=["mlp", "cnn"])
+def keras_log(request, tmp_path_factory):
+    keras.utils.set_random_seed(0)
+    rng = np.random.default_rng(0)
+    if request.param == "mlp":
+        model, x = _mlp(), rng.random((50, 64), dtype=np.float32)
+    else:
+        model, x = _cnn(), rng.random((50, 8, 8, 1), dtype=np.float32)
+    y = rng.integers(0, 10, 50)
+    d = tmp_path_factory.mktemp(f"keras_{request.param}")
+    return request.param, d, _train(model, x, y, d)
+
+
+def test_one_graph_pair_counts_every_batch(keras_log) -> None:
+    kind, _, log = keras_log
+    assert log.unrecorded == 0, log.failures
+    rows = [(e.kind, e.phase, e.usage.batches) for e in log.entries_sorted()]
+    # 4 batches per epoch (16, 16, 16, 2): the short one dedups through `batch`
+    assert rows == [("prediction", "train", 8), ("loss", "train", 8)]
+    pred = log.graphs[log.entries_sorted()[0].hash]
+    ops = set(pred.op_histogram())
+    assert "Dropout" in ops
+    if kind == "cnn":
+        assert {"Conv", "MaxPool", "Transpose"} <= ops
+        roles = sorted(
+            o.role.split("/", 1)[-1] for o in pred.outputs if o.role.startswith("update:")
+        )
+        assert roles == ["bn/moving_mean", "bn/moving_variance"]
+    # variables by their Keras path: sequential/fc1/kernel, ...
+    assert all(v.name.startswith("sequential") and v.name.count("/") == 2 for v in pred.params)
+
+
+@pytest.mark.parametrize("runtime", ["reference", "onnxruntime"])
+def test_ir_matches_tensorflow(keras_log, runtime: str) -> None:
+    _, d, _ = keras_log
+    report = verify(d, runtime=runtime)
+    assert report.ok, report.table()
+
+
+@pytest.mark.parametrize("target", ["torch", "jax", "onnx"])
+def test_emitted_programs_match_tensorflow(keras_log, target: str) -> None:
+    _, d, _ = keras_log
+    report = tracelog.check(d, target=target)
+    assert report.ok, report.table()
+    if target != "onnx":
+        assert any(c.name.startswith("grad sequential") for c in report.comparisons)
+
+
+def test_graph_mode_is_reported_not_recorded(tmp_path) -> None:
+    model = _mlp()
+    listener = tracelog.Listener(model, tmp_path / "log")
+
+    @tf.function
+    def step(x):
+        return model(x, training=False)
+
+    with listener.batch():
+        step(np.zeros((4, 64), np.float32))
+    log = listener.close()
+    assert log.unrecorded == 1 and log.recorded == 0
+    assert "tf.function" in log.failures[0]["error"]

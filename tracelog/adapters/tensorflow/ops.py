@@ -1,0 +1,388 @@
+"""The TF-op table: one rule per TensorFlow op type, each building ONNX-
+semantics IR. Keras 3 on the TensorFlow backend writes its layers as these
+ops (docs/keras-adapter-notes.md lists what each layer runs). NHWC ops
+(Conv2D, pooling) become Transpose + NCHW op + Transpose, since the IR's
+convolution is ONNX's."""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+
+from tracelog.adapters.builder import Converter, Ctx, NotSupported
+from tracelog.adapters.tape import TArg
+from tracelog.ir import TensorType
+from tracelog.registry import Table
+
+TF_OPS: Table[Converter] = Table("tensorflow ops")
+Names = Sequence[str | None]
+
+TO_NCHW = [0, 3, 1, 2]
+TO_NHWC = [0, 2, 3, 1]
+
+
+def attr(ctx: Ctx, name: str, default: object = None) -> object:
+    return ctx.rec.kwarg(name, default)
+
+
+def _same_dtype(ctx: Ctx, i: int, dtype: str) -> str:
+    a = ctx.arg(i)
+    n = ctx.t(i)
+    if isinstance(a, TArg) and a.dtype != dtype:
+        n = ctx.helper("Cast", [n], TensorType(dtype, a.shape), to=dtype)
+    return n
+
+
+# -- aliases -------------------------------------------------------------------------
+@TF_OPS.register("tf.Identity", "tf.StopGradient", "tf.IdentityN")
+def _alias(ctx: Ctx) -> Names:
+    return [ctx.t(0)]
+
+
+# -- element-wise ----------------------------------------------------------------------
+for _tf, _op in {
+    "Relu": "Relu",
+    "Sigmoid": "Sigmoid",
+    "Tanh": "Tanh",
+    "Exp": "Exp",
+    "Log": "Log",
+    "Sqrt": "Sqrt",
+    "Neg": "Neg",
+    "Abs": "Abs",
+    "Erf": "Erf",
+    "Reciprocal": "Reciprocal",
+    "Softplus": "Softplus",
+    "Floor": "Floor",
+}.items():
+    TF_OPS.add(f"tf.{_tf}", lambda ctx, _op=_op: ctx.one(_op, [ctx.t(0)]))
+
+for _tf, _op in {
+    "AddV2": "Add",
+    "Add": "Add",
+    "Sub": "Sub",
+    "Mul": "Mul",
+    "RealDiv": "Div",
+    "Maximum": "Max",
+    "Minimum": "Min",
+    "Pow": "Pow",
+    "Equal": "Equal",
+    "Less": "Less",
+    "Greater": "Greater",
+}.items():
+    TF_OPS.add(f"tf.{_tf}", lambda ctx, _op=_op: ctx.one(_op, [ctx.t(0), ctx.t(1)]))
+
+
+@TF_OPS.register("tf.BiasAdd")
+def _bias_add(ctx: Ctx) -> Names:
+    fmt = attr(ctx, "data_format", "NHWC")
+    if fmt not in ("NHWC", b"NHWC"):
+        raise NotSupported("BiasAdd in NCHW")
+    return ctx.one("Add", [ctx.t(0), ctx.t(1)])  # the bias broadcasts along the last axis
+
+
+@TF_OPS.register("tf.DivNoNan")
+def _div_no_nan(ctx: Ctx) -> Names:
+    # x / y, and 0 where y == 0: Where(y == 0, 0, x / y)
+    y = ctx.t(1)
+    ty = ctx.out_type()
+    zero = ctx.const(0.0, ty.dtype)
+    is_zero = ctx.helper("Equal", [y, zero], TensorType("bool", ctx.in_type(1).shape))
+    q = ctx.helper("Div", [ctx.t(0), y], ty)
+    return ctx.one("Where", [is_zero, zero, q])
+
+
+@TF_OPS.register("tf.Rsqrt")
+def _rsqrt(ctx: Ctx) -> Names:
+    return ctx.one("Reciprocal", [ctx.helper("Sqrt", [ctx.t(0)], ctx.out_type())])
+
+
+@TF_OPS.register("tf.Square")
+def _square(ctx: Ctx) -> Names:
+    x = ctx.t(0)
+    return ctx.one("Mul", [x, x])
+
+
+@TF_OPS.register("tf.SquaredDifference")
+def _squared_difference(ctx: Ctx) -> Names:
+    d = ctx.helper("Sub", [ctx.t(0), ctx.t(1)], ctx.out_type())
+    return ctx.one("Mul", [d, d])
+
+
+@TF_OPS.register("tf.Relu6")
+def _relu6(ctx: Ctx) -> Names:
+    dt = ctx.out_type().dtype
+    return ctx.one("Clip", [ctx.t(0), ctx.const(0.0, dt), ctx.const(6.0, dt)])
+
+
+@TF_OPS.register("tf.GreaterEqual")
+def _greater_equal(ctx: Ctx) -> Names:
+    less = ctx.helper("Less", [ctx.t(0), ctx.t(1)], ctx.out_type())
+    return ctx.one("Not", [less])
+
+
+@TF_OPS.register("tf.Cast")
+def _cast(ctx: Ctx) -> Names:
+    src, dst = ctx.in_type(0).dtype, ctx.out_type().dtype
+    if src == dst:
+        return [ctx.t(0)]
+    return ctx.one("Cast", [ctx.t(0)], to=dst)
+
+
+@TF_OPS.register("tf.Softmax", "tf.LogSoftmax")
+def _softmax(ctx: Ctx) -> Names:
+    op = "Softmax" if ctx.rec.op == "tf.Softmax" else "LogSoftmax"
+    return ctx.one(op, [ctx.t(0)], axis=-1)
+
+
+@TF_OPS.register("tf.SelectV2", "tf.Select")
+def _select(ctx: Ctx) -> Names:
+    cond = ctx.arg(0)
+    if isinstance(cond, TArg) and cond.ref[0] == "r":
+        return _dropout(ctx)
+    return ctx.one("Where", [ctx.t(0), ctx.t(1), ctx.t(2)])
+
+
+def _dropout(ctx: Ctx) -> Names:
+    """Keras dropout: SelectV2(uniform >= rate, x * (1 / (1 - rate)), 0). The
+    mask is random (from the seed generator): one IR Dropout(x, rate)."""
+    scaled = ctx.t(1)
+    mul = next((n for n in reversed(ctx.b.nodes) if scaled in n.outputs), None)
+    if mul is None or mul.op != "Mul" or len(mul.inputs) != 2:
+        raise NotSupported("a random select that is not Keras dropout")
+    x, scale = mul.inputs
+    scale_v = ctx.b.values.get(scale)
+    if scale_v is None or scale_v.const is None or scale_v.const.data is None:
+        raise NotSupported("dropout with a computed scale")
+    keep_scale = float(
+        scale_v.const.data if not isinstance(scale_v.const.data, list) else scale_v.const.data[0]
+    )
+    out = ctx.out_type()
+    y, _mask = ctx.node(
+        "Dropout",
+        [x, ctx.const(1.0 - 1.0 / keep_scale, out.dtype), ctx.const(True, "bool")],
+        outs=[out, TensorType("bool", out.shape)],
+    )
+    ctx.b.random_recs.append(ctx.rec.index)
+    return [y]
+
+
+# -- linear algebra ------------------------------------------------------------------------
+@TF_OPS.register("tf.MatMul")
+def _matmul(ctx: Ctx) -> Names:
+    ta, tb = bool(attr(ctx, "transpose_a", False)), bool(attr(ctx, "transpose_b", False))
+    if ta or tb:
+        return ctx.one("Gemm", [ctx.t(0), ctx.t(1)], transA=int(ta), transB=int(tb))
+    return ctx.one("MatMul", [ctx.t(0), ctx.t(1)])
+
+
+@TF_OPS.register("tf.BatchMatMulV2", "tf.BatchMatMulV3")
+def _batch_matmul(ctx: Ctx) -> Names:
+    a, b = ctx.t(0), ctx.t(1)
+    for k, flag in ((0, "adj_x"), (1, "adj_y")):
+        if attr(ctx, flag, False):
+            rank = len(ctx.in_type(k).shape)
+            perm = list(range(rank - 2)) + [rank - 1, rank - 2]
+            t = ctx.in_type(k)
+            ty = TensorType(t.dtype, tuple(t.shape[p] for p in perm))
+            name = ctx.helper("Transpose", [a if k == 0 else b], ty, perm=perm)
+            a, b = (name, b) if k == 0 else (a, name)
+    return ctx.one("MatMul", [a, b])
+
+
+def _nhwc_op(ctx: Ctx, op: str, inputs: list[str], **attrs: object) -> Names:
+    """Transpose NHWC -> NCHW, the ONNX op, Transpose back."""
+    xt = ctx.in_type(0)
+    x_nchw = ctx.helper("Transpose", [inputs[0]], _perm(xt, TO_NCHW), perm=TO_NCHW)
+    out = ctx.out_type()
+    y = ctx.helper(op, [x_nchw, *inputs[1:]], _perm(out, TO_NCHW), **attrs)
+    return ctx.one("Transpose", [y], perm=TO_NHWC)
+
+
+def _perm(ty: TensorType, perm: list[int]) -> TensorType:
+    return TensorType(ty.dtype, tuple(ty.shape[p] for p in perm))
+
+
+def _same_pads(in_hw: Sequence[int | str], k: list[int], s: list[int], d: list[int]) -> list[int]:
+    """TensorFlow's SAME padding: the extra pixel goes at the end."""
+    begin, end = [], []
+    for size, kk, ss, dd in zip(in_hw, k, s, d, strict=True):
+        if not isinstance(size, int):
+            raise NotSupported("SAME padding over a batch-sized axis")
+        total = max((-(-size // ss) - 1) * ss + (kk - 1) * dd + 1 - size, 0)
+        begin.append(total // 2)
+        end.append(total - total // 2)
+    return begin + end
+
+
+def _padding(ctx: Ctx, k: list[int], s: list[int], d: list[int]) -> list[int]:
+    mode = attr(ctx, "padding", b"VALID")
+    mode = mode.decode() if isinstance(mode, bytes) else str(mode)
+    if mode == "VALID":
+        return [0, 0, 0, 0]
+    if mode == "SAME":
+        return _same_pads(ctx.in_type(0).shape[1:3], k, s, d)
+    if mode == "EXPLICIT":
+        p = list(attr(ctx, "explicit_paddings", ()))  # type: ignore[arg-type]
+        return [p[2], p[4], p[3], p[5]]
+    raise NotSupported(f"padding {mode}")
+
+
+def _nhwc_attr(ctx: Ctx, name: str) -> list[int]:
+    v = list(attr(ctx, name, (1, 1, 1, 1)))  # type: ignore[arg-type]
+    if attr(ctx, "data_format", b"NHWC") not in (b"NHWC", "NHWC"):
+        raise NotSupported("NCHW data format")
+    return [int(v[1]), int(v[2])]
+
+
+@TF_OPS.register("tf.Conv2D")
+def _conv2d(ctx: Ctx) -> Names:
+    w = ctx.in_type(1)  # HWIO
+    k = [int(w.shape[0]), int(w.shape[1])]
+    s, d = _nhwc_attr(ctx, "strides"), _nhwc_attr(ctx, "dilations")
+    w_oihw = ctx.helper("Transpose", [ctx.t(1)], _perm(w, [3, 2, 0, 1]), perm=[3, 2, 0, 1])
+    groups = int(ctx.in_type(0).shape[3]) // int(w.shape[2])  # type: ignore[arg-type]
+    return _nhwc_op(
+        ctx,
+        "Conv",
+        [ctx.t(0), w_oihw],
+        kernel_shape=k,
+        strides=s,
+        pads=_padding(ctx, k, s, d),
+        dilations=d,
+        group=groups,
+    )
+
+
+@TF_OPS.register("tf.DepthwiseConv2dNative")
+def _depthwise(ctx: Ctx) -> Names:
+    w = ctx.in_type(1)  # H W C M
+    kh, kw, c, m = (int(x) for x in w.shape)  # type: ignore[arg-type]
+    k = [kh, kw]
+    s, d = _nhwc_attr(ctx, "strides"), _nhwc_attr(ctx, "dilations")
+    # HWCM -> (C*M) 1 H W
+    hw_cm = ctx.helper(
+        "Reshape", [ctx.t(1), ctx.ints([kh, kw, 1, c * m])], TensorType(w.dtype, (kh, kw, 1, c * m))
+    )
+    w_oihw = ctx.helper(
+        "Transpose", [hw_cm], TensorType(w.dtype, (c * m, 1, kh, kw)), perm=[3, 2, 0, 1]
+    )
+    return _nhwc_op(
+        ctx,
+        "Conv",
+        [ctx.t(0), w_oihw],
+        kernel_shape=k,
+        strides=s,
+        pads=_padding(ctx, k, s, d),
+        dilations=d,
+        group=c,
+    )
+
+
+def _pool(op: str):  # noqa: ANN202 - a rule factory
+    def rule(ctx: Ctx) -> Names:
+        k = _nhwc_attr(ctx, "ksize")
+        s = _nhwc_attr(ctx, "strides")
+        pads = _padding(ctx, k, s, [1, 1])
+        extra = {"count_include_pad": 0} if op == "AveragePool" else {}
+        return _nhwc_op(ctx, op, [ctx.t(0)], kernel_shape=k, strides=s, pads=pads, **extra)
+
+    return rule
+
+
+TF_OPS.add("tf.MaxPool", _pool("MaxPool"))
+TF_OPS.add("tf.AvgPool", _pool("AveragePool"))
+
+
+# -- reductions and shapes ------------------------------------------------------------------
+def _axes_of(ctx: Ctx, i: int) -> list[int]:
+    a = ctx.arg(i)
+    if not isinstance(a, TArg) or a.ref[0] != "c":
+        raise NotSupported("reduction axes computed at run time")
+    arr = ctx.b.to_numpy(ctx.b.tape.consts[a.ref[1]].tensor)
+    return [int(x) for x in list(arr.reshape(-1))]
+
+
+def _reduce(op: str):  # noqa: ANN202 - a rule factory
+    def rule(ctx: Ctx) -> Names:
+        keep = int(bool(attr(ctx, "keep_dims", False)))
+        return ctx.one(op, [ctx.t(0), ctx.ints(_axes_of(ctx, 1))], keepdims=keep)
+
+    return rule
+
+
+for _tf, _op in {
+    "Mean": "ReduceMean",
+    "Sum": "ReduceSum",
+    "Max": "ReduceMax",
+    "Min": "ReduceMin",
+    "Prod": "ReduceProd",
+}.items():
+    TF_OPS.add(f"tf.{_tf}", _reduce(_op))
+
+
+@TF_OPS.register("tf.Squeeze")
+def _squeeze(ctx: Ctx) -> Names:
+    dims = list(attr(ctx, "squeeze_dims", None) or ())  # type: ignore[arg-type]
+    if not dims:
+        dims = [i for i, d in enumerate(ctx.in_type(0).shape) if d == 1]
+    return ctx.one("Squeeze", [ctx.t(0), ctx.ints(dims)])
+
+
+@TF_OPS.register("tf.ExpandDims")
+def _expand_dims(ctx: Ctx) -> Names:
+    return ctx.one("Unsqueeze", [ctx.t(0), ctx.ints(_axes_of(ctx, 1))])
+
+
+@TF_OPS.register("tf.Reshape")
+def _reshape(ctx: Ctx) -> Names:
+    return ctx.one("Reshape", [ctx.t(0), ctx.shape_const(list(ctx.out_type().shape))])
+
+
+@TF_OPS.register("tf.Transpose")
+def _transpose(ctx: Ctx) -> Names:
+    return ctx.one("Transpose", [ctx.t(0)], perm=_axes_of(ctx, 1))
+
+
+@TF_OPS.register("tf.ConcatV2")
+def _concat(ctx: Ctx) -> Names:
+    n = len(ctx.rec.args) - 1
+    axis = _axes_of(ctx, n)[0]
+    return ctx.one("Concat", [ctx.t(i) for i in range(n)], axis=axis)
+
+
+@TF_OPS.register("tf.Shape")
+def _shape(ctx: Ctx) -> Names:
+    dt = ctx.out_type().dtype
+    s = ctx.helper("Shape", [ctx.t(0)], TensorType("int64", ctx.out_type().shape))
+    return [s] if dt == "int64" else ctx.one("Cast", [s], to=dt)
+
+
+@TF_OPS.register("tf.GatherV2", "tf.ResourceGather")
+def _gather(ctx: Ctx) -> Names:
+    axis = _axes_of(ctx, 2)[0] if ctx.rec.op == "tf.GatherV2" else 0
+    return ctx.one("Gather", [ctx.t(0), ctx.t(1)], axis=axis)
+
+
+# -- losses ---------------------------------------------------------------------------------
+@TF_OPS.register("tf.SparseSoftmaxCrossEntropyWithLogits")
+def _sparse_xent(ctx: Ctx) -> Names:
+    logits = ctx.in_type(0)
+    logp = ctx.helper("LogSoftmax", [ctx.t(0)], logits, axis=-1)
+    labels = _same_dtype(ctx, 1, "int64")
+    loss = ctx.node("NegativeLogLikelihoodLoss", [logp, labels], outs=1, reduction="none")
+    return [loss[0], None]
+
+
+@TF_OPS.register("tf.SoftmaxCrossEntropyWithLogits")
+def _xent(ctx: Ctx) -> Names:
+    # -sum(labels * log_softmax(logits), axis=-1)
+    logits = ctx.in_type(0)
+    logp = ctx.helper("LogSoftmax", [ctx.t(0)], logits, axis=-1)
+    prod = ctx.helper("Mul", [ctx.t(1), logp], logits)
+    s = ctx.helper("ReduceSum", [prod, ctx.ints([-1])], ctx.out_type(), keepdims=0)
+    return [ctx.one("Neg", [s])[0], None]
+
+
+TF_OPS.not_yet(
+    "tf.FusedBatchNormV3",
+    reason="fused batch norm (Keras 3 writes batch norm as arithmetic instead)",
+)
