@@ -388,6 +388,15 @@ def _samples() -> list[OpSample]:
     )
     s.append(
         OpSample(
+            "Pad",
+            [("x", img)],
+            {"mode": "constant"},
+            consts={"pads": _i(0, 0, 1, 0, 0, 0, 2, 1)},
+            torch=_t(lambda a: F.pad(a, (0, 1, 1, 2))),
+        )
+    )
+    s.append(
+        OpSample(
             "Tile", [("x", x)], consts={"reps": _i(1, 2, 1)}, torch=_t(lambda a: a.repeat(1, 2, 1))
         )
     )

@@ -143,6 +143,7 @@ _onnx("Unsqueeze", "data axes", "expanded")
 _onnx("Squeeze", "data axes?", "squeezed")
 _onnx("Expand", "input shape", "output")
 _onnx("Tile", "input repeats", "output")
+_onnx("Pad", "data pads constant_value? axes?", "output", "mode")
 _onnx("Shape", "data", "shape", "end start")
 _onnx("ConstantOfShape", "input", "output", "value")
 _onnx(

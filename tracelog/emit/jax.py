@@ -305,6 +305,16 @@ def _expand(c: RuleCtx) -> str:
     return f"jnp.broadcast_to({x}, jnp.broadcast_shapes({x}.shape, {target}))"
 
 
+@JAX.register("Pad")
+def _pad(c: RuleCtx) -> str:
+    pads = c.ints(1)
+    if pads is None or c.has(3) or c.attr("mode", "constant") != "constant":
+        raise NotImplementedError("jax: Pad other than constant with constant pads")
+    half = len(pads) // 2
+    value = f", constant_values={c.i(2)}" if c.has(2) else ""
+    return f"jnp.pad({c.i(0)}, {[(pads[k], pads[k + half]) for k in range(half)]}{value})"
+
+
 @JAX.register("Tile")
 def _tile(c: RuleCtx) -> str:
     reps = c.ints(1)

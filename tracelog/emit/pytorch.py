@@ -339,6 +339,15 @@ def _expand(c: RuleCtx) -> str:
     return f"{x}.expand(torch.broadcast_shapes({x}.shape, {target}))"
 
 
+@TORCH.register("Pad")
+def _pad(c: RuleCtx) -> str:
+    pads = c.ints(1)
+    if pads is None or c.has(3) or c.attr("mode", "constant") != "constant":
+        raise NotImplementedError("torch: Pad other than constant with constant pads")
+    value = f", value=float({c.i(2)})" if c.has(2) else ""
+    return f"F.pad({c.i(0)}, {_torch_pad(pads)}{value})"
+
+
 @TORCH.register("Tile")
 def _tile(c: RuleCtx) -> str:
     reps = c.ints(1)

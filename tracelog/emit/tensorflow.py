@@ -358,6 +358,16 @@ def _expand(c: RuleCtx) -> str:
     return f"tf.broadcast_to({x}, tf.broadcast_dynamic_shape(tf.shape({x}, out_type=tf.int64), tf.constant({target}, tf.int64)))"
 
 
+@TF.register("Pad")
+def _pad(c: RuleCtx) -> str:
+    pads = c.ints(1)
+    if pads is None or c.has(3) or c.attr("mode", "constant") != "constant":
+        raise NotImplementedError("tensorflow: Pad other than constant with constant pads")
+    half = len(pads) // 2
+    value = f", constant_values={c.i(2)}" if c.has(2) else ""
+    return f"tf.pad({c.i(0)}, {[[pads[k], pads[k + half]] for k in range(half)]}{value})"
+
+
 @TF.register("Tile")
 def _tile(c: RuleCtx) -> str:
     reps = c.ints(1)

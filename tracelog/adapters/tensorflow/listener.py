@@ -88,6 +88,7 @@ class _Window:
         self.recording = True
         self.error: str | None = None
         self.last_scalar: Ref | None = None
+        self.explicit_loss: Ref | None = None
         self.input_tensors: dict[str, Any] = {}
         self.output_tensors: dict[str, Any] = {}
         self.target_tensors: list[Any] = []
@@ -168,6 +169,8 @@ class _Window:
             path = variables.get(id(inputs[0]))
             if path is None or _is_seed(path) or not self._in_model():
                 return
+            if self.listener._variables[path].trainable:
+                return  # the optimizer's update: in neither graph
             if op_type != "AssignVariableOp":
                 raise NotSupported(f"{op_type} on a model variable")
             ref = self.refs.get(id(inputs[1]))
@@ -320,6 +323,20 @@ class TFListener:
         layers = [model] + list(model._flatten_layers(include_self=False, recursive=True))
         for layer in layers:
             self._wrap(layer, layer is model)
+        if hasattr(model, "_compute_loss"):  # Keras' train_step: the loss it differentiates
+            original = model._compute_loss
+
+            def compute_loss(*args: Any, **kwargs: Any) -> Any:
+                loss = original(*args, **kwargs)
+                w = self._window
+                if w is not None and w.recording:
+                    ref = w.refs.get(id(loss))
+                    if ref is not None and ref[0] == "o":
+                        w.explicit_loss = ref
+                return loss
+
+            model._compute_loss = compute_loss
+            self._unwrap.append((model, original, "_compute_loss"))
 
     def _wrap(self, layer: Any, is_root: bool) -> None:
         original = layer.call
@@ -343,7 +360,7 @@ class TFListener:
             return out
 
         layer.call = call
-        self._unwrap.append((layer, original))
+        self._unwrap.append((layer, original, "call"))
 
     # -- public API ----------------------------------------------------------------------
     def epochs(self, n: int) -> Iterator[int]:
@@ -401,12 +418,24 @@ class TFListener:
                 w.error = f"the batch raised {type(raised).__name__}"
             self._finish(w, before, grad_tape)
 
+    def loss(self, t: Any) -> Any:
+        """Mark the loss of this batch (when it is not the last scalar computed)."""
+        w = self._window
+        if w is None:
+            raise RuntimeError("listener.loss() must be called inside listener.batch()")
+        ref = w.refs.get(id(t))
+        if ref is None or ref[0] != "o":
+            w.fail(ValueError("listener.loss() got a tensor that was not computed in this batch"))
+        else:
+            w.explicit_loss = ref
+        return t
+
     def close(self) -> TraceLog:
         if self._closed:
             return self.log
         self._closed = True
-        for layer, original in self._unwrap:
-            layer.call = original
+        for obj, original, attr_name in self._unwrap:
+            setattr(obj, attr_name, original)
         self._unwrap.clear()
         self.log.model = {
             "class": type(self.model).__name__,
@@ -461,7 +490,7 @@ class TFListener:
         if w.root_calls == 0:
             raise RuntimeError("the model was not called inside the batch window")
         tape = w.tape
-        loss = w.last_scalar
+        loss = w.explicit_loss or w.last_scalar
         tape.loss = loss
         for path, ref in sorted(w.buffer_values.items()):
             tape.buffer_updates.append((path, ref))

@@ -201,12 +201,17 @@ def _perm(ty: TensorType, perm: list[int]) -> TensorType:
     return TensorType(ty.dtype, tuple(ty.shape[p] for p in perm))
 
 
-def _same_pads(in_hw: Sequence[int | str], k: list[int], s: list[int], d: list[int]) -> list[int]:
-    """TensorFlow's SAME padding: the extra pixel goes at the end."""
+def _same_pads(
+    in_hw: Sequence[int | str], k: list[int], s: list[int], d: list[int], batch: int | None
+) -> list[int]:
+    """TensorFlow's SAME padding: the extra pixel goes at the end. A spatial
+    size marked `batch` only equals the batch size by chance: use its value."""
     begin, end = [], []
     for size, kk, ss, dd in zip(in_hw, k, s, d, strict=True):
         if not isinstance(size, int):
-            raise NotSupported("SAME padding over a batch-sized axis")
+            if batch is None:
+                raise NotSupported("SAME padding over a symbolic axis")
+            size = batch
         total = max((-(-size // ss) - 1) * ss + (kk - 1) * dd + 1 - size, 0)
         begin.append(total // 2)
         end.append(total - total // 2)
@@ -219,7 +224,7 @@ def _padding(ctx: Ctx, k: list[int], s: list[int], d: list[int]) -> list[int]:
     if mode == "VALID":
         return [0, 0, 0, 0]
     if mode == "SAME":
-        return _same_pads(ctx.in_type(0).shape[1:3], k, s, d)
+        return _same_pads(ctx.in_type(0).shape[1:3], k, s, d, ctx.batch)
     if mode == "EXPLICIT":
         p = list(attr(ctx, "explicit_paddings", ()))  # type: ignore[arg-type]
         return [p[2], p[4], p[3], p[5]]
@@ -354,6 +359,19 @@ def _shape(ctx: Ctx) -> Names:
     dt = ctx.out_type().dtype
     s = ctx.helper("Shape", [ctx.t(0)], TensorType("int64", ctx.out_type().shape))
     return [s] if dt == "int64" else ctx.one("Cast", [s], to=dt)
+
+
+@TF_OPS.register("tf.Pad", "tf.PadV2")
+def _pad(ctx: Ctx) -> Names:
+    a = ctx.arg(1)
+    if not isinstance(a, TArg) or a.ref[0] != "c":
+        raise NotSupported("paddings computed at run time")
+    p = ctx.b.to_numpy(ctx.b.tape.consts[a.ref[1]].tensor).reshape(-1, 2)
+    pads = [int(x) for x in p[:, 0]] + [int(x) for x in p[:, 1]]
+    ins = [ctx.t(0), ctx.ints(pads)]
+    if ctx.rec.op == "tf.PadV2":
+        ins.append(ctx.t(2))
+    return ctx.one("Pad", ins, mode="constant")
 
 
 @TF_OPS.register("tf.GatherV2", "tf.ResourceGather")
