@@ -1,4 +1,4 @@
-"""Keras `fit` with the TracelogCallback (run_eagerly=True): training and
+"""Keras `fit` with the TracelogCallback, eager and traced: training and
 validation batches recorded, and the run emitted to PyTorch with parity."""
 
 from __future__ import annotations
@@ -70,15 +70,59 @@ def test_fit_records_train_and_validation_batches(tmp_path) -> None:
         assert report.ok, report.table()
 
 
-def test_fit_in_graph_mode_is_counted_unrecorded(tmp_path) -> None:
+def _fit_digits_like(log_dir, *, run_eagerly: bool, jit_compile: bool = False, callback=True):
+    """The same seeded run, with or without the callback; returns the final
+    variables and the history."""
     from tracelog.keras import TracelogCallback
 
+    keras.backend.clear_session()  # the same layer names in every run: the same graphs
+    keras.utils.set_random_seed(0)
     model = _cnn()
-    model.compile(optimizer="sgd", loss="sparse_categorical_crossentropy", run_eagerly=False)
-    x, y = np.zeros((8, 8, 8, 1), np.float32), np.zeros(8, np.int64)
-    model.fit(
-        x, y, epochs=1, batch_size=4, verbose=0, callbacks=[TracelogCallback(tmp_path / "log")]
+    model.compile(
+        optimizer="adam",
+        loss=keras.losses.SparseCategoricalCrossentropy(from_logits=True),
+        metrics=["accuracy"],
+        run_eagerly=run_eagerly,
+        jit_compile=jit_compile,
     )
+    rng = np.random.default_rng(0)
+    x, y = rng.random((100, 8, 8, 1), dtype=np.float32), rng.integers(0, 10, 100)
+    callbacks = [TracelogCallback(log_dir, strict=True)] if callback else []
+    history = model.fit(
+        x, y, epochs=2, batch_size=32, validation_split=0.1, verbose=0, callbacks=callbacks
+    )
+    return model, [v.numpy() for v in model.variables], history.history
+
+
+def _rows(log):
+    return [
+        (e.hash, e.kind, e.phase, e.usage.batches, e.usage.epochs) for e in log.entries_sorted()
+    ]
+
+
+def test_fit_in_graph_mode_records_each_traced_step_and_counts_the_rest(tmp_path) -> None:
+    _, plain_weights, plain_history = _fit_digits_like(None, run_eagerly=False, callback=False)
+    model, weights, history = _fit_digits_like(tmp_path / "graph", run_eagerly=False)
+    # the eager replay inside the traced step changes nothing the real step computes
+    assert history == plain_history
+    assert all(np.array_equal(a, b) for a, b in zip(weights, plain_weights, strict=True))
+    graph_log = tracelog.load(tmp_path / "graph")
+    assert graph_log.framework["mode"] == "graph" and graph_log.framework["run_eagerly"] is False
+    assert graph_log.unrecorded == 0
+    # the graphs and counts are those of the same run recorded op by op, eagerly
+    _fit_digits_like(tmp_path / "eager", run_eagerly=True)
+    eager_log = tracelog.load(tmp_path / "eager")
+    assert _rows(graph_log) == _rows(eager_log)
+    assert [r[3] for r in _rows(graph_log)] == [6, 6, 2, 2]
+    report = tracelog.check(tmp_path / "graph", target="torch")
+    assert report.ok, report.table()
+    # the traced functions do not outlive the callback: the next fit traces anew
+    assert "train_step" not in vars(model) and model.train_function is None
+
+
+def test_fit_with_jit_compile_is_counted_unrecorded_with_the_reason(tmp_path) -> None:
+    _fit_digits_like(tmp_path / "log", run_eagerly=False, jit_compile=True)
     log = tracelog.load(tmp_path / "log")
-    assert log.framework["mode"] == "graph"
-    assert log.recorded == 0 and log.unrecorded == 2
+    assert log.framework["jit_compile"] is True
+    assert log.recorded == 0 and log.unrecorded == 8
+    assert "jit_compile=True" in log.failures[0]["error"]

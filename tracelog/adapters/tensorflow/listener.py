@@ -9,8 +9,9 @@ state, and everything computed from it is the dropout mask's randomness.
 
 Rules as in the PyTorch listener: no numerics change (the callback only
 looks), fail open (an error drops that batch's record), one fingerprint per
-batch and IR only for new ones. Graph mode (model.fit's tf.function) is not
-recorded yet: such a window is counted as unrecorded with that reason.
+batch and IR only for new ones. Ops built while tracing a tf.function are not
+recorded here: ``tracelog.keras.TracelogCallback`` replays the first batch of
+each traced step eagerly instead.
 """
 
 from __future__ import annotations
@@ -144,8 +145,8 @@ class _Window:
             op_type = op_type.decode()
         if graph is not None:
             raise NotSupported(
-                "ops built inside tf.function (model.fit, @tf.function) are not recorded yet; "
-                "use run_eagerly=True or an eager GradientTape loop"
+                "ops built while tracing a tf.function are not recorded; run the batch eagerly "
+                "(keras.TracelogCallback replays model.fit's traced steps eagerly)"
             )
         if op_type in _BOOKKEEPING:
             return
@@ -319,6 +320,8 @@ class TFListener:
         self._sample: dict[str, np.ndarray] | None = None
         self._errors_logged: set[str] = set()
         self._closed = False
+        # what the last window counted: (prediction hash, loss hash) or the reason it was not
+        self.last_counted: tuple[str, str | None] | str | None = None
         self._unwrap: list[tuple[Any, Any]] = []
         layers = [model] + list(model._flatten_layers(include_self=False, recursive=True))
         for layer in layers:
@@ -370,6 +373,17 @@ class TFListener:
 
     def set_epoch(self, epoch: int) -> None:
         self.epoch = int(epoch)
+
+    def count_traced(self, phase: str, counted: tuple[str, str | None] | str) -> None:
+        """Count a batch run by a traced function whose first batch was recorded
+        (``counted`` is what that recording counted, or why it failed)."""
+        key = (self.epoch, phase)
+        batch = self._counters.get(key, 0)
+        self._counters[key] = batch + 1
+        if isinstance(counted, str):
+            self.log.count_failure(phase, self.epoch, batch, counted)
+        else:
+            self.log.count(phase, counted[0], counted[1], self.epoch, batch)
 
     @contextlib.contextmanager
     def batch(self, *, epoch: int | None = None) -> Iterator[TFListener]:
@@ -476,6 +490,7 @@ class TFListener:
             w.recording = False
             w.error = f"{type(e).__name__}: {' '.join(str(e).split())}"[:300]
         if not w.recording:
+            self.last_counted = w.error or "unknown error"
             self.log.count_failure(w.phase, w.epoch, w.batch, w.error or "unknown error")
             if w.error not in self._errors_logged:
                 self._errors_logged.add(w.error or "")
@@ -506,6 +521,7 @@ class TFListener:
             cached = self._cache[fp] = (ph, lh, masks)
         ph, lh, masks = cached
         self.log.count(w.phase, ph, lh, w.epoch, w.batch)
+        self.last_counted = (ph, lh)
         if before is not None and lh is not None and w.phase == "train" and loss is not None:
             self._take_sample(w, before, grad_tape, ph, lh, masks)
 
