@@ -48,6 +48,11 @@ def _value_and_grads(step, params, trainable):
     return outputs, loss, [None if g is None else tf.convert_to_tensor(g) for g in grads]
 
 
+def _runs(step, params, trainable):
+    """The runs the parity check compares with the recording: one, eager."""
+    return [("", _value_and_grads(step, params, trainable))]
+
+
 def _dropout(x, rate, rng, key):
     """Dropout in training mode; returns the output and the mask. rng: a dict
     of recorded masks (parity replay), a tf.random.Generator, or None for the
@@ -189,19 +194,24 @@ def check_parity(log_dir, atol=1e-5, rtol=1e-4, grad_atol=1e-4):
     sample = load_file(os.path.join(log_dir, "sample.safetensors"))
     params = sample_params(log_dir)
     trainable = [name for name, flag in PARAMETERS if flag]
-    outputs, loss, grads = _value_and_grads(lambda p: sample_step(p, sample), params, trainable)
+
+    def step(p):
+        return sample_step(p, sample)
+
     rows = []
-    for role, value in outputs.items():
-        if role.startswith("prediction"):
-            rows.append(_compare(role, value, sample["output/" + role], atol, rtol))
-        elif role.startswith("update:"):
-            rows.append(_compare(role, value, sample["update/" + role[7:]], atol, rtol))
-    rows.append(_compare("loss", loss, sample["loss"], atol, rtol))
-    for name, grad in zip(trainable, grads, strict=True):
-        if "grad/" + name in sample:
-            want = sample["grad/" + name]
-            got = np.zeros_like(want) if grad is None else grad
-            rows.append(_compare("grad " + name, got, want, grad_atol, rtol))
+    for label, (outputs, loss, grads) in _runs(step, params, trainable):
+        for role, value in outputs.items():
+            if role.startswith("prediction"):
+                rows.append(_compare(role + label, value, sample["output/" + role], atol, rtol))
+            elif role.startswith("update:"):
+                want = sample["update/" + role[7:]]
+                rows.append(_compare(role + label, value, want, atol, rtol))
+        rows.append(_compare("loss" + label, loss, sample["loss"], atol, rtol))
+        for name, grad in zip(trainable, grads, strict=True):
+            if "grad/" + name in sample:
+                want = sample["grad/" + name]
+                got = np.zeros_like(want) if grad is None else grad
+                rows.append(_compare("grad " + name + label, got, want, grad_atol, rtol))
     return rows
 
 

@@ -85,21 +85,24 @@ def check_parity(log_dir, atol=1e-5, rtol=1e-4, grad_atol=1e-4):
     sample = load_file(os.path.join(log_dir, "sample.safetensors"))
     params = sample_params(log_dir)
     trainable = [name for name, flag in PARAMETERS if flag]
-    outputs, loss, grads = _value_and_grads(
-        lambda p: sample_step(p, sample{trace_arg}), params, trainable
-    )
+
+    def step(p):
+        return sample_step(p, sample{trace_arg})
+
     rows = []
-    for role, value in outputs.items():
-        if role.startswith("prediction"):
-            rows.append(_compare(role, value, sample["output/" + role], atol, rtol))
-        elif role.startswith("update:"):
-            rows.append(_compare(role, value, sample["update/" + role[7:]], atol, rtol))
-    rows.append(_compare("loss", loss, sample["loss"], atol, rtol))
-    for name, grad in zip(trainable, grads, strict=True):
-        if "grad/" + name in sample:
-            want = sample["grad/" + name]
-            got = np.zeros_like(want) if grad is None else grad
-            rows.append(_compare("grad " + name, got, want, grad_atol, rtol))
+    for label, (outputs, loss, grads) in _runs(step, params, trainable):
+        for role, value in outputs.items():
+            if role.startswith("prediction"):
+                rows.append(_compare(role + label, value, sample["output/" + role], atol, rtol))
+            elif role.startswith("update:"):
+                want = sample["update/" + role[7:]]
+                rows.append(_compare(role + label, value, want, atol, rtol))
+        rows.append(_compare("loss" + label, loss, sample["loss"], atol, rtol))
+        for name, grad in zip(trainable, grads, strict=True):
+            if "grad/" + name in sample:
+                want = sample["grad/" + name]
+                got = np.zeros_like(want) if grad is None else grad
+                rows.append(_compare("grad " + name + label, got, want, grad_atol, rtol))
     return rows
 
 
@@ -137,6 +140,8 @@ def _function_names(log: TraceLog) -> dict[str, str]:
 PROGRAM_NAMES = (
     "PARAMETERS", "load_params", "sample_step", "sample_params", "check_parity", "main",
     "_compare", "params", "rng", "_trace", "_traces",
+    # defined by every target's template
+    "_as_param", "_as_const", "_numpy", "_value_and_grads", "_runs",
 )  # fmt: skip
 
 
