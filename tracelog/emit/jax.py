@@ -9,6 +9,7 @@ float constant carries its dtype, so float32 graphs stay float32.
 from __future__ import annotations
 
 from tracelog.emit.common import EmitTable, RuleCtx, chain, literal, slice_expr
+from tracelog.passes.layout import to_channels_first
 
 JAX = EmitTable("jax")
 IMPORTS = ("jax", "jnp", "lax", "np", "os", "sys", "load_file")
@@ -421,5 +422,9 @@ def target():  # noqa: ANN201 - a Target, built on use to keep imports light
         file_name="program_jax.py",
         # NumPy constants: static under jax.jit, dtype kept
         const_expr="np.asarray({value}, dtype=np.{dtype})",
-        layout_note="Layout: {layout}",
+        layout_note=(
+            "Layout: the recording was channels-last (NHWC); this program runs NCHW\n"
+            "inside. Transposes kept, per function:\n{layout}"
+        ),
+        passes=(to_channels_first,),
     )

@@ -247,7 +247,7 @@ def build_program(log: TraceLog, target: Target, trace: bool = False) -> str:
                 and getattr(report, "kept", None) is not None
                 and graph is not log.graphs[digest]
             ):
-                if report.kept or any(n.attrs.get("channels_last") for n in graph.nodes):
+                if report.changed or report.kept:
                     layout_lines.append(f"  {fname}: {report.summary()}")
         functions.append(
             emit_function(target, graph, fname, entries, digest, constants, helpers, trace)

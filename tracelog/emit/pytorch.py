@@ -8,6 +8,7 @@ text only: it never imports torch.
 from __future__ import annotations
 
 from tracelog.emit.common import EmitTable, RuleCtx, chain, literal, slice_expr
+from tracelog.passes.layout import to_channels_first
 
 TORCH = EmitTable("torch")
 IMPORTS = ("torch", "F", "np", "os", "sys", "load_file")
@@ -425,5 +426,9 @@ def target():  # noqa: ANN201 - a Target, built on use to keep imports light
         template="torch.py.j2",
         file_name="program_torch.py",
         const_expr="torch.tensor({value}, dtype=torch.{dtype})",
-        layout_note="Layout: {layout}",
+        layout_note=(
+            "Layout: the recording was channels-last (NHWC); this program runs NCHW\n"
+            "inside. Transposes kept, per function:\n{layout}"
+        ),
+        passes=(to_channels_first,),
     )

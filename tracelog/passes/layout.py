@@ -1,4 +1,6 @@
-"""NCHW -> NHWC for targets whose kernels want channels last (TensorFlow on CPU).
+"""Layout passes: NCHW -> NHWC for targets whose kernels want channels last
+(TensorFlow on CPU), and NHWC recordings (Keras) -> NCHW inside for PyTorch
+and JAX. ``to_channels_last``:
 
 1. Each layout-sensitive 4-D op (Conv, pools, batch norm) is wrapped: a
    Transpose to NHWC before it, the op marked channels_last=1, a Transpose
@@ -57,14 +59,15 @@ def _permute(ty: TensorType, perm: list[int]) -> TensorType:
 
 
 class _Rewriter:
-    def __init__(self, graph: Graph) -> None:
+    def __init__(self, graph: Graph, suffix: str) -> None:
         self.g = copy.deepcopy(graph)
+        self.suffix = suffix  # names the values the pass makes, by their layout
 
     def fresh(self, base: str, ty: TensorType) -> str:
-        name, k = f"{base}_nhwc", 1
+        name, k = f"{base}_{self.suffix}", 1
         while name in self.g.values:
             k += 1
-            name = f"{base}_nhwc{k}"
+            name = f"{base}_{self.suffix}{k}"
         self.g.values[name] = Value(name, ty, "node")
         return name
 
@@ -95,7 +98,8 @@ class _Rewriter:
 
 
 def to_channels_last(graph: Graph) -> tuple[Graph, LayoutReport]:
-    rw = _Rewriter(graph)
+    """For TensorFlow: layout-sensitive NCHW ops run NHWC, transposes sunk."""
+    rw = _Rewriter(graph, "nhwc")
     g = rw.g
     if not any((n.domain, n.op) in LAYOUT_OPS and _rank(g, n.inputs[0]) == 4 for n in g.nodes):
         return g, LayoutReport()
@@ -120,91 +124,216 @@ def to_channels_last(graph: Graph) -> tuple[Graph, LayoutReport]:
     g.nodes = nodes
 
     # 2. push NCHW-bound transposes down, cancel inverse pairs, to a fixed point
-    changed = True
-    while changed:
-        changed = _cancel(rw) or _push(rw)
-        _dead_code(g)
-    report = _report(g)
+    _sink(rw, TO_NCHW)
+    report = _report(g, into=TO_NHWC, back=TO_NCHW, source_layout="NCHW")
     report.changed = True
     return g, report
+
+
+def to_channels_first(graph: Graph) -> tuple[Graph, LayoutReport]:
+    """For PyTorch and JAX on a channels-last recording (Keras): the IR has each
+    NCHW op between a transpose from NHWC and one back to it. The transposes
+    back to NHWC are sunk and cancel against the next op's transpose in, so
+    the data stays NCHW from where it enters to where it leaves (a flatten,
+    an output)."""
+    rw = _Rewriter(graph, "nchw")
+    g = rw.g
+    before = sum(1 for n in g.nodes if n.op == "Transpose")
+    if not any(_is_perm(n, TO_NHWC) and _rank(g, n.outputs[0]) == 4 for n in g.nodes):
+        return g, LayoutReport()
+    _sink(rw, TO_NHWC)
+    report = _report(g, into=TO_NCHW, back=TO_NHWC, source_layout="NHWC")
+    report.changed = sum(1 for n in g.nodes if n.op == "Transpose") != before
+    return g, report
+
+
+def _sink(rw: _Rewriter, back: list[int]) -> None:
+    changed = True
+    while changed:
+        changed = _cancel(rw) or _push(rw, back) or _fold_reshapes(rw)
+        _dead_code(rw.g)
+
+
+def _fold_reshapes(rw: _Rewriter) -> bool:
+    """A Reshape this pass made, of a Reshape/Squeeze/Unsqueeze: a reshape of
+    the first one's input (row-major order is all any of them keeps). Folds
+    Keras' bias path, reshape -> squeeze -> reshape, into one reshape."""
+    prod = rw.producers()
+    for n in rw.g.nodes:
+        if n.op != "Reshape" or n.source != "layout pass":
+            continue
+        src = prod.get(n.inputs[0])
+        if src is not None and not src.domain and src.op in ("Reshape", "Squeeze", "Unsqueeze"):
+            n.inputs = [src.inputs[0], *n.inputs[1:]]
+            return True
+    return False
 
 
 def _rank(g: Graph, name: str) -> int:
     return len(g.values[name].type.shape) if name in g.values else -1
 
 
-def _is_back(n: Node | None) -> bool:
-    return n is not None and n.op == "Transpose" and list(n.attrs.get("perm", [])) == TO_NCHW
+def _is_perm(n: Node | None, perm: list[int]) -> bool:
+    return n is not None and n.op == "Transpose" and list(n.attrs.get("perm", [])) == perm
+
+
+def _inverse(perm: list[int]) -> list[int]:
+    inv = [0] * len(perm)
+    for i, p in enumerate(perm):
+        inv[p] = i
+    return inv
 
 
 def _cancel(rw: _Rewriter) -> bool:
-    """Transpose(TO_NHWC) of Transpose(TO_NCHW) of x is x."""
+    """Transpose(p2) of Transpose(p1) of x is x when p2 undoes p1."""
     prod = rw.producers()
     rename: dict[str, str] = {}
     for n in rw.g.nodes:
-        if n.op == "Transpose" and list(n.attrs.get("perm", [])) == TO_NHWC:
-            src = prod.get(n.inputs[0])
-            if _is_back(src):
-                rename[n.outputs[0]] = src.inputs[0]  # type: ignore[union-attr]
+        if n.op != "Transpose" or "perm" not in n.attrs:
+            continue
+        src = prod.get(n.inputs[0])
+        if src is None or src.op != "Transpose" or "perm" not in src.attrs:
+            continue
+        p1, p2 = list(src.attrs["perm"]), list(n.attrs["perm"])
+        if len(p1) == len(p2) and all(p1[p2[i]] == i for i in range(len(p2))):
+            rename[n.outputs[0]] = src.inputs[0]
     if not rename:
         return False
+    # consumers read x; a graph output keeps its name and so its transpose
     for n in rw.g.nodes:
         n.inputs = [rename.get(i, i) for i in n.inputs]
     return True
 
 
-def _small_const(g: Graph, name: str) -> bool:
+def _static(ty: TensorType) -> bool:
+    return all(isinstance(d, int) for d in ty.shape)
+
+
+def _relaid_shape(ty: TensorType, back: list[int]) -> list[int] | None:
+    """The shape b' of a broadcast operand b such that op(T(a), b) equals
+    T(op(a, b')) for the transpose T = back, when a Reshape makes it (its
+    non-1 dims keep their order); None when it cannot."""
+    if not _static(ty) or len(ty.shape) > 4:
+        return None
+    e = [1] * (4 - len(ty.shape)) + [int(d) for d in ty.shape]
+    inv = _inverse(back)
+    order = [inv[j] for j in range(4) if e[inv[j]] != 1]
+    if order != sorted(order):
+        return None
+    return [e[inv[j]] for j in range(4)]
+
+
+def _const(rw: _Rewriter, base: str, data: list[int]) -> str:
+    name = rw.fresh(base, TensorType("int64", (len(data),)))
+    rw.g.values[name].kind = "const"
+    rw.g.values[name].const = ConstData(data=list(data))
+    return name
+
+
+def _const_ints(g: Graph, name: str) -> list[int] | None:
     v = g.values.get(name)
-    if v is None:
-        return not name
-    return v.kind in ("const", "param", "buffer", "input") and all(d == 1 for d in v.type.shape)
+    if v is None or v.kind != "const" or v.const is None or v.const.data is None:
+        return None
+    return [int(a) for a in _flat(v.const.data)]  # type: ignore[call-overload]
 
 
-def _push(rw: _Rewriter) -> bool:
-    """op(Transpose_back(a), Transpose_back(b)) -> Transpose_back(op(a, b)) for
-    element-wise ops and for reductions over constant axes with keepdims."""
+def _relay_operand(
+    rw: _Rewriter, n: Node, name: str, untransposed: str | None, back: list[int], pre: list[Node]
+) -> str:
+    """An element-wise op's input once the op runs before T: the transpose's
+    input, the operand itself where it broadcasts alike in both layouts, or a
+    Reshape of it (appended to ``pre``); ``_can_relay`` said it can."""
+    if untransposed is not None:
+        return untransposed
+    ty = rw.g.values[name].type if name in rw.g.values else None
+    if ty is None or all(d == 1 for d in ty.shape):
+        return name  # an omitted input, a scalar or all-ones: the same in any layout
+    shape = _relaid_shape(ty, back)
+    assert shape is not None
+    out = rw.fresh(name, TensorType(ty.dtype, tuple(shape)))
+    reshape = Node(
+        "Reshape",
+        [name, _const(rw, name + "_shape", shape)],
+        [out],
+        {},
+        module=n.module,
+        module_type=n.module_type,
+        source="layout pass",
+    )
+    pre.append(reshape)
+    return out
+
+
+def _can_relay(g: Graph, name: str, back: list[int]) -> bool:
+    ty = g.values[name].type if name in g.values else None
+    return ty is None or all(d == 1 for d in ty.shape) or _relaid_shape(ty, back) is not None
+
+
+def _push(rw: _Rewriter, back: list[int]) -> bool:
+    """op(T(a), ...) -> T(op'(a, ...)) for the transpose T = back: element-wise
+    ops (broadcast operands re-laid by a Reshape), reductions and Squeeze over
+    constant axes, Concat, constant Pad."""
     g = rw.g
     prod = rw.producers()
     for idx, n in enumerate(g.nodes):
-        if n.domain or not n.outputs or _rank(g, n.outputs[0]) != 4:
+        if n.domain or not n.outputs or not n.inputs:
             continue
-        if n.op in ELEMENTWISE:
-            backs = [prod.get(i) for i in n.inputs]
-            if not any(_is_back(b) for b in backs):
+        srcs = [prod.get(i) for i in n.inputs]
+        is_back = [
+            _is_perm(b, back) and _rank(g, i) == 4 for b, i in zip(srcs, n.inputs, strict=True)
+        ]
+        if not is_back[0] and not (n.op in ELEMENTWISE and any(is_back)):
+            continue
+        first = srcs[0].inputs[0] if is_back[0] else ""  # type: ignore[union-attr]
+        pre: list[Node] = []
+        transpose_out = True
+        attrs = dict(n.attrs)
+        if n.op in ELEMENTWISE and _rank(g, n.outputs[0]) == 4:
+            moves = list(zip(n.inputs, srcs, is_back, strict=True))
+            if not all(ok or _can_relay(g, i, back) for i, _, ok in moves):
                 continue
-            if not all(
-                _is_back(b) or _small_const(g, i) for b, i in zip(backs, n.inputs, strict=True)
-            ):
+            new_inputs = [
+                _relay_operand(rw, n, i, b.inputs[0] if ok else None, back, pre)  # type: ignore[union-attr]
+                for i, b, ok in moves
+            ]
+        elif n.op in REDUCTIONS and len(n.inputs) == 2 and (axes := _const_ints(g, n.inputs[1])):
+            axes = [a % 4 for a in axes]
+            new_axes = sorted(back[a] for a in axes)
+            if int(n.attrs.get("keepdims", 1)) == 0:
+                kept = [back[i] for i in range(4) if i not in axes]
+                if kept != sorted(kept):
+                    continue
+                transpose_out = False
+            new_inputs = [first, _const(rw, n.inputs[1], new_axes)]
+        elif n.op == "Squeeze" and len(n.inputs) == 2 and (axes := _const_ints(g, n.inputs[1])):
+            axes = [a % 4 for a in axes]
+            kept = [back[i] for i in range(4) if i not in axes]
+            if kept != sorted(kept):
                 continue
-            new_inputs = [b.inputs[0] if _is_back(b) else i for b, i in zip(backs, n.inputs, strict=True)]  # type: ignore[union-attr]
-            attrs = dict(n.attrs)
-        elif n.op in REDUCTIONS and int(n.attrs.get("keepdims", 1)) == 1 and len(n.inputs) == 2:
-            back = prod.get(n.inputs[0])
-            axes_v = g.values.get(n.inputs[1])
-            if (
-                not _is_back(back)
-                or axes_v is None
-                or axes_v.kind != "const"
-                or axes_v.const is None
-            ):
+            transpose_out = False
+            new_inputs = [first, _const(rw, n.inputs[1], sorted(back[a] for a in axes))]
+        elif n.op == "Concat" and all(is_back):
+            new_inputs = [b.inputs[0] for b in srcs]  # type: ignore[union-attr]
+            attrs["axis"] = back[int(n.attrs["axis"]) % 4]
+        elif n.op == "Pad" and len(n.inputs) >= 2 and (pads := _const_ints(g, n.inputs[1])):
+            if len(pads) != 8 or len(n.inputs) > 3:
                 continue
-            if axes_v.const.data is None:
-                continue
-            axes = [int(a) % 4 for a in _flat(axes_v.const.data)]
-            nhwc_axes = sorted(TO_NCHW[a] for a in axes)
-            axes_name = rw.fresh(n.inputs[1], TensorType("int64", (len(nhwc_axes),)))
-            g.values[axes_name].kind = "const"
-            g.values[axes_name].const = ConstData(data=nhwc_axes)
-            new_inputs = [back.inputs[0], axes_name]  # type: ignore[union-attr]
-            attrs = dict(n.attrs)
+            new_pads = [0] * 8
+            for i in range(4):
+                new_pads[back[i]], new_pads[4 + back[i]] = pads[i], pads[4 + i]
+            new_inputs = [first, _const(rw, n.inputs[1], new_pads), *n.inputs[2:]]
         else:
             continue
-        y = n.outputs[0]
-        y_nhwc = rw.fresh(y, _permute(g.values[y].type, TO_NHWC))
         op = copy.copy(n)
-        op.inputs, op.outputs, op.attrs = new_inputs, [y_nhwc], attrs
-        t_out, _ = rw.transpose(y_nhwc, TO_NCHW, y, n)
-        g.nodes[idx : idx + 1] = [op, t_out]
+        op.inputs, op.attrs = new_inputs, attrs
+        if transpose_out:
+            y = n.outputs[0]
+            y_new = rw.fresh(y, _permute(g.values[y].type, _inverse(back)))
+            op.outputs = [y_new, *n.outputs[1:]]
+            t_out, _ = rw.transpose(y_new, back, y, n)
+            g.nodes[idx : idx + 1] = [*pre, op, t_out]
+        else:
+            g.nodes[idx : idx + 1] = [*pre, op]
         return True
     return False
 
@@ -227,7 +356,10 @@ def _dead_code(g: Graph) -> None:
     g.values = {k: v for k, v in g.values.items() if k in used or v.kind != "node"}
 
 
-def _report(after: Graph) -> LayoutReport:
+def _report(after: Graph, into: list[int], back: list[int], source_layout: str) -> LayoutReport:
+    """The layout transposes left, and why: data entering in the source layout,
+    or a value going back to it for an op that reads the layout."""
+    other = "NHWC" if source_layout == "NCHW" else "NCHW"
     report = LayoutReport()
     uses: dict[str, list[Node]] = {}
     for n in after.nodes:
@@ -235,23 +367,25 @@ def _report(after: Graph) -> LayoutReport:
             uses.setdefault(i, []).append(n)
     outputs = {o.name: o.role for o in after.outputs}
     for n in after.nodes:
-        if n.op != "Transpose" or n.source != "layout pass":
+        if n.op != "Transpose" or _rank(after, n.inputs[0]) != 4:
             continue
-        perm = list(n.attrs["perm"])
+        perm = list(n.attrs.get("perm", []))
         src = after.values[n.inputs[0]]
-        if perm == TO_NHWC:
+        if perm == into:
             where = (
-                f"data input {src.name} enters NCHW"
+                f"data input {src.name} enters {source_layout}"
                 if src.kind == "input"
-                else f"into NHWC after {_producer_op(after, src.name)}"
+                else f"into {other} after {_producer_op(after, src.name)}"
             )
-        else:
+        elif perm == back:
             readers = sorted(
                 {f"{u.qualified_op} at {u.module or '<root>'}" for u in uses.get(n.outputs[0], [])}
             )
             if n.outputs[0] in outputs:
                 readers.append(f"output {outputs[n.outputs[0]]}")
-            where = "back to NCHW for " + ", ".join(readers)
+            where = f"back to {source_layout} for " + ", ".join(readers)
+        else:
+            continue
         report.kept.append(where)
     return report
 

@@ -31,6 +31,7 @@ from tracelog.ir import array_digest
 from tracelog.log import TraceLog
 
 from .ops import TF_OPS
+from .shapes import exact_batch_dims
 
 logger = logging.getLogger("tracelog")
 
@@ -234,6 +235,7 @@ class _Window:
                 tuple(targs),
                 len(outputs),
                 tainted,
+                func=(op_type, attrs),  # to execute it again (adapters/tensorflow/shapes.py)
             )
         )
         if region == "post":
@@ -350,6 +352,12 @@ class TFListener:
             w = self._window
             if w is None or not w.recording:
                 return original(*args, **kwargs)
+            if is_root:
+                # NumPy data would become a tensor inside each first layer, out of
+                # sight; as a tensor here (what Keras does anyway) it is the input
+                args = tuple(
+                    self._tf.convert_to_tensor(a) if isinstance(a, np.ndarray) else a for a in args
+                )
             try:
                 w.enter(path, tname, is_root, args, kwargs)
             except Exception as e:
@@ -513,7 +521,9 @@ class TFListener:
         cached = self._cache.get(fp)
         if cached is None:
             trainable = {p: bool(v.trainable) for p, v in self._variables.items()}
-            builder = Builder(tape, trainable, self.log.constants, TF_OPS, _np)
+            # exact batch dims from a replay with one more sample; the guess if it fails
+            exact = exact_batch_dims(tape, self._sources(w))
+            builder = Builder(exact or tape, trainable, self.log.constants, TF_OPS, _np)
             builder.convert()
             pred, loss_graph, masks = builder.graphs()
             ph = self.log.add_graph(pred)
@@ -524,6 +534,19 @@ class TFListener:
         self.last_counted = (ph, lh)
         if before is not None and lh is not None and w.phase == "train" and loss is not None:
             self._take_sample(w, before, grad_tape, ph, lh, masks)
+
+    def _sources(self, w: _Window) -> dict[Ref, Any]:
+        """The tensors behind the tape's refs that are not op outputs."""
+        src: dict[Ref, Any] = dict(w.rng)
+        for name, t in w.input_tensors.items():
+            src[("i", name)] = t
+        for k, t in enumerate(w.target_tensors):
+            src[("t", k)] = t
+        for k, c in enumerate(w.tape.consts):
+            src[("c", k)] = c.tensor
+        for path, v in self._variables.items():
+            src[("p" if v.trainable else "b", path)] = v.value
+        return src
 
     def _take_sample(
         self,

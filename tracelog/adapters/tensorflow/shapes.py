@@ -1,0 +1,138 @@
+"""Which dims are the batch dim, for a TensorFlow tape: found by running the
+recorded ops again, eagerly, with one more sample.
+
+The equal-size guess (every dim equal to the batch size is the batch) fails
+when a feature dim happens to equal it: batch 4 through a stride-2 conv on
+8x8 images. So each recorded op is executed again through TensorFlow's own
+``execute`` with the attributes the op callback saw, on the data grown from
+B to B + 1 rows (its first row repeated: real values, so no op meets a
+domain error), and a dim is the batch exactly where the two runs differ by
+that change. Integer constants holding the batch size (a Reshape's target
+shape built from a static shape) are tried both as they are and with B
+replaced by B + 1. If an op cannot be replayed or changes in another way,
+the guess stands.
+"""
+
+from __future__ import annotations
+
+from dataclasses import replace
+from typing import Any
+
+from tracelog.adapters.tape import Ref, Tape, TArg
+from tracelog.ir import BATCH, batch_dim
+
+
+def _concrete(shape: tuple[int | str, ...], batch: int) -> tuple[int, ...]:
+    out = []
+    for d in shape:
+        if isinstance(d, str):
+            k = 1 if d == BATCH else int(d.split("*")[1])
+            out.append(batch * k)
+        else:
+            out.append(int(d))
+    return tuple(out)
+
+
+def exact_batch_dims(tape: Tape, source: dict[Ref, Any]) -> Tape | None:
+    """A copy of the tape whose shapes mark exactly the batch-derived dims, or
+    None when the replay could not tell. ``source`` holds the tensors the
+    recording saw for every ref that is not an op output (data, targets,
+    parameters, buffers, constants, RNG draws)."""
+    import tensorflow as tf
+    from tensorflow.python.eager import context, execute
+
+    batch = tape.batch_size
+    if batch is None or batch < 2:
+        return None
+    other = batch + 1
+    ctx = context.context()
+    values: dict[Ref, Any] = {}
+
+    def grown(t: Any) -> Any:
+        """B -> B + 1 rows, the first row repeated."""
+        return tf.concat([t, t[:1]], axis=0)
+
+    def value_of(a: TArg, follow_ints: bool) -> Any:
+        kind = a.ref[0]
+        if kind == "o":
+            return values[a.ref]
+        if kind == "n":  # the batch size as a number
+            return tf.cast(tf.fill(_concrete(a.shape, batch), other), a.dtype)
+        t = tf.convert_to_tensor(source[a.ref])  # a variable: its value
+        if kind in ("i", "t") or (kind == "r" and len(t.shape) and t.shape[0] == batch):
+            return grown(t)
+        if follow_ints and kind == "c" and t.dtype.is_integer and len(t.shape) <= 1:
+            arr = t.numpy()
+            if (arr == batch).any():
+                return tf.constant(
+                    [other if int(v) == batch else int(v) for v in arr.reshape(-1)],
+                    dtype=t.dtype,
+                    shape=t.shape,
+                )
+        return t
+
+    def changes(rec: Any, outs: list[Any]) -> bool:
+        if len(outs) != len(rec.outs):
+            return False
+        for k, t in enumerate(outs):
+            concrete = _concrete(rec.outs[k].shape, batch)
+            if len(t.shape) != len(concrete):
+                return False
+            for d, m in zip(concrete, t.shape, strict=True):
+                if d != m and not (d % batch == 0 and m == d // batch * other):
+                    return False
+        return True
+
+    for rec in tape.recs:
+        if rec.func is None:
+            return None
+        op_type, attrs = rec.func
+        # the callback reports an empty list attr (Squeeze's squeeze_dims) as None
+        attrs = tuple([] if v is None else v for v in attrs)
+        found = None
+        for follow_ints in (False, True) if rec.tainted else (False,):
+            try:
+                inputs = [value_of(a, follow_ints) for a in rec.args]
+                outs = execute.execute(op_type, len(rec.outs), inputs, attrs, ctx)
+            except Exception:  # this choice is wrong, or the op cannot run again
+                continue
+            outs = list(outs) if outs is not None else []
+            if changes(rec, outs):
+                found = outs
+                break
+        if found is None:
+            return None
+        for k, t in enumerate(found):
+            values[("o", rec.index, k)] = t
+
+    def resym(a: TArg) -> TArg:
+        concrete = _concrete(a.shape, batch)
+        if a.ref[0] in ("p", "b", "c", "n"):
+            return a._replace(shape=concrete)
+        if a.ref[0] == "o":
+            shape = tuple(values[a.ref].shape)
+        elif a.ref[0] in ("i", "t"):
+            shape = (other, *concrete[1:]) if concrete else ()
+        else:
+            return a  # RNG draws keep the guess
+        return a._replace(
+            shape=tuple(
+                batch_dim(d // batch) if (d != m and d % batch == 0) else d
+                for d, m in zip(concrete, shape, strict=True)
+            )
+        )
+
+    def walk(obj: Any) -> Any:
+        if isinstance(obj, TArg):
+            return resym(obj)
+        if isinstance(obj, tuple):
+            return tuple(walk(x) for x in obj)
+        return obj
+
+    new = replace(tape)
+    new.recs = [
+        replace(r, args=walk(r.args), kwargs=walk(r.kwargs), outs=walk(r.outs)) for r in tape.recs
+    ]
+    new.inputs = {k: resym(v) for k, v in tape.inputs.items()}
+    new.targets = [resym(t) for t in tape.targets]
+    return new
