@@ -150,6 +150,17 @@ def _samples() -> list[OpSample]:
         )
     )
     s.append(OpSample("MatMul", [("a", x), ("b", _r(4, 5))], torch=_t(torch.matmul)))
+    # Keras' MultiHeadAttention projections and scores
+    q, k = _r(2, 5, 3, 4, seed=3), _r(2, 6, 3, 4, seed=4)
+    eq = "aecd,abcd->acbe"
+    s.append(
+        OpSample(
+            "Einsum",
+            [("k", k), ("q", q)],
+            {"equation": eq},
+            torch=_t(lambda a, b: torch.einsum(eq, a, b)),
+        )
+    )
     s.append(
         OpSample(
             "Gemm",
@@ -238,6 +249,15 @@ def _samples() -> list[OpSample]:
                 "count_include_pad": 1,
             },
             torch=_t(lambda a: F.avg_pool2d(a, 2, 2, 1)),
+        )
+    )
+    # Keras' "same" average pool: asymmetric padding the divisor leaves out
+    s.append(
+        OpSample(
+            "AveragePool",
+            [("x", img)],
+            {"kernel_shape": [3, 3], "strides": [2, 2], "pads": [0, 1, 1, 1]},
+            name="AveragePool_exclude_pad",
         )
     )
     s.append(

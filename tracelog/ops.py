@@ -100,6 +100,7 @@ _onnx("Cast", "input", "output", "to")
 _onnx("Softmax", "input", "output", "axis")
 _onnx("LogSoftmax", "input", "output", "axis")
 _onnx("MatMul", "A B", "Y")
+_onnx("Einsum", "Inputs*", "Output", "equation")
 _onnx("Gemm", "A B C?", "Y", "alpha beta transA transB")
 # channels_last: set only by the layout pass on graphs lowered for a target
 # (tracelog.passes.layout); such a graph is never stored in a log.

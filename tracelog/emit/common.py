@@ -44,6 +44,15 @@ class Namespace:
         return name
 
 
+def einsum_equation(c: RuleCtx) -> str:
+    """An Einsum node's equation as a literal; only einsum's own characters
+    pass into generated code."""
+    eq = str(c.attr("equation"))
+    if not re.fullmatch(r"[A-Za-z,. ]*(->[A-Za-z. ]*)?", eq):
+        raise NotImplementedError(f"einsum equation {eq!r}")
+    return literal(eq.replace(" ", ""))
+
+
 def literal(value: Any) -> str:
     """A Python literal for a number or nested list of numbers. Never repr()
     of an arbitrary object: only these types reach generated code."""

@@ -8,7 +8,7 @@ float constant carries its dtype, so float32 graphs stay float32.
 
 from __future__ import annotations
 
-from tracelog.emit.common import EmitTable, RuleCtx, chain, literal, slice_expr
+from tracelog.emit.common import EmitTable, RuleCtx, chain, einsum_equation, literal, slice_expr
 from tracelog.passes.layout import to_channels_first
 
 JAX = EmitTable("jax")
@@ -104,6 +104,12 @@ def _softmax(c: RuleCtx) -> str:
 @JAX.register("MatMul")
 def _matmul(c: RuleCtx) -> str:
     return f"jnp.matmul({c.i(0)}, {c.i(1)})"
+
+
+@JAX.register("Einsum")
+def _einsum(c: RuleCtx) -> str:
+    operands = ", ".join(c.i(k) for k in range(len(c.node.inputs)))
+    return f"jnp.einsum({einsum_equation(c)}, {operands})"
 
 
 @JAX.register("Gemm")

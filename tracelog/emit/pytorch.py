@@ -7,7 +7,7 @@ text only: it never imports torch.
 
 from __future__ import annotations
 
-from tracelog.emit.common import EmitTable, RuleCtx, chain, literal, slice_expr
+from tracelog.emit.common import EmitTable, RuleCtx, chain, einsum_equation, literal, slice_expr
 from tracelog.passes.layout import to_channels_first
 
 TORCH = EmitTable("torch")
@@ -105,6 +105,12 @@ def _softmax(c: RuleCtx) -> str:
 @TORCH.register("MatMul")
 def _matmul(c: RuleCtx) -> str:
     return f"torch.matmul({c.i(0)}, {c.i(1)})"
+
+
+@TORCH.register("Einsum")
+def _einsum(c: RuleCtx) -> str:
+    operands = ", ".join(c.i(k) for k in range(len(c.node.inputs)))
+    return f"torch.einsum({einsum_equation(c)}, {operands})"
 
 
 @TORCH.register("Gemm")
@@ -212,12 +218,15 @@ def _avg_pool(c: RuleCtx) -> str:
     include = bool(int(c.attr("count_include_pad", 0)))
     x = c.i(0)
     padding = _symmetric(pads)
-    if padding is None or any(p * 2 > kk for p, kk in zip(padding, k, strict=True)):
-        if not include:
-            raise NotImplementedError("torch: asymmetric AveragePool without count_include_pad")
-        x = f"F.pad({x}, {_torch_pad(pads)})"
-        padding = [0] * len(k)
     ceil = literal(bool(int(c.attr("ceil_mode", 0))))
+    if padding is None or any(p * 2 > kk for p, kk in zip(padding, k, strict=True)):
+        total = f"F.avg_pool2d(F.pad({x}, {_torch_pad(pads)}), {k}, {s}, 0, ceil_mode={ceil})"
+        if include:
+            return total
+        # padding the divisor leaves out (Keras' "same"): window sums over real counts
+        ones = f"torch.ones_like({x}[:1, :1])"
+        count = f"F.avg_pool2d(F.pad({ones}, {_torch_pad(pads)}), {k}, {s}, 0, ceil_mode={ceil})"
+        return f"{total} / {count}"
     return (
         f"F.avg_pool2d({x}, {k}, {s}, {padding}, ceil_mode={ceil}, "
         f"count_include_pad={literal(include)})"

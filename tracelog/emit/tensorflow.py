@@ -7,7 +7,7 @@ rules transpose in and out around the kernel (see the program header).
 
 from __future__ import annotations
 
-from tracelog.emit.common import EmitTable, RuleCtx, chain, literal, slice_expr
+from tracelog.emit.common import EmitTable, RuleCtx, chain, einsum_equation, literal, slice_expr
 from tracelog.passes.layout import to_channels_last
 
 TF = EmitTable("tensorflow")
@@ -111,6 +111,12 @@ def _softmax(c: RuleCtx) -> str:
 @TF.register("MatMul")
 def _matmul(c: RuleCtx) -> str:
     return f"tf.linalg.matmul({c.i(0)}, {c.i(1)})"
+
+
+@TF.register("Einsum")
+def _einsum(c: RuleCtx) -> str:
+    operands = ", ".join(c.i(k) for k in range(len(c.node.inputs)))
+    return f"tf.einsum({einsum_equation(c)}, {operands})"
 
 
 @TF.register("Gemm")
@@ -240,11 +246,14 @@ def _avg_pool(c: RuleCtx) -> str:
         raise NotImplementedError("tensorflow: AveragePool with ceil_mode")
     k, s, p = list(c.attr("kernel_shape")), list(c.attr("strides", [1, 1])), _pool_pads(c)
     x = _to_nhwc(c, c.i(0))
-    if any(p):
-        if not int(c.attr("count_include_pad", 0)):
-            raise NotImplementedError("tensorflow: padded AveragePool without count_include_pad")
-        x = f"tf.pad({x}, [[0, 0], [{p[0]}, {p[2]}], [{p[1]}, {p[3]}], [0, 0]])"
-    y = f"tf.nn.avg_pool2d({x}, ksize={k}, strides={s}, padding='VALID')"
+    pad = f"[[0, 0], [{p[0]}, {p[2]}], [{p[1]}, {p[3]}], [0, 0]]"
+    if not any(p):
+        return _from_nhwc(c, f"tf.nn.avg_pool2d({x}, ksize={k}, strides={s}, padding='VALID')")
+    y = f"tf.nn.avg_pool2d(tf.pad({x}, {pad}), ksize={k}, strides={s}, padding='VALID')"
+    if not int(c.attr("count_include_pad", 0)):
+        # padding the divisor leaves out: window sums over the counts of real elements
+        ones = f"tf.pad(tf.ones_like({x}[:1, :, :, :1]), {pad})"
+        y = f"{y} / tf.nn.avg_pool2d({ones}, ksize={k}, strides={s}, padding='VALID')"
     return _from_nhwc(c, y)
 
 

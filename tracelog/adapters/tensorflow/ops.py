@@ -380,6 +380,78 @@ def _gather(ctx: Ctx) -> Names:
     return ctx.one("Gather", [ctx.t(0), ctx.t(1)], axis=axis)
 
 
+@TF_OPS.register("tf.Einsum")
+def _einsum(ctx: Ctx) -> Names:
+    n = len(ctx.rec.args)
+    return ctx.one("Einsum", [ctx.t(i) for i in range(n)], equation=str(attr(ctx, "equation")))
+
+
+@TF_OPS.register("tf.Erfc")
+def _erfc(ctx: Ctx) -> Names:
+    # 1 - erf(x): ONNX has no erfc (Keras' exact gelu is 0.5 x erfc(-x / sqrt 2))
+    erf = ctx.helper("Erf", [ctx.t(0)], ctx.out_type())
+    return ctx.one("Sub", [ctx.const(1.0, ctx.out_type().dtype), erf])
+
+
+@TF_OPS.register("tf.Log1p")
+def _log1p(ctx: Ctx) -> Names:
+    # log(1 + x): ONNX has no log1p; the difference is below fp32's resolution of 1
+    one_plus = ctx.helper("Add", [ctx.t(0), ctx.const(1.0, ctx.out_type().dtype)], ctx.out_type())
+    return ctx.one("Log", [one_plus])
+
+
+@TF_OPS.register("tf.ZerosLike", "tf.OnesLike")
+def _fill_like(ctx: Ctx) -> Names:
+    ty = ctx.out_type()
+    value = 0 if ctx.rec.op == "tf.ZerosLike" else 1
+    scalar = ctx.const(bool(value) if ty.dtype == "bool" else value, ty.dtype)
+    shape = ctx.helper("Shape", [ctx.t(0)], TensorType("int64", (len(ty.shape),)))
+    return ctx.one("Expand", [scalar, shape])
+
+
+@TF_OPS.register("tf.StridedSlice")
+def _strided_slice(ctx: Ctx) -> Names:
+    """Constant begin/end/strides: Slice, then Squeeze for shrunk axes."""
+    if attr(ctx, "ellipsis_mask", 0) or attr(ctx, "new_axis_mask", 0):
+        raise NotSupported("StridedSlice with an ellipsis or new axes")
+    bounds = []
+    for i in (1, 2, 3):
+        a = ctx.arg(i)
+        if not isinstance(a, TArg) or a.ref[0] != "c":
+            raise NotSupported("StridedSlice bounds computed at run time")
+        bounds.append(
+            [int(x) for x in ctx.b.to_numpy(ctx.b.tape.consts[a.ref[1]].tensor).reshape(-1)]
+        )
+    begin, end, strides = bounds
+    begin_mask, end_mask = int(attr(ctx, "begin_mask", 0)), int(attr(ctx, "end_mask", 0))
+    shrink = int(attr(ctx, "shrink_axis_mask", 0))
+    big = 2**62
+    starts, ends, axes = [], [], []
+    for ax, (b, e, st) in enumerate(zip(begin, end, strides, strict=True)):
+        if shrink >> ax & 1:
+            b, e = b, (b + 1 if b != -1 else big)
+        else:
+            if begin_mask >> ax & 1:
+                b = big - 1 if st < 0 else 0
+            if end_mask >> ax & 1:
+                e = -big if st < 0 else big
+        starts.append(b)
+        ends.append(e)
+        axes.append(ax)
+    shrunk = [ax for ax in axes if shrink >> ax & 1]
+    in_shape = list(ctx.in_type(0).shape)
+    sliced_shape = list(ctx.out_type().shape)
+    for ax in shrunk:
+        sliced_shape.insert(ax, 1)
+    sliced_shape += in_shape[len(sliced_shape) :]
+    ty = TensorType(ctx.out_type().dtype, tuple(sliced_shape))
+    inputs = [ctx.t(0), ctx.ints(starts), ctx.ints(ends), ctx.ints(axes), ctx.ints(strides)]
+    if not shrunk:
+        return ctx.one("Slice", inputs)
+    sliced = ctx.helper("Slice", inputs, ty)
+    return ctx.one("Squeeze", [sliced, ctx.ints(shrunk)])
+
+
 # -- losses ---------------------------------------------------------------------------------
 @TF_OPS.register("tf.SparseSoftmaxCrossEntropyWithLogits")
 def _sparse_xent(ctx: Ctx) -> Names:
