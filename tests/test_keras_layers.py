@@ -164,3 +164,23 @@ def test_emitted_program_matches_tensorflow(layer_log, target: str) -> None:
     assert report.ok, report.table()
     if target != "onnx":
         assert any(c.name.startswith("grad ") for c in report.comparisons)
+
+
+def test_channels_first_layout_keeps_transposes_only_at_the_edges(layer_log) -> None:
+    """For PyTorch and JAX the NHWC recording runs NCHW inside: what stays is
+    the data entering (after a ZeroPadding2D on the input, if any), and values
+    leaving for a flatten or reshape."""
+    from tracelog.passes.layout import to_channels_first
+
+    _, log = layer_log
+    for e in log.entries_sorted():
+        graph, report = to_channels_first(log.graphs[e.hash])
+        entering = [
+            w
+            for w in report.kept
+            if w.startswith("data input x enters NHWC") or w.startswith("into NCHW after Pad")
+        ]
+        leaving = [w for w in report.kept if w.startswith("back to NHWC for Reshape")]
+        assert len(entering) <= 1 and len(entering) + len(leaving) == len(
+            report.kept
+        ), report.summary()

@@ -150,8 +150,29 @@ def to_channels_first(graph: Graph) -> tuple[Graph, LayoutReport]:
 def _sink(rw: _Rewriter, back: list[int]) -> None:
     changed = True
     while changed:
-        changed = _cancel(rw) or _push(rw, back) or _fold_reshapes(rw)
+        changed = _cancel(rw) or _push(rw, back) or _fold_reshapes(rw) or _share_transposes(rw)
         _dead_code(rw.g)
+
+
+def _share_transposes(rw: _Rewriter) -> bool:
+    """Two Transposes of one value by one perm (an input feeding two convs):
+    the second reads the first's result."""
+    seen: dict[tuple[str, tuple[int, ...]], str] = {}
+    outputs = {o.name for o in rw.g.outputs}
+    rename: dict[str, str] = {}
+    for n in rw.g.nodes:
+        if n.op != "Transpose" or "perm" not in n.attrs or n.outputs[0] in outputs:
+            continue
+        key = (n.inputs[0], tuple(n.attrs["perm"]))
+        if key in seen:
+            rename[n.outputs[0]] = seen[key]
+        else:
+            seen[key] = n.outputs[0]
+    if not rename:
+        return False
+    for n in rw.g.nodes:
+        n.inputs = [rename.get(i, i) for i in n.inputs]
+    return True
 
 
 def _fold_reshapes(rw: _Rewriter) -> bool:
