@@ -55,6 +55,7 @@ class TracelogCallback(keras.callbacks.Callback):
         self._open: Any = None
         self._wrapped: list[tuple[str, Any]] = []
         self._in_fit = False
+        self._warned_closed = False
 
     # -- settings --------------------------------------------------------------------
     def _run_eagerly(self) -> bool:
@@ -67,6 +68,13 @@ class TracelogCallback(keras.callbacks.Callback):
         return not self._run_eagerly()
 
     def _ensure_listener(self) -> TFListener:
+        if self.listener is not None and self.listener._closed and not self._warned_closed:
+            self._warned_closed = True
+            logger.warning(
+                "tracelog: this TracelogCallback already wrote %s; "
+                "use a new callback to record another run",
+                self.log_dir,
+            )
         if self.listener is None:
             self.listener = TFListener(self.model, self.log_dir, **self.options)
             run_eagerly = self._run_eagerly()
@@ -119,6 +127,8 @@ class TracelogCallback(keras.callbacks.Callback):
     def _open_window(self) -> None:
         listener = self._ensure_listener()
         self._close_window()
+        if listener._closed:  # a later fit/evaluate with this callback: its log is written
+            return
         self._open = listener.batch()
         self._open.__enter__()
 

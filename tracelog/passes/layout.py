@@ -168,11 +168,18 @@ def _share_transposes(rw: _Rewriter) -> bool:
             rename[n.outputs[0]] = seen[key]
         else:
             seen[key] = n.outputs[0]
-    if not rename:
-        return False
-    for n in rw.g.nodes:
-        n.inputs = [rename.get(i, i) for i in n.inputs]
-    return True
+    return _rename_inputs(rw.g, rename)
+
+
+def _rename_inputs(g: Graph, rename: dict[str, str]) -> bool:
+    """Point consumers at the new names; whether any input changed (what ends
+    the passes' fixed-point loop)."""
+    changed = False
+    for n in g.nodes:
+        new = [rename.get(i, i) for i in n.inputs]
+        if new != n.inputs:
+            n.inputs, changed = new, True
+    return changed
 
 
 def _fold_reshapes(rw: _Rewriter) -> bool:
@@ -218,12 +225,8 @@ def _cancel(rw: _Rewriter) -> bool:
         p1, p2 = list(src.attrs["perm"]), list(n.attrs["perm"])
         if len(p1) == len(p2) and all(p1[p2[i]] == i for i in range(len(p2))):
             rename[n.outputs[0]] = src.inputs[0]
-    if not rename:
-        return False
     # consumers read x; a graph output keeps its name and so its transpose
-    for n in rw.g.nodes:
-        n.inputs = [rename.get(i, i) for i in n.inputs]
-    return True
+    return _rename_inputs(rw.g, rename)
 
 
 def _static(ty: TensorType) -> bool:

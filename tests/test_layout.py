@@ -1,0 +1,119 @@
+"""The layout passes on small hand-built graphs: same results on
+onnx.reference before and after, transposes where they should be, and the
+fixed-point loop ends when a transpose pair is a graph output."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+
+from tracelog.ir import ConstData, Graph, Node, Output, TensorType, Value
+from tracelog.passes.layout import TO_NCHW, TO_NHWC, to_channels_first, to_channels_last
+from tracelog.verify import run_graph
+
+pytest.importorskip("onnx")
+
+
+class _G:
+    """A tiny graph builder: values by name, nodes in order."""
+
+    def __init__(self) -> None:
+        self.values: dict[str, Value] = {}
+        self.nodes: list[Node] = []
+
+    def input(self, name: str, shape: tuple[int, ...], kind: str = "input") -> str:
+        self.values[name] = Value(name, TensorType("float32", shape), kind)
+        return name
+
+    def const(self, name: str, data: list[int]) -> str:
+        self.values[name] = Value(
+            name, TensorType("int64", (len(data),)), "const", const=ConstData(data=data)
+        )
+        return name
+
+    def op(self, op: str, inputs: list[str], shape: tuple[int, ...], **attrs: object) -> str:
+        out = f"v{len(self.nodes)}"
+        self.values[out] = Value(out, TensorType("float32", shape), "node")
+        self.nodes.append(Node(op, inputs, [out], dict(attrs), module="m", module_type="M"))
+        return out
+
+    def graph(self, *outputs: str) -> Graph:
+        roles = ["prediction"] + [f"prediction.{k}" for k in range(1, len(outputs))]
+        return Graph(
+            "prediction",
+            self.values,
+            self.nodes,
+            [Output(o, r) for o, r in zip(outputs, roles, strict=True)],
+        )
+
+
+def _keras_like() -> Graph:
+    """What the TF adapter records for conv -> bias -> batch-norm-style
+    arithmetic -> relu -> concat -> pad -> global mean, NHWC around each
+    NCHW conv: transposes in and out of every conv."""
+    g = _G()
+    x = g.input("x", (2, 5, 5, 3))
+    w = g.input("w", (4, 3, 3, 3), "param")
+    bias = g.input("bias", (4,), "param")
+    xt = g.op("Transpose", [x], (2, 3, 5, 5), perm=TO_NCHW)
+    y = g.op("Conv", [xt, w], (2, 4, 5, 5), kernel_shape=[3, 3], pads=[1, 1, 1, 1])
+    y = g.op("Transpose", [y], (2, 5, 5, 4), perm=TO_NHWC)
+    y = g.op("Add", [y, bias], (2, 5, 5, 4))
+    mean = g.op("ReduceMean", [y, g.const("axes", [0, 1, 2])], (1, 1, 1, 4), keepdims=1)
+    y = g.op("Relu", [g.op("Sub", [y, mean], (2, 5, 5, 4))], (2, 5, 5, 4))
+    both = g.op("Concat", [y, y], (2, 5, 5, 8), axis=3)
+    padded = g.op("Pad", [both, g.const("pads", [0, 1, 0, 0, 0, 0, 1, 0])], (2, 6, 6, 8))
+    yt = g.op("Transpose", [padded], (2, 8, 6, 6), perm=TO_NCHW)
+    w2 = g.input("w2", (2, 8, 1, 1), "param")
+    z = g.op("Conv", [yt, w2], (2, 2, 6, 6), kernel_shape=[1, 1])
+    z = g.op("Transpose", [z], (2, 6, 6, 2), perm=TO_NHWC)
+    pooled = g.op("ReduceMean", [z, g.const("hw", [1, 2])], (2, 2), keepdims=0)
+    return g.graph(pooled, mean)
+
+
+def _feeds(graph: Graph) -> dict[str, np.ndarray]:
+    rng = np.random.default_rng(0)
+    return {
+        v.name: rng.standard_normal(v.type.shape).astype(np.float32)
+        for v in graph.values.values()
+        if v.kind in ("input", "param")
+    }
+
+
+def test_channels_first_keeps_transposes_only_at_the_edges_and_computes_the_same() -> None:
+    graph = _keras_like()
+    after, report = to_channels_first(graph)
+    # the mean is also a graph output: it leaves NHWC, as recorded
+    assert report.changed
+    assert report.kept == ["data input x enters NHWC", "back to NHWC for output prediction.1"]
+    assert [n.op for n in after.nodes].count("Transpose") == 2
+    # the [C] bias is re-laid to [1, C, 1, 1] by one Reshape
+    (reshape,) = [n for n in after.nodes if n.op == "Reshape"]
+    assert after.values[reshape.outputs[0]].type.shape == (1, 4, 1, 1)
+    feeds = _feeds(graph)
+    want, got = run_graph(graph, feeds), run_graph(after, feeds)
+    for role in want:
+        np.testing.assert_allclose(got[role], want[role], rtol=1e-6, atol=1e-6)
+
+
+def test_a_transpose_pair_that_is_a_graph_output_ends_the_loop() -> None:
+    g = _G()
+    x = g.input("x", (2, 3, 4, 5))
+    there = g.op("Transpose", [x], (2, 4, 5, 3), perm=TO_NHWC)
+    back = g.op("Transpose", [there], (2, 3, 4, 5), perm=TO_NCHW)
+    graph = g.graph(back, there)
+    for rewrite in (to_channels_first, to_channels_last):
+        after, _ = rewrite(graph)
+        feeds = _feeds(graph)
+        want, got = run_graph(graph, feeds), run_graph(after, feeds)
+        for role in want:
+            np.testing.assert_array_equal(got[role], want[role])
+
+
+def test_channels_first_leaves_a_graph_without_nhwc_transposes_alone() -> None:
+    g = _G()
+    x = g.input("x", (2, 3))
+    graph = g.graph(g.op("Relu", [x], (2, 3)))
+    after, report = to_channels_first(graph)
+    assert not report.changed and not report.kept
+    assert [n.op for n in after.nodes] == ["Relu"]
