@@ -221,6 +221,27 @@ BatchNormTraining <epsilon, momentum, axes> (X, scale, B, running_mean, running_
 )
 define(
     OpSchema(
+        "StopGradient",
+        ("X",),
+        ("Y",),
+        (),
+        domain=TRACELOG_DOMAIN,
+        doc=(
+            "Y = X, and no gradient flows from Y to X (tf.stop_gradient, torch's detach, "
+            "jax.lax.stop_gradient). Keras' batch norm computes the variance around a "
+            "stop-gradient mean: in exact arithmetic the gradient through that mean is zero, "
+            "in float32 it is rounding noise that near-constant channels amplify, so it is kept."
+        ),
+        function="""
+<domain: "tracelog", opset_import: ["" : 21]>
+StopGradient (X) => (Y) {
+  Y = Identity (X)
+}
+""",
+    )
+)
+define(
+    OpSchema(
         "Unsupported",
         ("inputs*",),
         ("outputs*",),

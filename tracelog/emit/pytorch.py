@@ -170,6 +170,11 @@ def _batch_norm(c: RuleCtx) -> str:
     return f"F.batch_norm({c.i(0)}, {c.i(3)}, {c.i(4)}, {c.i(1)}, {c.i(2)}, False, 0.0, {eps})"
 
 
+@TORCH.register("tracelog.StopGradient")
+def _stop_gradient(c: RuleCtx) -> str:
+    return f"{c.i(0)}.detach()"
+
+
 @TORCH.register("tracelog.BatchNormTraining")
 def _batch_norm_train(c: RuleCtx) -> str:
     fn = c.use("_batch_norm_train")

@@ -195,6 +195,11 @@ def _batch_norm(c: RuleCtx) -> str:
     return f"{fn}({c.i(0)}, {c.i(1)}, {c.i(2)}, {c.i(3)}, {c.i(4)}, {eps}, {axis})"
 
 
+@TF.register("tracelog.StopGradient")
+def _stop_gradient(c: RuleCtx) -> str:
+    return f"tf.stop_gradient({c.i(0)})"
+
+
 @TF.register("tracelog.BatchNormTraining")
 def _batch_norm_train(c: RuleCtx) -> str:
     fn = c.use("_batch_norm_train")

@@ -38,7 +38,7 @@ LAYOUT_OPS = {
 ELEMENTWISE = {
     "Relu", "Tanh", "Sigmoid", "Sqrt", "Exp", "Log", "Abs", "Neg", "Reciprocal", "Erf",
     "Softplus", "Identity", "LeakyRelu", "Gelu", "Clip", "Add", "Sub", "Mul", "Div", "Pow",
-    "Max", "Min", "Where", "Cast",
+    "Max", "Min", "Where", "Cast", "StopGradient",
 }  # fmt: skip
 REDUCTIONS = {"ReduceMean", "ReduceSum", "ReduceMax", "ReduceMin"}
 
@@ -300,7 +300,9 @@ def _push(rw: _Rewriter, back: list[int]) -> bool:
     g = rw.g
     prod = rw.producers()
     for idx, n in enumerate(g.nodes):
-        if n.domain or not n.outputs or not n.inputs:
+        if not n.outputs or not n.inputs:
+            continue
+        if n.domain and not (n.domain == "tracelog" and n.op == "StopGradient"):
             continue
         srcs = [prod.get(i) for i in n.inputs]
         is_back = [

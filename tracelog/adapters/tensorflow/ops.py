@@ -33,9 +33,14 @@ def _same_dtype(ctx: Ctx, i: int, dtype: str) -> str:
 
 
 # -- aliases -------------------------------------------------------------------------
-@TF_OPS.register("tf.Identity", "tf.StopGradient", "tf.IdentityN")
+@TF_OPS.register("tf.Identity", "tf.IdentityN")
 def _alias(ctx: Ctx) -> Names:
     return [ctx.t(0)]
+
+
+@TF_OPS.register("tf.StopGradient")
+def _stop_gradient(ctx: Ctx) -> Names:
+    return ctx.one("StopGradient", [ctx.t(0)], domain="tracelog")
 
 
 # -- element-wise ----------------------------------------------------------------------
