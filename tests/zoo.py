@@ -194,6 +194,18 @@ class CNNBnDrop(nn.Module):
         return self.fc(self.drop(torch.flatten(h, 1)))
 
 
+class StraightThrough(nn.Module):
+    """detach: a straight-through estimator, whose gradient skips the rounding."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.fc = nn.Linear(6, 5)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        h = self.fc(x)
+        return h + (torch.floor(h * 2) / 2 - h).detach()
+
+
 CASES: list[Case] = [
     Case(
         "linear",
@@ -202,6 +214,15 @@ CASES: list[Case] = [
         _cls(4),
         _ce,
         {"Gemm", "Relu"},
+        CE_OPS,
+    ),
+    Case(
+        "straight_through",
+        StraightThrough,
+        _vec(6),
+        _cls(5),
+        _ce,
+        {"tracelog.StopGradient", "Floor"},
         CE_OPS,
     ),
     Case(

@@ -46,8 +46,13 @@ def _operand(ctx: Ctx, i: int, name: str, dtype: str) -> str:
 
 
 # -- aliases and copies: no node -----------------------------------------------
+@ATEN.register("aten.detach.default")
+def _detach(ctx: Ctx) -> Names:
+    # the same values, and no gradient through them (a straight-through estimator)
+    return ctx.one("StopGradient", [ctx.t(0)], domain="tracelog")
+
+
 @ATEN.register(
-    "aten.detach.default",
     "aten.alias.default",
     "aten.lift_fresh.default",
     "aten.lift_fresh_copy.default",
