@@ -9,8 +9,8 @@ fingerprint not seen before.
 
 from __future__ import annotations
 
-from collections.abc import Iterable
-from dataclasses import dataclass, field
+from collections.abc import Callable, Iterable
+from dataclasses import dataclass, field, replace
 from typing import Any, NamedTuple
 
 from tracelog.ir import BATCH, TensorType
@@ -123,3 +123,24 @@ def symbolic_ints(obj: Any, batch: int | None) -> Any:
     if isinstance(obj, tuple) and not isinstance(obj, TArg):
         return tuple(symbolic_ints(x, batch) for x in obj)
     return obj
+
+
+def map_targs(tape: Tape, fn: Callable[[TArg], TArg]) -> Tape:
+    """A copy of the tape with every TArg (op arguments and results, data
+    inputs, targets) replaced by fn of it: how the batch-dim replays write
+    the dims they found."""
+
+    def walk(obj: Any) -> Any:
+        if isinstance(obj, TArg):
+            return fn(obj)
+        if isinstance(obj, tuple):
+            return tuple(walk(x) for x in obj)
+        return obj
+
+    new = replace(tape)
+    new.recs = [
+        replace(r, args=walk(r.args), kwargs=walk(r.kwargs), outs=walk(r.outs)) for r in tape.recs
+    ]
+    new.inputs = {k: fn(v) for k, v in tape.inputs.items()}
+    new.targets = [fn(t) for t in tape.targets]
+    return new

@@ -15,10 +15,9 @@ the guess stands.
 
 from __future__ import annotations
 
-from dataclasses import replace
 from typing import Any
 
-from tracelog.adapters.tape import Ref, Tape, TArg
+from tracelog.adapters.tape import Ref, Tape, TArg, map_targs
 from tracelog.ir import BATCH, batch_dim
 
 
@@ -122,17 +121,4 @@ def exact_batch_dims(tape: Tape, source: dict[Ref, Any]) -> Tape | None:
             )
         )
 
-    def walk(obj: Any) -> Any:
-        if isinstance(obj, TArg):
-            return resym(obj)
-        if isinstance(obj, tuple):
-            return tuple(walk(x) for x in obj)
-        return obj
-
-    new = replace(tape)
-    new.recs = [
-        replace(r, args=walk(r.args), kwargs=walk(r.kwargs), outs=walk(r.outs)) for r in tape.recs
-    ]
-    new.inputs = {k: resym(v) for k, v in tape.inputs.items()}
-    new.targets = [resym(t) for t in tape.targets]
-    return new
+    return map_targs(tape, resym)

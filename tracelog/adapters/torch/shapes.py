@@ -12,11 +12,11 @@ stands.
 
 from __future__ import annotations
 
-from dataclasses import replace
 from typing import Any
 
 import torch
 
+from tracelog.adapters.tape import map_targs
 from tracelog.ir import BATCH, batch_dim
 
 from .tape import Ref, Tape, TArg, flatten_tensors
@@ -161,17 +161,4 @@ def exact_batch_dims(tape: Tape) -> Tape | None:
         )
         return a._replace(shape=shape)
 
-    def walk(obj: Any) -> Any:
-        if isinstance(obj, TArg):
-            return resym(obj)
-        if isinstance(obj, tuple):
-            return tuple(walk(x) for x in obj)
-        return obj
-
-    new = replace(tape)
-    new.recs = [
-        replace(r, args=walk(r.args), kwargs=walk(r.kwargs), outs=walk(r.outs)) for r in tape.recs
-    ]
-    new.inputs = {k: resym(v) for k, v in tape.inputs.items()}
-    new.targets = [resym(t) for t in tape.targets]
-    return new
+    return map_targs(tape, resym)
