@@ -433,8 +433,8 @@ def _strided_slice(ctx: Ctx) -> Names:
     big = 2**62
     starts, ends, axes = [], [], []
     for ax, (b, e, st) in enumerate(zip(begin, end, strides, strict=True)):
-        if shrink >> ax & 1:
-            b, e = b, (b + 1 if b != -1 else big)
+        if shrink >> ax & 1:  # one index, the axis then squeezed
+            e = b + 1 if b != -1 else big
         else:
             if begin_mask >> ax & 1:
                 b = big - 1 if st < 0 else 0
@@ -444,11 +444,9 @@ def _strided_slice(ctx: Ctx) -> Names:
         ends.append(e)
         axes.append(ax)
     shrunk = [ax for ax in axes if shrink >> ax & 1]
-    in_shape = list(ctx.in_type(0).shape)
     sliced_shape = list(ctx.out_type().shape)
     for ax in shrunk:
         sliced_shape.insert(ax, 1)
-    sliced_shape += in_shape[len(sliced_shape) :]
     ty = TensorType(ctx.out_type().dtype, tuple(sliced_shape))
     inputs = [ctx.t(0), ctx.ints(starts), ctx.ints(ends), ctx.ints(axes), ctx.ints(strides)]
     if not shrunk:
