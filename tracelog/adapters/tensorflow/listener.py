@@ -25,6 +25,7 @@ from typing import Any
 
 import numpy as np
 
+from tracelog.adapters.base import ListenerBase
 from tracelog.adapters.builder import Builder, NotSupported
 from tracelog.adapters.tape import ConstInfo, Rec, Ref, Tape, TArg, symbolic_shape
 from tracelog.ir import array_digest
@@ -287,7 +288,7 @@ class _Window:
         raise KeyError(ref)
 
 
-class TFListener:
+class TFListener(ListenerBase):
     """Records the algebra of each training batch of a Keras model (TensorFlow
     backend) run eagerly: ``with listener.batch(), tf.GradientTape() as tape:``."""
 
@@ -302,8 +303,7 @@ class TFListener:
         self.model = model
         self.log_dir = log_dir
         self.strict = strict
-        self.epoch = 0
-        self.log = TraceLog(
+        log = TraceLog(
             {
                 "name": "tensorflow",
                 "version": tf.__version__,
@@ -314,14 +314,12 @@ class TFListener:
                 "notes": "Keras 3 layers as TensorFlow ops; NHWC ops recorded as NCHW ONNX ops between transposes",
             }
         )
+        super().__init__(log)
         self._variables = {v.path: v for v in model.variables}
         self._handles = {id(v.value.handle): v.path for v in model.variables}
         self._window: _Window | None = None
         self._cache: dict[Any, tuple[str, str | None, list[int]]] = {}
-        self._counters: dict[tuple[int, str], int] = {}
         self._sample: dict[str, np.ndarray] | None = None
-        self._errors_logged: set[str] = set()
-        self._closed = False
         # what the last window counted: (prediction hash, loss hash) or the reason it was not
         self.last_counted: tuple[str, str | None] | str | None = None
         self._unwrap: list[tuple[Any, Any]] = []
@@ -374,33 +372,18 @@ class TFListener:
         self._unwrap.append((layer, original, "call"))
 
     # -- public API ----------------------------------------------------------------------
-    def epochs(self, n: int) -> Iterator[int]:
-        for e in range(n):
-            self.epoch = e
-            yield e
-
-    def set_epoch(self, epoch: int) -> None:
-        self.epoch = int(epoch)
-
     def count_traced(self, phase: str, counted: tuple[str, str | None] | str) -> None:
         """Count a batch run by a traced function whose first batch was recorded
         (``counted`` is what that recording counted, or why it failed)."""
-        key = (self.epoch, phase)
-        batch = self._counters.get(key, 0)
-        self._counters[key] = batch + 1
+        batch = self._next_batch(phase)
         if isinstance(counted, str):
-            self.log.count_failure(phase, self.epoch, batch, counted)
+            self._count_unrecorded(phase, self.epoch, batch, counted)
         else:
             self.log.count(phase, counted[0], counted[1], self.epoch, batch)
 
     @contextlib.contextmanager
     def batch(self, *, epoch: int | None = None) -> Iterator[TFListener]:
-        if self._closed:
-            raise RuntimeError("this listener is closed")
-        if self._window is not None:
-            raise RuntimeError("listener.batch() windows cannot nest")
-        if epoch is not None:
-            self.epoch = int(epoch)
+        self._open_batch(epoch)
         w = _Window(self, self.epoch, -1)
         before = None
         grad_tape = None
@@ -432,9 +415,7 @@ class TFListener:
             self._window = None
             if grad_tape is not None:
                 grad_tape.__exit__(None, None, None)
-            key = (w.epoch, w.phase)
-            w.batch = self._counters.get(key, 0)
-            self._counters[key] = w.batch + 1
+            w.batch = self._next_batch(w.phase)  # the phase is known once the model ran
             if raised is not None:
                 w.recording = False
                 w.error = f"the batch raised {type(raised).__name__}"
@@ -481,12 +462,6 @@ class TFListener:
         self.log.write(self.log_dir, weights, self._sample)
         return self.log
 
-    def __enter__(self) -> TFListener:
-        return self
-
-    def __exit__(self, *exc: object) -> None:
-        self.close()
-
     # -- internals -------------------------------------------------------------------------
     def _finish(self, w: _Window, before: dict[str, np.ndarray] | None, grad_tape: Any) -> None:
         try:
@@ -499,15 +474,7 @@ class TFListener:
             w.error = f"{type(e).__name__}: {' '.join(str(e).split())}"[:300]
         if not w.recording:
             self.last_counted = w.error or "unknown error"
-            self.log.count_failure(w.phase, w.epoch, w.batch, w.error or "unknown error")
-            if w.error not in self._errors_logged:
-                self._errors_logged.add(w.error or "")
-                logger.warning(
-                    "tracelog: batch (epoch %d, batch %d) not recorded: %s",
-                    w.epoch,
-                    w.batch,
-                    w.error,
-                )
+            self._count_unrecorded(w.phase, w.epoch, w.batch, w.error)
 
     def _record(self, w: _Window, before: dict[str, np.ndarray] | None, grad_tape: Any) -> None:
         if w.root_calls == 0:

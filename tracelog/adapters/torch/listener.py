@@ -21,6 +21,7 @@ import numpy as np
 import torch
 from torch.utils._python_dispatch import TorchDispatchMode
 
+from tracelog.adapters.base import ListenerBase
 from tracelog.log import TraceLog
 
 from . import aten as _aten  # noqa: F401 - importing fills the aten table
@@ -350,7 +351,7 @@ class _UserError(Exception):
     """The user's code raised inside the window; never re-raised by strict mode."""
 
 
-class TorchListener:
+class TorchListener(ListenerBase):
     """Records the algebra of each training batch of a torch.nn.Module.
 
     Use ``with listener.batch():`` around the forward pass, the loss and
@@ -363,17 +364,13 @@ class TorchListener:
     ) -> None:
         if not isinstance(model, torch.nn.Module):
             raise TypeError(f"TorchListener needs a torch.nn.Module, got {type(model).__name__}")
+        super().__init__(TraceLog(_framework_facts(model)))
         self.model = model
         self.log_dir = log_dir
         self.strict = strict  # raise recording errors instead of failing open (for tests)
-        self.log = TraceLog(_framework_facts(model))
-        self.epoch = 0
         self._window: _Window | None = None
         self._cache: dict[Any, tuple[str, str | None, list[int]]] = {}
-        self._counters: dict[tuple[int, str], int] = {}
         self._sample: dict[str, np.ndarray] | None = None
-        self._errors_logged: set[str] = set()
-        self._closed = False
         self._handles = []
         for path, mod in model.named_modules():
             is_root = mod is model
@@ -390,28 +387,11 @@ class TorchListener:
             )
 
     # -- public API ----------------------------------------------------------------------
-    def epochs(self, n: int) -> Iterator[int]:
-        """``for epoch in listener.epochs(3):`` sets the epoch of later batches."""
-        for e in range(n):
-            self.epoch = e
-            yield e
-
-    def set_epoch(self, epoch: int) -> None:
-        self.epoch = int(epoch)
-
     @contextlib.contextmanager
     def batch(self, *, epoch: int | None = None) -> Iterator[TorchListener]:
-        if self._closed:
-            raise RuntimeError("this listener is closed")
-        if self._window is not None:
-            raise RuntimeError("listener.batch() windows cannot nest")
-        if epoch is not None:
-            self.epoch = int(epoch)
+        self._open_batch(epoch)
         phase = "train" if self.model.training else "eval"
-        key = (self.epoch, phase)
-        index = self._counters.get(key, 0)
-        self._counters[key] = index + 1
-        w = _Window(self, phase, self.epoch, index)
+        w = _Window(self, phase, self.epoch, self._next_batch(phase))
         before = self._sample_before() if phase == "train" and self._sample is None else None
         self._window = w
         mode = _Mode(w)
@@ -452,12 +432,6 @@ class TorchListener:
         self.log.write(self.log_dir, weights, self._sample)
         return self.log
 
-    def __enter__(self) -> TorchListener:
-        return self
-
-    def __exit__(self, *exc: object) -> None:
-        self.close()
-
     # -- internals -------------------------------------------------------------------------
     def _static_refs(self) -> dict[int, Ref]:
         refs: dict[int, Ref] = {}
@@ -496,15 +470,7 @@ class TorchListener:
         except Exception as e:
             w.fail(e)
         if not w.recording:
-            self.log.count_failure(w.phase, w.epoch, w.batch, w.error or "unknown error")
-            if w.error not in self._errors_logged:
-                self._errors_logged.add(w.error or "")
-                logger.warning(
-                    "tracelog: batch (epoch %d, batch %d) not recorded: %s",
-                    w.epoch,
-                    w.batch,
-                    w.error,
-                )
+            self._count_unrecorded(w.phase, w.epoch, w.batch, w.error)
 
     def _record(self, w: _Window, before: dict[str, Any] | None) -> None:
         if w.root_calls == 0:
