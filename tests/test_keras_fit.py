@@ -126,3 +126,45 @@ def test_fit_with_jit_compile_is_counted_unrecorded_with_the_reason(tmp_path) ->
     assert log.framework["jit_compile"] is True
     assert log.recorded == 0 and log.unrecorded == 8
     assert "jit_compile=True" in log.failures[0]["error"]
+
+
+def test_fit_on_a_dataset_with_sample_weights_and_steps_per_execution(tmp_path) -> None:
+    """Several steps per traced call (the py_function sits inside Keras'
+    while loop), a tf.data input with sample weights, validation_data."""
+    import tensorflow as tf
+
+    from tracelog.keras import TracelogCallback
+
+    keras.utils.set_random_seed(0)
+    model = keras.Sequential(
+        [keras.Input((8,)), keras.layers.Dense(4, activation="relu"), keras.layers.Dense(3)]
+    )
+    model.compile(
+        optimizer="sgd",
+        loss=keras.losses.SparseCategoricalCrossentropy(from_logits=True),
+        steps_per_execution=2,
+    )
+    rng = np.random.default_rng(0)
+    x, y = rng.random((50, 8), dtype=np.float32), rng.integers(0, 3, 50)
+    weights = rng.random(50, dtype=np.float32)
+    data = tf.data.Dataset.from_tensor_slices((x, y, weights)).batch(8)
+    model.fit(
+        data,
+        epochs=2,
+        verbose=0,
+        shuffle=False,  # a dataset brings its own order
+        validation_data=(x[:20], y[:20]),
+        callbacks=[TracelogCallback(tmp_path / "log", strict=True)],
+    )
+    log = tracelog.load(tmp_path / "log")
+    assert log.unrecorded == 0, log.failures
+    rows = [(e.kind, e.phase, e.usage.batches) for e in log.entries_sorted()]
+    # 50 samples in batches of 8: 7 per epoch; the 20 validation samples: one batch
+    assert rows == [
+        ("prediction", "train", 14),
+        ("loss", "train", 14),
+        ("prediction", "eval", 2),
+        ("loss", "eval", 2),
+    ]
+    report = tracelog.check(tmp_path / "log", target="torch")
+    assert report.ok, report.table()
