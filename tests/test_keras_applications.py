@@ -22,7 +22,7 @@ import tracelog
 
 os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "3")
 pytest.importorskip("tensorflow", reason="the Keras adapter needs tensorflow-cpu")
-keras = pytest.importorskip("keras")
+keras = pytest.importorskip("keras", reason="the Keras adapter needs keras 3")
 
 
 def _fit_mobilenet(log_dir, floatx: str) -> tracelog.TraceLog:

@@ -18,7 +18,7 @@ from tracelog.verify import verify
 
 os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "3")
 tf = pytest.importorskip("tensorflow", reason="the Keras adapter needs tensorflow-cpu")
-keras = pytest.importorskip("keras")
+keras = pytest.importorskip("keras", reason="the Keras adapter needs keras 3")
 L = keras.layers
 
 

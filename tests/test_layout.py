@@ -11,7 +11,7 @@ from tracelog.ir import ConstData, Graph, Node, Output, TensorType, Value
 from tracelog.passes.layout import TO_NCHW, TO_NHWC, to_channels_first, to_channels_last
 from tracelog.verify import run_graph
 
-pytest.importorskip("onnx")
+pytest.importorskip("onnx", reason="the layout tests run graphs on onnx.reference")
 
 
 class _G:

@@ -142,9 +142,25 @@ def test_unsupported_op_exits_2_and_lists_it(tmp_path: Path, capsys) -> None:
     assert info.value.ops == [("aten.cumsum.default", 2, [""])]
 
 
+def test_an_op_form_a_target_cannot_write_exits_2_and_names_it(tmp_path: Path, capsys) -> None:
+    # JAX has a rule for MaxPool, but not for a dilated one
+    model = nn.Sequential(
+        nn.Conv2d(1, 2, 3), nn.MaxPool2d(2, dilation=2), nn.Flatten(), nn.Linear(8, 3)
+    )
+    with tracelog.Listener(model, tmp_path / "log") as listener:
+        with listener.batch():
+            F.cross_entropy(model(torch.randn(4, 1, 8, 8)), torch.randint(0, 3, (4,))).backward()
+    assert cli(["emit", str(tmp_path / "log"), "--target", "jax"]) == 2
+    err = capsys.readouterr().err
+    assert err.count("\n") == 1
+    assert "MaxPool (jax: dilated MaxPool) x1 in 1" in err
+    assert not (tmp_path / "log" / "program_jax.py").exists()
+
+
 @pytest.mark.parametrize("target", ["torch", "jax", "onnx"])
 def test_digits_mlp_round_trips_to_the_other_targets(mlp_log: Path, target: str) -> None:
-    pytest.importorskip({"torch": "torch", "jax": "jax", "onnx": "onnxruntime"}[target])
+    module = {"torch": "torch", "jax": "jax", "onnx": "onnxruntime"}[target]
+    pytest.importorskip(module, reason=f"the {target} target needs {module} installed")
     report = tracelog.check(mlp_log, target=target)
     assert report.ok, report.table()
 
@@ -168,7 +184,7 @@ def test_resnet18_example_parity_and_layout(tmp_path: Path, capsys) -> None:
     (train,) = [e for e in log.entries_sorted() if e.kind == "prediction" and e.phase == "train"]
     assert train.usage.batches == 4
     # the same log to JAX (gradients under jax.jit) and to ONNX; fp32 as in the example
-    pytest.importorskip("jax")
+    pytest.importorskip("jax", reason="the JAX target needs jax installed")
     for target in ("jax", "onnx"):
         report = tracelog.check(out, target=target, atol=5e-5)
         assert report.ok, report.table()

@@ -23,7 +23,7 @@ from tracelog.emit.common import (
     shape_text,
     usage_comment,
 )
-from tracelog.errors import LogError
+from tracelog.errors import LogError, UnsupportedOpError
 from tracelog.ir import Graph
 from tracelog.log import GraphEntry, TraceLog
 
@@ -195,7 +195,14 @@ def emit_function(
         if node.op == "Dropout" and not node.domain:
             ctx.mask_key = f"mask.{n_dropout}"
             n_dropout += 1
-        expr = target.table[node.qualified_op](ctx)
+        try:
+            expr = target.table[node.qualified_op](ctx)
+        except NotImplementedError as e:
+            # a form of the op (attributes, computed operands) this target's rule
+            # cannot write: reported as a missing rule is, one line, exit 2
+            raise UnsupportedOpError(
+                target.name, [(f"{node.qualified_op} ({e})", 1, [node.module])]
+            ) from None
         attrs = ", ".join(f"{k}={v}" for k, v in sorted(node.attrs.items()))
         where = f"{node.module or '<root>'} ({node.module_type})" if node.module_type else "<loss>"
         shapes = ", ".join(shape_text(graph.values[o].type) for o in node.outputs if o)

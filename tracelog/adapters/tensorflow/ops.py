@@ -246,10 +246,14 @@ def _nhwc_attr(ctx: Ctx, name: str) -> list[int]:
 @TF_OPS.register("tf.Conv2D")
 def _conv2d(ctx: Ctx) -> Names:
     w = ctx.in_type(1)  # HWIO
-    k = [int(w.shape[0]), int(w.shape[1])]
-    s, d = _nhwc_attr(ctx, "strides"), _nhwc_attr(ctx, "dilations")
     w_oihw = ctx.helper("Transpose", [ctx.t(1)], _perm(w, [3, 2, 0, 1]), perm=[3, 2, 0, 1])
     groups = int(ctx.in_type(0).shape[3]) // int(w.shape[2])  # type: ignore[arg-type]
+    return _nhwc_conv(ctx, w_oihw, [int(w.shape[0]), int(w.shape[1])], groups)
+
+
+def _nhwc_conv(ctx: Ctx, w_oihw: str, k: list[int], group: int) -> Names:
+    """An NHWC TF convolution as an ONNX Conv between transposes."""
+    s, d = _nhwc_attr(ctx, "strides"), _nhwc_attr(ctx, "dilations")
     return _nhwc_op(
         ctx,
         "Conv",
@@ -258,7 +262,7 @@ def _conv2d(ctx: Ctx) -> Names:
         strides=s,
         pads=_padding(ctx, k, s, d),
         dilations=d,
-        group=groups,
+        group=group,
     )
 
 
@@ -266,8 +270,6 @@ def _conv2d(ctx: Ctx) -> Names:
 def _depthwise(ctx: Ctx) -> Names:
     w = ctx.in_type(1)  # H W C M
     kh, kw, c, m = (int(x) for x in w.shape)  # type: ignore[arg-type]
-    k = [kh, kw]
-    s, d = _nhwc_attr(ctx, "strides"), _nhwc_attr(ctx, "dilations")
     # HWCM -> (C*M) 1 H W
     hw_cm = ctx.helper(
         "Reshape", [ctx.t(1), ctx.ints([kh, kw, 1, c * m])], TensorType(w.dtype, (kh, kw, 1, c * m))
@@ -275,16 +277,7 @@ def _depthwise(ctx: Ctx) -> Names:
     w_oihw = ctx.helper(
         "Transpose", [hw_cm], TensorType(w.dtype, (c * m, 1, kh, kw)), perm=[3, 2, 0, 1]
     )
-    return _nhwc_op(
-        ctx,
-        "Conv",
-        [ctx.t(0), w_oihw],
-        kernel_shape=k,
-        strides=s,
-        pads=_padding(ctx, k, s, d),
-        dilations=d,
-        group=c,
-    )
+    return _nhwc_conv(ctx, w_oihw, [kh, kw], c)
 
 
 def _pool(op: str):  # noqa: ANN202 - a rule factory
