@@ -168,3 +168,27 @@ def test_fit_on_a_dataset_with_sample_weights_and_steps_per_execution(tmp_path) 
     ]
     report = tracelog.check(tmp_path / "log", target="torch")
     assert report.ok, report.table()
+
+
+def test_tracelog_keras_is_a_lazy_attribute() -> None:
+    """`import tracelog` leaves TensorFlow and keras unimported; `tracelog.keras`
+    then imports them on first use, and both public spellings name one class."""
+    import subprocess
+    import sys
+
+    code = (
+        "import sys, tracelog\n"
+        "assert 'keras' not in sys.modules and 'tensorflow' not in sys.modules\n"
+        "cb = tracelog.keras.TracelogCallback\n"
+        "from tracelog.keras import TracelogCallback\n"
+        "from tracelog.adapters.tensorflow.keras import TracelogCallback as inner\n"
+        "assert cb is TracelogCallback is inner\n"
+        "try:\n"
+        "    tracelog.no_such_name\n"
+        "except AttributeError:\n"
+        "    pass\n"
+        "else:\n"
+        "    raise SystemExit('tracelog.no_such_name did not raise AttributeError')\n"
+    )
+    done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True)
+    assert done.returncode == 0, done.stderr[-2000:]

@@ -3,6 +3,7 @@ counts, and emit it as programs for other frameworks."""
 
 from __future__ import annotations
 
+import importlib
 import os
 from typing import Any
 
@@ -55,6 +56,16 @@ __all__ = [
     "Value",
     "load",
 ]
+
+
+_LAZY_SUBMODULES = ("keras",)  # they import a framework: loaded on first use
+
+
+def __getattr__(name: str) -> Any:
+    """``tracelog.keras`` without importing keras at ``import tracelog`` (PEP 562)."""
+    if name in _LAZY_SUBMODULES:
+        return importlib.import_module(f"{__name__}.{name}")
+    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
 
 
 def check(log_dir: str | os.PathLike[str], target: str = "tensorflow", **tolerances: float) -> Any:

@@ -1,6 +1,7 @@
-"""The TensorFlow/Keras adapter: an op-callback recorder and the TF-op table."""
+"""The TensorFlow/Keras adapter: an op-callback recorder, the TF-op table and
+the Keras callback (``tracelog.keras``, imported on demand: it imports keras)."""
 
 from .listener import TFListener
-from .ops import TF_OPS
+from .rules import TF_OPS
 
 __all__ = ["TF_OPS", "TFListener"]

@@ -31,8 +31,8 @@ from tracelog.adapters.tape import ConstInfo, Rec, Ref, Tape, TArg, symbolic_sha
 from tracelog.ir import array_digest
 from tracelog.log import TraceLog
 
-from .ops import TF_OPS
-from .shapes import exact_batch_dims
+from .batch_dims import exact_batch_dims
+from .rules import TF_OPS
 
 logger = logging.getLogger("tracelog")
 
@@ -236,7 +236,7 @@ class _Window:
                 tuple(targs),
                 len(outputs),
                 tainted,
-                func=(op_type, attrs),  # to execute it again (adapters/tensorflow/shapes.py)
+                func=(op_type, attrs),  # to execute it again (adapters/tensorflow/batch_dims.py)
             )
         )
         if region == "post":

@@ -1,6 +1,6 @@
 """The PyTorch adapter: a dispatch-mode recorder and the aten -> IR table."""
 
-from .builder import ATEN
 from .listener import TorchListener
+from .rules import ATEN
 
 __all__ = ["ATEN", "TorchListener"]

@@ -22,23 +22,13 @@ import torch
 from torch.utils._python_dispatch import TorchDispatchMode
 
 from tracelog.adapters.base import ListenerBase
+from tracelog.adapters.builder import Builder, NotSupported
+from tracelog.adapters.tape import ConstInfo, Rec, Ref, Tape, TArg, symbolic_shape
 from tracelog.log import TraceLog
 
-from . import aten as _aten  # noqa: F401 - importing fills the aten table
-from .builder import ATEN, Builder, NotSupported
-from .shapes import exact_batch_dims
-from .tape import (
-    ConstInfo,
-    Rec,
-    Ref,
-    Tape,
-    TArg,
-    dtype_name,
-    flatten_tensors,
-    symbolic_shape,
-    tensor_digest,
-    to_numpy,
-)
+from .batch_dims import exact_batch_dims
+from .rules import ATEN
+from .tensors import dtype_name, flatten_tensors, tensor_digest, to_numpy
 
 logger = logging.getLogger("tracelog")
 

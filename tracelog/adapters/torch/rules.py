@@ -1,4 +1,5 @@
-"""The aten table: one rule per aten overload, each building ONNX-semantics IR.
+"""The aten table (``ATEN``): one rule per aten overload, each building
+ONNX-semantics IR on the framework-neutral Builder.
 
 A rule gets a Ctx for one record and returns the IR names of the record's
 outputs (returned tensors, then tensors it mutated), None for an output
@@ -12,11 +13,13 @@ from collections.abc import Sequence
 
 import numpy as np
 
+from tracelog.adapters.builder import Converter, Ctx, NotSupported
+from tracelog.adapters.tape import TArg
 from tracelog.ir import TensorType, is_symbolic
 from tracelog.ops import TRACELOG_DOMAIN
+from tracelog.registry import Table
 
-from .builder import ATEN, Ctx, NotSupported
-from .tape import TArg
+ATEN: Table[Converter] = Table("aten")
 
 INT64_MAX = 2**63 - 1
 _REDUCTION = {0: "none", 1: "mean", 2: "sum"}

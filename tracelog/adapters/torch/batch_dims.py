@@ -16,10 +16,10 @@ from typing import Any
 
 import torch
 
-from tracelog.adapters.tape import map_targs
+from tracelog.adapters.tape import Ref, Tape, TArg, map_targs
 from tracelog.ir import BATCH, batch_dim
 
-from .tape import Ref, Tape, TArg, flatten_tensors
+from .tensors import flatten_tensors
 
 _TORCH_DTYPES = {
     "float32": torch.float32,

@@ -1,5 +1,5 @@
-"""PyTorch specifics of the tape: dtype names, constant digests, and the
-tensors of an op's result."""
+"""PyTorch tensors as the tape sees them: dtype names, constant digests, the
+tensors of an op's result, and arrays for the log."""
 
 from __future__ import annotations
 
@@ -7,15 +7,6 @@ from typing import Any
 
 import torch
 
-from tracelog.adapters.tape import (  # noqa: F401 - re-exported for the torch adapter
-    ConstInfo,
-    Rec,
-    Ref,
-    Tape,
-    TArg,
-    symbolic_ints,
-    symbolic_shape,
-)
 from tracelog.ir import array_digest
 
 _DTYPES = {
