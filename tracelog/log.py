@@ -14,6 +14,7 @@ from __future__ import annotations
 import hashlib
 import json
 import os
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -22,12 +23,12 @@ import numpy as np
 
 from tracelog.errors import LogError
 from tracelog.ir import Graph
+from tracelog.sample import SAMPLE_FILE, SampleInfo, decode_sample, encode_sample
 
 FORMAT = "tracelog"
 FORMAT_VERSION = 1
 TRACE_FILE = "trace.json"
 WEIGHTS_FILE = "weights.safetensors"
-SAMPLE_FILE = "sample.safetensors"
 MAX_FAILURE_DETAILS = 20
 
 Position = tuple[int, int]  # (epoch, batch index within the epoch and phase)
@@ -95,7 +96,7 @@ class TraceLog:
         self.recorded = 0
         self.unrecorded = 0
         self.failures: list[dict[str, Any]] = []
-        self.sample_info: dict[str, Any] | None = None
+        self.sample_info: SampleInfo | None = None
         self.constants: dict[str, np.ndarray] = {}
         self._dir: Path | None = None
 
@@ -154,19 +155,19 @@ class TraceLog:
             raise LogError(f"no graph with hash {digest} in this log") from None
 
     def weights(self) -> dict[str, np.ndarray]:
-        return self._load_tensors(WEIGHTS_FILE)
+        return self._load_tensors(WEIGHTS_FILE, _decode_tensors)
 
     def sample(self) -> dict[str, np.ndarray]:
-        return self._load_tensors(SAMPLE_FILE)
+        return self._load_tensors(SAMPLE_FILE, decode_sample)
 
-    def _load_tensors(self, name: str) -> dict[str, np.ndarray]:
+    def _load_tensors(
+        self, name: str, decode: Callable[[bytes], dict[str, np.ndarray]]
+    ) -> dict[str, np.ndarray]:
         if self._dir is None:
             raise LogError("this log has not been written or loaded from disk")
-        from safetensors.numpy import load
-
         path = self._dir / name
         try:
-            return dict(load(path.read_bytes()))
+            return decode(path.read_bytes())
         except Exception as e:  # OSError, or safetensors' own error type
             raise LogError(f"{path}: cannot read tensors ({_one_line(e)})") from None
 
@@ -217,10 +218,7 @@ class TraceLog:
             tensors[f"const/{digest}"] = _contiguous(arr)
         blobs = {WEIGHTS_FILE: save(tensors)}
         if sample is not None:
-            blobs[SAMPLE_FILE] = save(
-                {k: _contiguous(v) for k, v in sample.items()},
-                metadata=sample_metadata,
-            )
+            blobs[SAMPLE_FILE] = encode_sample(sample, sample_metadata)
         files = {}
         for name, blob in blobs.items():
             _atomic_write(path / name, blob)
@@ -295,6 +293,12 @@ class TraceLog:
 def load(log_dir: str | os.PathLike[str]) -> TraceLog:
     """Read a log directory written by a listener."""
     return TraceLog.load(log_dir)
+
+
+def _decode_tensors(data: bytes) -> dict[str, np.ndarray]:
+    from safetensors.numpy import load
+
+    return dict(load(data))
 
 
 def _contiguous(a: np.ndarray) -> np.ndarray:

@@ -8,6 +8,7 @@ import importlib.util
 import os
 import types
 from pathlib import Path
+from typing import Any
 
 import numpy as np
 
@@ -16,7 +17,8 @@ from tracelog.emit.program import Target, build_program, write_program
 from tracelog.ir import Node
 from tracelog.log import TraceLog
 from tracelog.passes.layout import TO_NHWC
-from tracelog.verify import Comparison, Report, all_values, compare, sample_feeds
+from tracelog.sample import LOSS_KEY, input_key, output_key, sample_feeds, update_key
+from tracelog.verify import Comparison, Report, all_values, compare
 
 
 def check_onnx(log_dir: str | os.PathLike[str], *, atol: float, rtol: float) -> Report:
@@ -44,11 +46,11 @@ def check_onnx(log_dir: str | os.PathLike[str], *, atol: float, rtol: float) -> 
     )
     for out, value in zip(sess.get_outputs(), results, strict=True):
         if out.name.startswith("prediction"):
-            want = sample[f"output/{out.name}"]
+            want = sample[output_key(out.name)]
         elif out.name.startswith("update:"):
-            want = sample[f"update/{out.name[7:]}"]
+            want = sample[update_key(out.name[7:])]
         elif out.name == "loss":
-            want = sample["loss"]
+            want = sample[LOSS_KEY]
         else:
             continue  # a feature the loss graph reads: checked through the loss
         report.comparisons.append(compare(out.name, value, want, atol, rtol))
@@ -102,7 +104,7 @@ def node_comparisons(
     """Every node output of the sample's prediction and loss graphs, as the
     emitted program computes it, against onnx.reference on the same inputs.
     Values the program computes in another layout are skipped."""
-    info = log.sample_info or {}
+    info: dict[str, Any] = dict(log.sample_info or {})
     module = _module_from_text(build_program(log, target, trace=True), "tracelog_trace")
     sample = log.sample()
     weights = log.weights()
@@ -115,8 +117,8 @@ def node_comparisons(
     for out in pred.outputs:
         if out.name in ref_pred:
             loss_feeds[out.role] = ref_pred[out.name]
-        elif f"input/{out.name}" in sample:
-            loss_feeds[out.role] = sample[f"input/{out.name}"]
+        elif input_key(out.name) in sample:
+            loss_feeds[out.role] = sample[input_key(out.name)]
     ref_loss = all_values(loss, loss_feeds, constants=weights)
     found = []
     for kind, graph, ref in (("prediction", pred, ref_pred), ("loss", loss, ref_loss)):

@@ -18,6 +18,7 @@ from tracelog.emit.onnx import graph_to_onnx
 from tracelog.errors import LogError
 from tracelog.ir import Graph
 from tracelog.log import TraceLog
+from tracelog.sample import LOSS_KEY, output_key, sample_feeds, update_key
 
 RUNTIMES = ("reference", "onnxruntime")
 
@@ -103,19 +104,6 @@ def run_graph(
     return {out.role: np.asarray(r) for out, r in zip(graph.outputs, results, strict=True)}
 
 
-def sample_feeds(sample: dict[str, np.ndarray]) -> dict[str, np.ndarray]:
-    """Graph inputs by name from a sample: data, targets, parameters and
-    buffers of that moment, and dropout masks as "mask.<k>"."""
-    feeds: dict[str, np.ndarray] = {}
-    for key, arr in sample.items():
-        kind, _, name = key.partition("/")
-        if kind in ("input", "param", "buffer", "target"):
-            feeds[name] = arr
-        elif kind == "mask":
-            feeds[f"mask.{name}"] = arr
-    return feeds
-
-
 def all_values(
     graph: Graph,
     feeds: dict[str, np.ndarray],
@@ -150,14 +138,14 @@ def verify(
     got = run_graph(pred, feeds, runtime=runtime, constants=weights)
     for role, value in got.items():
         if role.startswith("prediction"):
-            report.comparisons.append(compare(role, value, sample[f"output/{role}"], atol, rtol))
+            report.comparisons.append(compare(role, value, sample[output_key(role)], atol, rtol))
         elif role.startswith("update:"):
             buf = role.split(":", 1)[1]
-            report.comparisons.append(compare(role, value, sample[f"update/{buf}"], atol, rtol))
+            report.comparisons.append(compare(role, value, sample[update_key(buf)], atol, rtol))
 
     loss = log.graph(info["loss"])
     loss_feeds = dict(feeds)
     loss_feeds.update(got)  # the loss graph reads the prediction graph's outputs by role
     got_loss = run_graph(loss, loss_feeds, runtime=runtime, constants=weights)
-    report.comparisons.append(compare("loss", got_loss["loss"], sample["loss"], atol, rtol))
+    report.comparisons.append(compare("loss", got_loss["loss"], sample[LOSS_KEY], atol, rtol))
     return report

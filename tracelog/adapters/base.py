@@ -1,29 +1,333 @@
-"""What the PyTorch and TensorFlow listeners share: the epoch, per-phase batch
-counters, the open/nesting checks of ``listener.batch()``, counting a batch
-unrecorded (warning once per reason), and the context-manager protocol. The
-adapters keep what differs: how ops are seen and how a batch is recorded."""
+"""What the PyTorch and TensorFlow listeners share.
+
+``WindowBase`` is one batch window: the tape and the bookkeeping that fills it
+(module enter/exit and where the model's forward starts and ends, binding the
+data inputs and predictions, which region an op falls in, turning a tensor
+into a TArg, targets and constants met from outside, recording an op, the
+loss, failing open). ``ListenerBase`` is the listener around it: epochs and
+per-phase batch counters, the ``listener.batch()`` flow, counting a batch
+unrecorded (warning once per reason), building and deduplicating the graphs
+of a batch, taking the sample, and writing the log on ``close()``.
+
+An adapter subclasses both and keeps only what differs: how it sees ops and
+tensors (a dispatch mode or an op callback; ``torch.Tensor`` or
+``tf.Tensor``), how it names inputs and outputs, which tensor is the loss,
+and how it takes gradients for the sample.
+"""
 
 from __future__ import annotations
 
+import contextlib
 import logging
-from collections.abc import Iterator
+import os
+from abc import ABC, abstractmethod
+from collections.abc import Callable, Iterable, Iterator
+from contextlib import AbstractContextManager
+from dataclasses import dataclass
 from typing import Any
 
+import numpy as np
+
+from tracelog.adapters.builder import Builder, Converter
+from tracelog.adapters.tape import ConstInfo, Rec, Ref, Tape, TArg, symbolic_shape
+from tracelog.ir import Graph
 from tracelog.log import TraceLog
+from tracelog.registry import Table
+from tracelog.sample import build_sample, sample_info
 
 logger = logging.getLogger("tracelog")
 
+# ref kinds that come from the model: a data input, a parameter, a buffer, a recorded op
+MODEL_KINDS = ("i", "p", "b", "o")
+LOSS_NOT_COMPUTED = "listener.loss() got a tensor that was not computed in this batch"
 
-class ListenerBase:
+Counted = tuple[str, str | None]  # (prediction hash, loss hash or None)
+
+
+def describe(e: BaseException) -> str:
+    """An exception as one line of a log's failure list."""
+    return f"{type(e).__name__}: {' '.join(str(e).split())}"[:300]
+
+
+class WindowBase(ABC):
+    """One batch window: its tape and the bookkeeping to fill it. A framework
+    says how it sees a tensor (``dtype_of``, ``shape_of``, ...) and names its
+    inputs and outputs; ops reach ``record`` through the framework's ``on_op``."""
+
+    listener: ListenerBase
+
+    def __init__(self, listener: ListenerBase, phase: str, epoch: int, batch: int) -> None:
+        self.listener = listener
+        self.phase, self.epoch, self.batch = phase, epoch, batch  # batch -1: set at the end
+        self.tape = Tape()
+        self.refs: dict[int, Ref] = {}
+        self.taint: set[Ref] = set()  # refs derived from the data inputs
+        self.keep: list[Any] = []  # keeps ids stable for the window's life
+        self.rec_out: list[list[Any]] = []
+        self.stack: list[tuple[str, str]] = []  # (module path, class name)
+        self.root_depth = 0
+        self.root_calls = 0
+        self.root_done = False
+        self.recording = True
+        self.error: str | None = None
+        self.explicit_loss: Ref | None = None
+        self.last_scalar: Ref | None = None
+        self.input_tensors: dict[str, Any] = {}
+        self.output_tensors: dict[str, Any] = {}
+        self.target_tensors: list[Any] = []
+
+    # -- how the framework sees a tensor -------------------------------------------------
+    @abstractmethod
+    def dtype_of(self, t: Any) -> str:
+        raise NotImplementedError
+
+    @abstractmethod
+    def shape_of(self, t: Any) -> tuple[int, ...]:
+        raise NotImplementedError
+
+    @abstractmethod
+    def is_float_scalar(self, t: Any) -> bool:
+        raise NotImplementedError
+
+    @abstractmethod
+    def digest_of(self, t: Any) -> str:
+        """The digest of a constant's contents (dtype, shape and bytes)."""
+        raise NotImplementedError
+
+    @abstractmethod
+    def named_inputs(self, args: Any, kwargs: Any) -> list[tuple[str, Any]]:
+        """The data tensors of the root module's first call, by input name."""
+        raise NotImplementedError
+
+    @abstractmethod
+    def named_outputs(self, output: Any) -> list[tuple[str, Any]]:
+        """The root module's prediction tensors, by role."""
+        raise NotImplementedError
+
+    @abstractmethod
+    def mask(self, rec_index: int) -> np.ndarray:
+        """The keep mask (bool) the dropout record ``rec_index`` drew."""
+        raise NotImplementedError
+
+    # -- failing open -----------------------------------------------------------------
+    def fail(self, e: BaseException) -> None:
+        """Stop recording this batch (strict listeners raise instead)."""
+        if self.listener.strict:
+            raise e
+        self.stop(describe(e))
+
+    def stop(self, reason: str) -> None:
+        self.recording = False
+        self.error = reason
+
+    def guarded(self, fn: Callable[..., None], *args: Any) -> None:
+        """Call ``fn(*args)`` while recording; an exception fails the batch open."""
+        if not self.recording:
+            return
+        try:
+            fn(*args)
+        except Exception as e:  # fail open: training goes on, the batch is unrecorded
+            self.fail(e)
+
+    # -- module calls -------------------------------------------------------------------
+    def enter_module(self, path: str, tname: str, is_root: bool, args: Any, kwargs: Any) -> None:
+        if is_root:
+            if self.root_depth == 0:
+                self.root_calls += 1
+                if self.root_calls == 1:
+                    self.start_forward(args, kwargs)
+            self.root_depth += 1
+        self.stack.append((path, tname))
+
+    def exit_module(self, is_root: bool, output: Any) -> None:
+        if self.stack:
+            self.stack.pop()
+        if is_root:
+            self.root_depth -= 1
+            if self.root_depth == 0 and self.root_calls == 1:
+                self.bind_outputs(self.named_outputs(output))
+                self.root_done = True
+
+    def start_forward(self, args: Any, kwargs: Any) -> None:
+        """The root module's first call begins: bind its data inputs."""
+        self.bind_inputs(self.named_inputs(args, kwargs))
+
+    def bind_inputs(self, named: list[tuple[str, Any]]) -> None:
+        """Data inputs: the batch size is the leading dim of the first one that has a dim."""
+        for name, t in named:
+            shape = self.shape_of(t)
+            if self.tape.batch_size is None and len(shape) >= 1:
+                self.tape.batch_size = int(shape[0])
+            ref: Ref = ("i", name)
+            self.refs[id(t)] = ref
+            self.taint.add(ref)
+            self.keep.append(t)
+            self.input_tensors[name] = t
+        for name, t in self.input_tensors.items():
+            self.tape.inputs[name] = self.targ(t, ("i", name), True)
+
+    def bind_outputs(self, named: list[tuple[str, Any]]) -> None:
+        """Predictions: the root's outputs that recorded ops computed."""
+        for role, t in named:
+            ref = self.refs.get(id(t))
+            if ref is None or ref[0] in ("c", "t"):
+                continue
+            self.tape.outputs.append((role, ref))
+            self.output_tensors[role] = t
+
+    # -- ops --------------------------------------------------------------------------
+    def region(self) -> str | None:
+        """Where an op now falls: "pred" inside the root's first call, "post"
+        after it (the loss), None before it (data preparation)."""
+        if self.root_depth > 0 and self.root_calls == 1:
+            return "pred"
+        if self.root_done:
+            return "post"
+        return None
+
+    def from_model(self, tensors: Iterable[Any]) -> bool:
+        """Does any of these tensors come from the model: a data input, a
+        parameter, a buffer or a recorded op's output?"""
+        for t in tensors:
+            ref = self.refs.get(id(t))
+            if ref is not None and ref[0] in MODEL_KINDS:
+                return True
+        return False
+
+    def targ(self, t: Any, ref: Ref, tainted: bool) -> TArg:
+        return TArg(
+            ref, self.dtype_of(t), symbolic_shape(self.shape_of(t), self.tape.batch_size, tainted)
+        )
+
+    def arg(self, t: Any, region: str) -> TArg:
+        """A tensor argument of an op; a tensor from outside the window becomes
+        a target or a constant."""
+        ref = self.refs.get(id(t))
+        if ref is None:
+            ref = self.unknown(t, region)
+            self.refs[id(t)] = ref
+            self.keep.append(t)
+        return self.targ(t, ref, ref in self.taint)
+
+    def unknown(self, t: Any, region: str) -> Ref:
+        """A tensor from outside the window: a target when the loss region
+        meets it with a batch-sized leading dim, else a constant."""
+        shape = self.shape_of(t)
+        batch = self.tape.batch_size
+        if region == "post" and len(shape) >= 1 and batch is not None and shape[0] == batch:
+            ref: Ref = ("t", len(self.tape.targets))
+            self.taint.add(ref)
+            self.tape.targets.append(self.targ(t, ref, True))
+            self.target_tensors.append(t)
+            return ref
+        return self.constant(t, region)
+
+    def constant(self, t: Any, region: str) -> Ref:
+        ref: Ref = ("c", len(self.tape.consts))
+        self.tape.consts.append(ConstInfo(t, self.digest_of(t)))
+        return ref
+
+    def record(
+        self,
+        op: str,
+        region: str,
+        args: tuple[Any, ...],
+        kwargs: tuple[tuple[str, Any], ...],
+        outs: list[Any],
+        n_returned: int,
+        tainted: bool,
+        func: Any,
+        mutated: tuple[int, ...] = (),
+    ) -> int:
+        """Append one op to the tape: ``outs`` are its returned tensors, then
+        those it wrote in place. Returns the record's index."""
+        index = len(self.tape.recs)
+        targs = []
+        for k, t in enumerate(outs):
+            ref: Ref = ("o", index, k)
+            if tainted:
+                self.taint.add(ref)
+            self.refs[id(t)] = ref
+            self.keep.append(t)
+            targs.append(self.targ(t, ref, tainted))
+        self.rec_out.append(outs)
+        module = self.stack[-1] if self.stack else ("", "")
+        self.tape.recs.append(
+            Rec(
+                index,
+                op,
+                region,
+                module,
+                args,
+                kwargs,
+                tuple(targs),
+                n_returned,
+                tainted,
+                func,
+                mutated,
+            )
+        )
+        if region == "post":
+            for k, t in enumerate(outs[:n_returned]):
+                if self.is_float_scalar(t):
+                    self.last_scalar = ("o", index, k)
+                    break  # an op's first scalar: nll_loss's second is its total weight
+        return index
+
+    # -- the loss -----------------------------------------------------------------------
+    def mark_loss(self, t: Any) -> None:
+        ref = self.refs.get(id(t))
+        if ref is None:
+            raise ValueError(LOSS_NOT_COMPUTED)
+        self.explicit_loss = ref
+
+    def loss_ref(self) -> Ref | None:
+        return self.explicit_loss or self.last_scalar
+
+    def tensor(self, ref: Ref) -> Any:
+        if ref[0] == "o":
+            return self.rec_out[ref[1]][ref[2]]
+        if ref[0] == "i":
+            return self.input_tensors[ref[1]]
+        raise KeyError(ref)
+
+
+@dataclass
+class StateBefore:
+    """The model's state when a sampled batch began, as arrays; ``grad_state``
+    is what the framework needs to take that batch's gradients at the end."""
+
+    params: dict[str, np.ndarray]
+    buffers: dict[str, np.ndarray]
+    grad_state: Any = None
+
+
+class ListenerBase(ABC):
+    """A listener: ``with listener.batch():`` around each batch, ``close()`` at the end."""
+
     log: TraceLog
+    rules: Table[Converter]  # the source-op -> IR rule table
+    grads_from: str = ""  # how the sample's gradients are taken, for trace.json
+    # the failure reasons logs have always carried
+    no_forward_reason = "the model was not called inside the batch window"
+    raised_reason = "the batch raised {}"
 
-    def __init__(self, log: TraceLog) -> None:
+    def __init__(
+        self, log: TraceLog, model: Any, log_dir: str | os.PathLike[str], strict: bool
+    ) -> None:
         self.log = log
+        self.model = model
+        self.log_dir = log_dir
+        self.strict = strict  # raise recording errors instead of failing open (for tests)
         self.epoch = 0
         self._window: Any = None
         self._counters: dict[tuple[int, str], int] = {}
         self._errors_logged: set[str] = set()
         self._closed = False
+        self._cache: dict[Any, tuple[str, str | None, list[int]]] = {}
+        self._sample: dict[str, np.ndarray] | None = None
+        # what the last window counted: (prediction hash, loss hash) or the reason it was not
+        self.last_counted: Counted | str | None = None
 
     # -- public API ----------------------------------------------------------------------
     def epochs(self, n: int) -> Iterator[int]:
@@ -35,8 +339,53 @@ class ListenerBase:
     def set_epoch(self, epoch: int) -> None:
         self.epoch = int(epoch)
 
-    def close(self) -> TraceLog:  # pragma: no cover - each adapter writes its own log
-        raise NotImplementedError
+    @property
+    def closed(self) -> bool:
+        """Has ``close()`` written the log? A closed listener records nothing more."""
+        return self._closed
+
+    @contextlib.contextmanager
+    def batch(self, *, epoch: int | None = None) -> Iterator[Any]:
+        """The window of one batch: the forward, the loss and (optionally) the backward."""
+        self._open_batch(epoch)
+        w = self._new_window()
+        before = self._state_before(w) if self._sample is None else None
+        self._window = w
+        raised: BaseException | None = None
+        try:
+            with self._watching(w, before):
+                yield self
+        except BaseException as e:
+            raised = e
+            raise
+        finally:
+            self._window = None
+            if w.batch < 0:  # the phase is known once the model ran
+                w.batch = self._next_batch(w.phase)
+            if raised is not None:  # the user's error: never re-raised as a recording error
+                w.stop(self.raised_reason.format(type(raised).__name__))
+            self._finish(w, before)
+
+    def loss(self, t: Any) -> Any:
+        """Mark the loss of this batch (when it is not the last scalar computed)."""
+        w = self._window
+        if w is None:
+            raise RuntimeError("listener.loss() must be called inside listener.batch()")
+        try:  # not guarded by w.recording: a later error replaces an earlier one
+            w.mark_loss(t)
+        except Exception as e:
+            w.fail(e)
+        return t
+
+    def close(self) -> TraceLog:
+        """Write the log directory and detach from the model. Idempotent."""
+        if self._closed:
+            return self.log
+        self._closed = True
+        self._detach()
+        self.log.model = self._model_facts()
+        self.log.write(self.log_dir, self._weights(), self._sample)
+        return self.log
 
     def __enter__(self) -> Any:
         return self
@@ -44,7 +393,62 @@ class ListenerBase:
     def __exit__(self, *exc: object) -> None:
         self.close()
 
-    # -- for the adapters --------------------------------------------------------------------
+    # -- what each framework supplies ------------------------------------------------------
+    @abstractmethod
+    def _new_window(self) -> WindowBase:
+        raise NotImplementedError
+
+    @abstractmethod
+    def _watching(self, w: Any, before: StateBefore | None) -> AbstractContextManager[Any]:
+        """Seeing the window's ops while the batch runs."""
+        raise NotImplementedError
+
+    @abstractmethod
+    def _state_before(self, w: Any) -> StateBefore | None:
+        """The state a sample needs from the start of the batch; None for a
+        batch that cannot be the sample."""
+        raise NotImplementedError
+
+    @abstractmethod
+    def _close_tape(self, w: Any) -> None:
+        """The batch ran: set the tape's loss and buffer updates."""
+        raise NotImplementedError
+
+    @abstractmethod
+    def _trainable(self) -> dict[str, bool]:
+        raise NotImplementedError
+
+    @abstractmethod
+    def _exact_tape(self, w: Any) -> Tape | None:
+        """The tape with exact batch dims from a replay; None if it fails."""
+        raise NotImplementedError
+
+    @abstractmethod
+    def _to_numpy(self, t: Any) -> np.ndarray:
+        raise NotImplementedError
+
+    @abstractmethod
+    def _gradients(self, w: Any, before: StateBefore, loss: Any) -> dict[str, np.ndarray]:
+        """The gradient of the loss for each trainable parameter that has one."""
+        raise NotImplementedError
+
+    @abstractmethod
+    def _buffer_now(self, name: str) -> np.ndarray:
+        raise NotImplementedError
+
+    @abstractmethod
+    def _detach(self) -> None:
+        raise NotImplementedError
+
+    @abstractmethod
+    def _model_facts(self) -> dict[str, Any]:
+        raise NotImplementedError
+
+    @abstractmethod
+    def _weights(self) -> dict[str, np.ndarray]:
+        raise NotImplementedError
+
+    # -- the flow ----------------------------------------------------------------------
     def _open_batch(self, epoch: int | None) -> None:
         """The checks at the start of ``listener.batch()``."""
         if self._closed:
@@ -69,3 +473,73 @@ class ListenerBase:
             logger.warning(
                 "tracelog: batch (epoch %d, batch %d) not recorded: %s", epoch, batch, reason
             )
+
+    def _finish(self, w: WindowBase, before: StateBefore | None) -> None:
+        try:
+            if w.recording:
+                self._record(w, before)
+        except Exception as e:
+            w.fail(e)
+        if not w.recording:
+            self.last_counted = w.error or "unknown error"
+            self._count_unrecorded(w.phase, w.epoch, w.batch, w.error)
+
+    def _record(self, w: WindowBase, before: StateBefore | None) -> None:
+        if w.root_calls == 0:
+            raise RuntimeError(self.no_forward_reason)
+        self._close_tape(w)
+        fp = w.tape.fingerprint()
+        cached = self._cache.get(fp)
+        if cached is None:
+            pred, loss_graph, masks = self._graphs(w)
+            ph = self.log.add_graph(pred)
+            lh = self.log.add_graph(loss_graph) if loss_graph is not None else None
+            cached = self._cache[fp] = (ph, lh, masks)
+        ph, lh, masks = cached
+        self.log.count(w.phase, ph, lh, w.epoch, w.batch)
+        self.last_counted = (ph, lh)
+        if before is not None and lh is not None and w.phase == "train":
+            self._take_sample(w, before, ph, lh, masks)
+
+    def _graphs(self, w: WindowBase) -> tuple[Graph, Graph | None, list[int]]:
+        """The batch's prediction and loss graphs (exact batch dims from a
+        replay; the equal-size guess if it fails) and its dropout records."""
+        trainable = self._trainable()
+        tape = self._exact_tape(w) or w.tape
+        builder = Builder(tape, trainable, self.log.constants, self.rules, self._to_numpy)
+        builder.convert()
+        return builder.graphs()
+
+    def _take_sample(
+        self, w: WindowBase, before: StateBefore, ph: str, lh: str, masks: list[int]
+    ) -> None:
+        assert w.tape.loss is not None
+        loss_t = w.tensor(w.tape.loss)
+        array = self._to_array
+        self._sample = build_sample(
+            inputs={name: array(t) for name, t in w.input_tensors.items()},
+            targets=[array(t) for t in w.target_tensors],
+            masks=[w.mask(rec_index) for rec_index in masks],
+            outputs={role: array(t) for role, t in w.output_tensors.items()},
+            loss=array(loss_t),
+            grads=self._gradients(w, before, loss_t),
+            params=before.params,
+            buffers=before.buffers,
+            updates={name: self._buffer_now(name) for name, _ref in w.tape.buffer_updates},
+        )
+        self.log.sample_info = sample_info(
+            epoch=w.epoch,
+            batch=w.batch,
+            phase=w.phase,
+            prediction=ph,
+            loss=lh,
+            masks=len(masks),
+            grads_from=self._grads_from(w),
+        )
+
+    def _to_array(self, t: Any) -> np.ndarray:
+        """A tensor as an array the sample owns."""
+        return self._to_numpy(t)
+
+    def _grads_from(self, w: Any) -> str:
+        return self.grads_from

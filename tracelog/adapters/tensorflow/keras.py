@@ -68,7 +68,7 @@ class TracelogCallback(keras.callbacks.Callback):
         return not self._run_eagerly()
 
     def _ensure_listener(self) -> TFListener:
-        if self.listener is not None and self.listener._closed and not self._warned_closed:
+        if self.listener is not None and self.listener.closed and not self._warned_closed:
             self._warned_closed = True
             logger.warning(
                 "tracelog: this TracelogCallback already wrote %s; "
@@ -127,7 +127,7 @@ class TracelogCallback(keras.callbacks.Callback):
     def _open_window(self) -> None:
         listener = self._ensure_listener()
         self._close_window()
-        if listener._closed:  # a later fit/evaluate with this callback: its log is written
+        if listener.closed:  # a later fit/evaluate with this callback: its log is written
             return
         self._open = listener.batch()
         self._open.__enter__()
@@ -215,7 +215,7 @@ class TracelogCallback(keras.callbacks.Callback):
 
     def _replay_or_count(self, traced: _TracedStep, data: Any) -> None:
         listener = self._ensure_listener()
-        if listener._closed:
+        if listener.closed:
             return
         if traced.counted is not None:
             listener.count_traced(traced.phase, traced.counted)

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 from typing import Any
 
+import numpy as np
 import torch
 
 from tracelog.ir import array_digest
@@ -46,4 +47,10 @@ def flatten_tensors(out: Any, found: list[torch.Tensor]) -> None:
 
 
 def to_numpy(t: torch.Tensor) -> Any:
+    """A view of the tensor's data (for constants the Builder copies anyway)."""
     return t.detach().cpu().numpy()
+
+
+def to_array(t: torch.Tensor) -> np.ndarray:
+    """A contiguous copy of the tensor's data that the log owns (sample, weights)."""
+    return t.detach().cpu().contiguous().numpy().copy()

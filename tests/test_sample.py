@@ -1,0 +1,96 @@
+"""The sample module owns the sample's keys and file format: what a listener
+builds reads back the same, and replays find their inputs under it."""
+
+from __future__ import annotations
+
+import numpy as np
+import torch
+from helpers import record
+from zoo import CNNBnDrop
+
+import tracelog
+from tracelog.sample import (
+    LOSS_KEY,
+    build_sample,
+    decode_sample,
+    encode_sample,
+    grad_key,
+    input_key,
+    mask_key,
+    masks_as_rng,
+    rng_key,
+    sample_feeds,
+    target_key,
+    update_key,
+)
+
+
+def _parts() -> dict:
+    rng = np.random.default_rng(0)
+    return {
+        "inputs": {"x": rng.random((2, 3), dtype=np.float32)},
+        "targets": [np.array([1, 0]), np.array([0.5, 2.0])],
+        "masks": [np.array([[True, False, True]])],
+        "outputs": {"prediction": rng.random((2, 4), dtype=np.float32)},
+        "loss": np.array(0.25, dtype=np.float32),
+        "grads": {"fc.weight": np.ones((4, 3), np.float32)},
+        "params": {"fc.weight": np.zeros((4, 3), np.float32)},
+        "buffers": {"bn.running_mean": np.zeros(4, np.float32)},
+        "updates": {"bn.running_mean": np.full(4, 0.1, np.float32)},
+    }
+
+
+def test_build_encode_decode_round_trip() -> None:
+    parts = _parts()
+    sample = build_sample(**parts)
+    assert sorted(sample) == sorted(
+        [
+            "input/x",
+            "target/target",
+            "target/target_1",
+            "mask/0",
+            "output/prediction",
+            "loss",
+            "grad/fc.weight",
+            "param/fc.weight",
+            "buffer/bn.running_mean",
+            "update/bn.running_mean",
+        ]
+    )
+    back = decode_sample(encode_sample(sample, {"note": "x"}))
+    assert sorted(back) == sorted(sample)
+    for k, a in sample.items():
+        assert back[k].dtype == a.dtype and back[k].shape == a.shape, k
+        np.testing.assert_array_equal(back[k], a)
+    assert back[LOSS_KEY].shape == ()  # a 0-d loss stays 0-d
+
+
+def test_feeds_and_rng_name_graph_inputs() -> None:
+    sample = build_sample(**_parts())
+    feeds = sample_feeds(sample)
+    assert sorted(feeds) == sorted(
+        ["x", "target", "target_1", "fc.weight", "bn.running_mean", rng_key(0)]
+    )
+    assert feeds["fc.weight"] is sample["param/fc.weight"]
+    assert list(masks_as_rng(sample)) == [rng_key(0)]
+
+
+def test_a_recorded_run_writes_the_sample_through_the_module(tmp_path) -> None:
+    torch.manual_seed(0)
+    model = CNNBnDrop()
+    batches = [(torch.randn(4, 3, 8, 8), torch.randint(0, 5, (4,)))]
+    record(model, tmp_path, batches, torch.nn.functional.cross_entropy, eval_batches=0)
+    log = tracelog.load(tmp_path)
+    sample = log.sample()
+    info = log.sample_info
+    assert info is not None
+    assert set(info) == {"epoch", "batch", "phase", "prediction", "loss", "masks", "grads_from"}
+    assert info["grads_from"] == "backward" and info["masks"] >= 1
+    assert mask_key(info["masks"] - 1) in sample
+    assert input_key("x") in sample and target_key("target") in sample
+    for name, _p in model.named_parameters():
+        assert grad_key(name) in sample, name
+    assert any(k.startswith(update_key("")) for k in sample)  # batch-norm statistics
+    np.testing.assert_array_equal(
+        sample[input_key("x")], batches[0][0].numpy()
+    )  # the batch as it ran

@@ -1,0 +1,181 @@
+"""The recorded sample batch: the one module that knows its file and its keys.
+
+``sample.safetensors`` holds one training batch as it ran: data inputs,
+targets, dropout masks, predictions, buffer updates, the loss, parameter
+gradients, and the parameters and buffers of that moment. Adapters write it,
+parity and verification read it, and emitted programs read it too: the key
+functions below (standard library only) are inlined into every program by
+``tracelog.emit.inline``, so a program and this package never disagree.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping, Sequence
+from typing import Any, TypedDict
+
+import numpy as np
+
+SAMPLE_FILE = "sample.safetensors"
+LOSS_KEY = "loss"
+
+
+def input_key(name: str) -> str:
+    """A data input of the prediction graph (``x``) or of the loss graph."""
+    return "input/" + name
+
+
+def target_key(name: str) -> str:
+    """A target of the loss graph (``target``, ``target_1``, ...)."""
+    return "target/" + name
+
+
+def target_name(k: int) -> str:
+    """The loss graph's name for the k-th target tensor."""
+    return "target" if k == 0 else f"target_{k}"
+
+
+def mask_key(k: int) -> str:
+    """The mask the k-th dropout node drew, in recording order."""
+    return f"mask/{k}"
+
+
+def rng_key(k: int) -> str:
+    """The key under which a program's rng dict holds the k-th mask."""
+    return f"mask.{k}"
+
+
+def output_key(role: str) -> str:
+    """A prediction output, by its role (``prediction``, ``prediction_1``)."""
+    return "output/" + role
+
+
+def update_key(name: str) -> str:
+    """A buffer's value after the batch (batch-norm running statistics)."""
+    return "update/" + name
+
+
+def grad_key(name: str) -> str:
+    """The gradient of the loss with respect to a trainable parameter."""
+    return "grad/" + name
+
+
+def param_key(name: str) -> str:
+    """A parameter as it was when the batch ran (before the optimizer step)."""
+    return "param/" + name
+
+
+def buffer_key(name: str) -> str:
+    """A buffer as it was when the batch ran."""
+    return "buffer/" + name
+
+
+def masks_as_rng(sample: dict[str, Any]) -> dict[str, Any]:
+    """The sample's dropout masks as the rng dict a program's functions take."""
+    return {rng_key(int(k[len("mask/") :])): v for k, v in sample.items() if k.startswith("mask/")}
+
+
+# The functions an emitted program inlines, in this order.
+INLINED = (
+    input_key,
+    target_key,
+    mask_key,
+    rng_key,
+    output_key,
+    update_key,
+    grad_key,
+    param_key,
+    buffer_key,
+    masks_as_rng,
+)
+
+
+# -- the package's side: writing and reading the file --------------------------------------------
+Arrays = Mapping[str, np.ndarray]
+
+
+class SampleInfo(TypedDict):
+    """What trace.json says about the sample (its ``"sample"`` entry)."""
+
+    epoch: int
+    batch: int
+    phase: str
+    prediction: str  # hash of the prediction graph the batch ran
+    loss: str  # hash of its loss graph
+    masks: int  # how many dropout masks the sample holds
+    grads_from: str  # how the source framework took the gradients
+
+
+def build_sample(
+    *,
+    inputs: Arrays,
+    targets: Sequence[np.ndarray],
+    masks: Sequence[np.ndarray],
+    outputs: Arrays,
+    loss: np.ndarray,
+    grads: Arrays,
+    params: Arrays,
+    buffers: Arrays,
+    updates: Arrays,
+) -> dict[str, np.ndarray]:
+    """The sample of one batch, keyed as the file holds it. ``targets`` and
+    ``masks`` are in recording order; the rest are keyed by name or role."""
+    sample: dict[str, np.ndarray] = {}
+    sample.update((input_key(n), a) for n, a in inputs.items())
+    sample.update((target_key(target_name(k)), a) for k, a in enumerate(targets))
+    sample.update((mask_key(k), a) for k, a in enumerate(masks))
+    sample.update((output_key(role), a) for role, a in outputs.items())
+    sample[LOSS_KEY] = loss
+    sample.update((grad_key(n), a) for n, a in grads.items())
+    sample.update((param_key(n), a) for n, a in params.items())
+    sample.update((buffer_key(n), a) for n, a in buffers.items())
+    sample.update((update_key(n), a) for n, a in updates.items())
+    return sample
+
+
+def sample_info(
+    *,
+    epoch: int,
+    batch: int,
+    phase: str,
+    prediction: str,
+    loss: str,
+    masks: int,
+    grads_from: str,
+) -> SampleInfo:
+    return {
+        "epoch": epoch,
+        "batch": batch,
+        "phase": phase,
+        "prediction": prediction,
+        "loss": loss,
+        "masks": masks,
+        "grads_from": grads_from,
+    }
+
+
+def encode_sample(sample: Arrays, metadata: dict[str, str] | None = None) -> bytes:
+    """The bytes of ``sample.safetensors``."""
+    from safetensors.numpy import save
+
+    # np.require, not np.ascontiguousarray: that one makes a 0-d array (the loss) 1-d
+    return save({k: np.require(a, requirements="C") for k, a in sample.items()}, metadata=metadata)
+
+
+def decode_sample(data: bytes) -> dict[str, np.ndarray]:
+    """The sample from the bytes of ``sample.safetensors``."""
+    from safetensors.numpy import load
+
+    return dict(load(data))
+
+
+def sample_feeds(sample: Arrays) -> dict[str, np.ndarray]:
+    """Graph inputs by name from a sample: data, targets, parameters and
+    buffers of that moment, and dropout masks under their rng names."""
+    feeds: dict[str, np.ndarray] = {}
+    for key, arr in sample.items():
+        kind, _, name = key.partition("/")
+        if kind in ("input", "param", "buffer", "target"):
+            feeds[name] = arr
+        elif kind == "mask":
+            feeds[rng_key(int(name))] = arr
+    return feeds
