@@ -8,16 +8,15 @@ from __future__ import annotations
 import pytest
 
 import tracelog
-from tracelog.emit import PROGRAM_TARGETS, TARGETS, get_target
+from tracelog.emit import PROGRAM_TARGETS, TARGETS, get_target, targets
 from tracelog.emit.common import format_source
 from tracelog.ops import vocabulary
 from tracelog.parity import node_comparisons
 
-FRAMEWORK = {"tensorflow": "tensorflow", "torch": "torch", "jax": "jax", "onnx": "onnxruntime"}
-
 
 def _needs(target: str) -> str:
-    pytest.importorskip(FRAMEWORK[target], reason=f"the {target} target needs it installed")
+    runtime = targets.get(target).runtime
+    pytest.importorskip(runtime, reason=f"the {target} target needs {runtime} installed")
     return target
 
 
@@ -32,11 +31,7 @@ def target(request: pytest.FixtureRequest) -> str:
 
 
 def _table(target: str):  # noqa: ANN202
-    if target == "onnx":
-        from tracelog.emit.onnx_model import ONNX_TABLE
-
-        return ONNX_TABLE
-    return get_target(target).table
+    return targets.get(target).table
 
 
 def test_every_vocabulary_op_has_a_rule_or_is_listed_not_yet(any_target: str) -> None:

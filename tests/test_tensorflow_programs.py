@@ -153,7 +153,7 @@ def test_an_op_form_a_target_cannot_write_exits_2_and_names_it(tmp_path: Path, c
     assert cli(["emit", str(tmp_path / "log"), "--target", "jax"]) == 2
     err = capsys.readouterr().err
     assert err.count("\n") == 1
-    assert "MaxPool (jax: dilated MaxPool) x1 in 1" in err
+    assert "unsupported by target jax: MaxPool (dilated MaxPool) x1 in 1" in err
     assert not (tmp_path / "log" / "program_jax.py").exists()
 
 

@@ -7,7 +7,7 @@ from __future__ import annotations
 from collections.abc import Callable, Iterable
 from typing import Generic, TypeVar
 
-F = TypeVar("F", bound=Callable[..., object])
+F = TypeVar("F")  # a rule: a function, a template, or a schema
 
 
 class Table(Generic[F]):

@@ -1,4 +1,7 @@
-"""Emitters: IR -> programs and models for other frameworks."""
+"""Emitters: IR -> programs and models for other frameworks.
+
+Targets are named in one place, `tracelog.emit.targets`; this package's
+`emit` writes any of them."""
 
 from __future__ import annotations
 
@@ -6,26 +9,20 @@ import os
 import sys
 import types
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING
 
-TARGETS = ("tensorflow", "torch", "jax", "onnx")
-PROGRAM_TARGETS = ("tensorflow", "torch", "jax")
+from tracelog.emit import targets
+
+if TYPE_CHECKING:
+    from tracelog.emit.program import Target
+
+TARGETS = targets.names()
+PROGRAM_TARGETS = targets.names(targets.PROGRAM)
 
 
-def get_target(name: str) -> Any:
-    if name == "tensorflow":
-        from tracelog.emit import tensorflow
-
-        return tensorflow.target()
-    if name == "jax":
-        from tracelog.emit import jax
-
-        return jax.target()
-    if name == "torch":
-        from tracelog.emit import pytorch
-
-        return pytorch.target()
-    raise ValueError(f"unknown program target {name!r}; choose from {', '.join(PROGRAM_TARGETS)}")
+def get_target(name: str) -> Target:
+    """The program target `name` (what the shared program emitter is given)."""
+    return targets.get(name).program
 
 
 def emit(
@@ -34,13 +31,7 @@ def emit(
     """Write the program for `target` (model.onnx for "onnx") into the log
     directory (or `out`); return its path.
     Raises tracelog.UnsupportedOpError, writing nothing, when an op has no rule."""
-    if target == "onnx":
-        from tracelog.emit.onnx_model import write_model
-
-        return write_model(log_dir, out)
-    from tracelog.emit.program import write_program
-
-    return write_program(log_dir, get_target(target), out)
+    return targets.get(target).emit(log_dir, out)
 
 
 class _CallableModule(types.ModuleType):

@@ -13,7 +13,7 @@ from __future__ import annotations
 import json
 import os
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
@@ -24,14 +24,17 @@ from tracelog.ir import Graph
 from tracelog.log import TraceLog
 from tracelog.ops import ONNX_IR_VERSION, ONNX_OPSET, TRACELOG_DOMAIN, TRACELOG_OPSET
 from tracelog.registry import Table
+from tracelog.sample import LOSS_KEY, output_key, update_key
+
+if TYPE_CHECKING:
+    from tracelog.verify import Report
 
 GRAPHS_DOMAIN = "tracelog.graphs"
-FILE_NAME = "model.onnx"
 
 # The ONNX "table": every vocabulary op serialises as itself; tracelog ops as
 # the ONNX functions their schemas give. Kept as a table so that the shared
 # coverage checks treat all targets alike.
-ONNX_TABLE: Table[Any] = Table("onnx")
+TABLE: Table[Any] = Table("onnx")
 
 
 def _fill_table() -> None:
@@ -39,9 +42,9 @@ def _fill_table() -> None:
 
     for schema in vocabulary():
         if schema.domain == TRACELOG_DOMAIN and schema.function is None:
-            ONNX_TABLE.not_yet(schema.qualified, reason="the source op could not be recorded")
+            TABLE.not_yet(schema.qualified, reason="the source op could not be recorded")
         else:
-            ONNX_TABLE.add(schema.qualified, schema)
+            TABLE.add(schema.qualified, schema)
 
 
 _fill_table()
@@ -91,7 +94,7 @@ def build_model(
 
     onnx = _onnx()
     helper = onnx.helper
-    check_supported(log, ONNX_TABLE, "onnx")
+    check_supported(log, TABLE, "onnx")
     info = log.sample_info
     if not info:
         raise LogError("this log has no recorded sample batch to build the main graph from")
@@ -184,10 +187,49 @@ def build_model(
 
 
 def write_model(log_dir: str | os.PathLike[str], out: str | None = None) -> Path:
+    from tracelog.emit.targets import file_name
+
     log = TraceLog.load(log_dir)
     model = build_model(log)
-    path = Path(out) if out else Path(log_dir) / FILE_NAME
+    path = Path(out) if out else Path(log_dir) / file_name("onnx")
     tmp = path.with_name(f".{path.name}.tmp{os.getpid()}")
     tmp.write_bytes(model.SerializeToString(deterministic=True))
     os.replace(tmp, path)
     return path
+
+
+def check_model(log_dir: str | os.PathLike[str], *, atol: float, rtol: float) -> Report:
+    """Write model.onnx, check it with onnx.checker (full), and run its
+    replay form on onnxruntime with the recorded batch: predictions, buffer
+    updates and loss. ONNX has no autodiff, so no gradients."""
+    import onnxruntime as ort
+
+    from tracelog.sample import sample_feeds
+    from tracelog.verify import Report, compare
+
+    onnx = _onnx()
+    path = write_model(log_dir)
+    onnx.checker.check_model(str(path), full_check=True)
+    log = TraceLog.load(log_dir)
+    model = build_model(log, replay_masks=True, params_as_inputs=True)
+    opts = ort.SessionOptions()
+    opts.log_severity_level = 3
+    sess = ort.InferenceSession(model.SerializeToString(), opts, providers=["CPUExecutionProvider"])
+    sample = log.sample()
+    feeds = sample_feeds(sample)
+    wanted = {i.name for i in sess.get_inputs()}
+    results = sess.run(None, {k: v for k, v in feeds.items() if k in wanted})
+    report = Report(
+        f"{path.name} vs recorded batch, run by onnxruntime (atol {atol:g}, rtol {rtol:g})"
+    )
+    for out, value in zip(sess.get_outputs(), results, strict=True):
+        if out.name.startswith("prediction"):
+            want = sample[output_key(out.name)]
+        elif out.name.startswith("update:"):
+            want = sample[update_key(out.name[len("update:") :])]
+        elif out.name == "loss":
+            want = sample[LOSS_KEY]
+        else:
+            continue  # a feature the loss graph reads: checked through the loss
+        report.comparisons.append(compare(out.name, value, want, atol, rtol))
+    return report

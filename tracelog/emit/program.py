@@ -1,28 +1,38 @@
-"""Build a program from a log: one function per unique graph, the parity
-check, a jinja2 skeleton, black. Target specifics come from a Target."""
+"""The one program emitter: a log -> a runnable, black-formatted program.
+
+One function per unique graph (its statements written by the shared op table
+and the target's spellings, `tracelog.emit.rules`), the sample step, and the
+code every program carries, inlined from real modules
+(`tracelog.emit.runtime`, `tracelog.sample`). A target supplies only what
+differs: its spellings, its runtime module (imports, parameter objects,
+autodiff, helpers), its constant syntax and its layout passes.
+"""
 
 from __future__ import annotations
 
 import os
 from collections.abc import Callable
 from dataclasses import dataclass
+from functools import cached_property
 from pathlib import Path
 from typing import Any
 
 import jinja2
 import numpy as np
 
+from tracelog import sample as sample_format
+from tracelog.emit import targets
 from tracelog.emit.common import (
-    EmitTable,
     Namespace,
-    RuleCtx,
     check_supported,
-    const_value,
     format_source,
     literal,
     shape_text,
     usage_comment,
 )
+from tracelog.emit.inline import Inlinable, import_block, inlinable
+from tracelog.emit.onnx import const_array
+from tracelog.emit.rules import RuleCtx, Spellings, write
 from tracelog.errors import LogError, UnsupportedOpError
 from tracelog.ir import Graph
 from tracelog.log import GraphEntry, TraceLog
@@ -30,93 +40,47 @@ from tracelog.log import GraphEntry, TraceLog
 
 @dataclass(frozen=True)
 class Target:
+    """What a program target supplies to the shared emitter."""
+
     name: str
-    title: str
-    table: EmitTable
-    helpers: dict[str, str]
-    reserved: tuple[str, ...]
-    template: str
-    file_name: str
+    table: Spellings
+    runtime: str  # its module, tracelog.emit.runtime.<target>_program (read, never imported)
     const_expr: str  # format with {value} and {dtype}
     layout_note: str  # said in the header when a pass changed the layout: format with {layout}
-    # rewrites before emission; each returns (graph, report with .changed and .summary())
+    # rewrites before emission; each returns (graph, report with .changed, .kept, .summary())
     passes: tuple[Callable[[Graph], tuple[Graph, Any]], ...] = ()
 
+    @cached_property
+    def pieces(self) -> list[Inlinable]:
+        """The modules a program takes imports, statements and functions
+        from: the target's runtime, then the parity check."""
+        return [inlinable(self.runtime), inlinable(PARITY_RUNTIME)]
 
-PARITY = '''
-def load_params(path):
-    """Read weights.safetensors: parameters as trainable objects of this
-    framework, buffers as plain tensors, large constants by key."""
-    arrays = load_file(path)
-    params = {{name: _as_param(arrays[name], trainable) for name, trainable in PARAMETERS}}
-    params.update({{k: _as_const(v) for k, v in arrays.items() if k.startswith("const/")}})
-    return params
+    @cached_property
+    def keys(self) -> list[str]:
+        """The sample key functions every program carries (tracelog.sample:
+        only these functions; the rest of that module is the package's)."""
+        return [
+            inlinable(sample_format.__name__).functions[f.__name__] for f in sample_format.INLINED
+        ]
 
+    @cached_property
+    def reserved(self) -> tuple[str, ...]:
+        """Names the program defines besides its graph functions' own."""
+        names: set[str] = set(PROGRAM_NAMES) | {f.__name__ for f in sample_format.INLINED}
+        for piece in self.pieces:
+            names |= piece.defined_names()
+        return tuple(sorted(names))
 
-def _compare(name, got, want, atol, rtol):
-    got = np.asarray(_numpy(got), dtype=np.float64)
-    want = np.asarray(want, dtype=np.float64)
-    if got.shape != want.shape:
-        return name, float("inf"), float("inf"), False
-    err = np.abs(got - want)
-    rel = err / np.maximum(np.abs(want), 1e-12)
-    ok = bool(np.all(err <= atol + rtol * np.abs(want)))
-    return name, float(err.max(initial=0.0)), float(rel.max(initial=0.0)), ok
-
-
-{sample_step}
-
-
-def sample_params(log_dir):
-    """The parameters and buffers as they were when the sample batch ran."""
-    sample = load_file(os.path.join(log_dir, "sample.safetensors"))
-    weights = load_file(os.path.join(log_dir, "weights.safetensors"))
-    params = {{}}
-    for name, trainable in PARAMETERS:
-        key = "param/" + name if "param/" + name in sample else "buffer/" + name
-        params[name] = _as_param(sample[key], trainable)
-    params.update({{k: _as_const(v) for k, v in weights.items() if k.startswith("const/")}})
-    return params
+    @property
+    def helpers(self) -> Inlinable:
+        return self.pieces[0]
 
 
-def check_parity(log_dir, atol=1e-5, rtol=1e-4, grad_atol=1e-4):
-    """Replay the recorded batch with the parameters of that moment; compare
-    predictions, buffer updates, loss and parameter gradients."""
-    sample = load_file(os.path.join(log_dir, "sample.safetensors"))
-    params = sample_params(log_dir)
-    trainable = [name for name, flag in PARAMETERS if flag]
+PARITY_RUNTIME = "tracelog.emit.runtime.parity"
 
-    def step(p):
-        return sample_step(p, sample{trace_arg})
-
-    rows = []
-    for label, (outputs, loss, grads) in _runs(step, params, trainable):
-        for role, value in outputs.items():
-            if role.startswith("prediction"):
-                rows.append(_compare(role + label, value, sample["output/" + role], atol, rtol))
-            elif role.startswith("update:"):
-                want = sample["update/" + role[7:]]
-                rows.append(_compare(role + label, value, want, atol, rtol))
-        rows.append(_compare("loss" + label, loss, sample["loss"], atol, rtol))
-        for name, grad in zip(trainable, grads, strict=True):
-            if "grad/" + name in sample:
-                want = sample["grad/" + name]
-                got = np.zeros_like(want) if grad is None else grad
-                rows.append(_compare("grad " + name + label, got, want, grad_atol, rtol))
-    return rows
-
-
-def main():
-    log_dir = sys.argv[1] if len(sys.argv) > 1 else os.path.dirname(os.path.abspath(__file__))
-    rows = check_parity(log_dir)
-    width = max(len(r[0]) for r in rows)
-    print(f"{{'output':<{{width}}}}  {{'max abs err':>12}}  {{'max rel err':>12}}  ok")
-    for name, err, rel, ok in rows:
-        print(f"{{name:<{{width}}}}  {{err:>12.3e}}  {{rel:>12.3e}}  {{'yes' if ok else 'NO'}}")
-    ok = all(r[3] for r in rows)
-    print("parity: ok" if ok else "parity: MISMATCH")
-    return 0 if ok else 1
-'''
+# names the generated part of a program defines at module level
+PROGRAM_NAMES = ("PARAMETERS", "sample_step", "params", "rng", "_trace", "_traces")
 
 
 def _function_names(log: TraceLog) -> dict[str, str]:
@@ -136,17 +100,8 @@ def _function_names(log: TraceLog) -> dict[str, str]:
     return names
 
 
-# names the program defines at module level, besides its graph functions
-PROGRAM_NAMES = (
-    "PARAMETERS", "load_params", "sample_step", "sample_params", "check_parity", "main",
-    "_compare", "params", "rng", "_trace", "_traces",
-    # defined by every target's template
-    "_as_param", "_as_const", "_numpy", "_value_and_grads", "_runs",
-)  # fmt: skip
-
-
 def _function_namespace(target: Target) -> Namespace:
-    return Namespace(target.reserved + tuple(target.helpers) + PROGRAM_NAMES)
+    return Namespace(target.reserved)
 
 
 def _arg_names(target: Target, graph: Graph) -> list[str]:
@@ -156,6 +111,18 @@ def _arg_names(target: Target, graph: Graph) -> list[str]:
     return [ns.name(v.name, ("v", v.name)) for v in graph.inputs]
 
 
+def _statement(target: Target, c: RuleCtx) -> str:
+    try:
+        expr = write(target.table, c)
+    except NotImplementedError as e:
+        # a form of the op (attributes, computed operands) this target cannot
+        # write: reported as a missing rule is, one line, exit 2
+        raise UnsupportedOpError(
+            target.name, [(f"{c.node.qualified_op} ({e})", 1, [c.node.module])]
+        ) from None
+    return f"{', '.join(c.outs)} = {expr}"
+
+
 def emit_function(
     target: Target,
     graph: Graph,
@@ -163,7 +130,6 @@ def emit_function(
     entries: list[GraphEntry],
     digest: str,
     constants: dict[str, np.ndarray],
-    helpers: set[str],
     trace: bool = False,
 ) -> str:
     ns = _function_namespace(target)
@@ -181,7 +147,7 @@ def emit_function(
             if v.const is not None and v.const.digest is not None:
                 names[v.name] = f"params[{literal('const/' + v.const.digest)}]"
             else:
-                value = const_value(v, constants)
+                value = const_array(v, constants)
                 names[v.name] = target.const_expr.format(
                     value=literal(value.tolist()), dtype=v.type.dtype
                 )
@@ -191,23 +157,16 @@ def emit_function(
         for o, printed in zip(node.outputs, outs, strict=True):
             if o:
                 names[o] = printed
-        ctx = RuleCtx(graph, node, names, constants, helpers, outs)
+        ctx = RuleCtx(graph, node, names, constants, outs)
         if node.op == "Dropout" and not node.domain:
-            ctx.mask_key = f"mask.{n_dropout}"
+            ctx.mask_key = sample_format.rng_key(n_dropout)
             n_dropout += 1
-        try:
-            expr = target.table[node.qualified_op](ctx)
-        except NotImplementedError as e:
-            # a form of the op (attributes, computed operands) this target's rule
-            # cannot write: reported as a missing rule is, one line, exit 2
-            raise UnsupportedOpError(
-                target.name, [(f"{node.qualified_op} ({e})", 1, [node.module])]
-            ) from None
+        statement = _statement(target, ctx)
         attrs = ", ".join(f"{k}={v}" for k, v in sorted(node.attrs.items()))
         where = f"{node.module or '<root>'} ({node.module_type})" if node.module_type else "<loss>"
         shapes = ", ".join(shape_text(graph.values[o].type) for o in node.outputs if o)
         lines.append(f"# {node.qualified_op}({attrs}) {where} -> {shapes}")
-        lines.append(f"{', '.join(outs)} = {expr}")
+        lines.append(statement)
         if trace:
             for o, printed in zip(node.outputs, outs, strict=True):
                 if o:
@@ -231,6 +190,17 @@ def emit_function(
     return "\n".join(header + [doc] + ["    " + line for line in lines])
 
 
+def _lowered(target: Target, graph: Graph, fname: str, notes: list[str]) -> Graph:
+    """The graph after the target's passes; what a layout pass kept, in notes."""
+    for rewrite in target.passes:
+        before = graph
+        graph, report = rewrite(graph)
+        kept = getattr(report, "kept", None)
+        if kept is not None and graph is not before and (report.changed or kept):
+            notes.append(f"  {fname}: {report.summary()}")
+    return graph
+
+
 def build_program(log: TraceLog, target: Target, trace: bool = False) -> str:
     check_supported(log, target.table, target.name)
     info = log.sample_info
@@ -241,71 +211,69 @@ def build_program(log: TraceLog, target: Target, trace: bool = False) -> str:
     stored = any(v.const and v.const.digest for g in log.graphs.values() for v in g.constants)
     constants = log.weights() if stored else {}
     fnames = _function_names(log)
-    helpers: set[str] = set()
     functions = []
-    layout_lines = []
+    layout_lines: list[str] = []
     for digest, fname in fnames.items():
         entries = [e for e in log.entries_sorted() if e.hash == digest]
-        graph = log.graphs[digest]
-        for rewrite in target.passes:
-            graph, report = rewrite(graph)
-            if (
-                report is not None
-                and getattr(report, "kept", None) is not None
-                and graph is not log.graphs[digest]
-            ):
-                if report.changed or report.kept:
-                    layout_lines.append(f"  {fname}: {report.summary()}")
-        functions.append(
-            emit_function(target, graph, fname, entries, digest, constants, helpers, trace)
-        )
+        graph = _lowered(target, log.graphs[digest], fname, layout_lines)
+        functions.append(emit_function(target, graph, fname, entries, digest, constants, trace))
     parameters = [(p["name"], bool(p["trainable"])) for p in log.model.get("params", [])]
     parameters += [(b["name"], False) for b in log.model.get("buffers", [])]
     pred, loss = log.graph(info["prediction"]), log.graph(info["loss"])
-    sample_step = _sample_step(
-        target, pred, loss, fnames[info["prediction"]], fnames[info["loss"]], trace
-    )
-    trace_arg = ", {'prediction': {}, 'loss': {}}" if trace else ""
-    parity = PARITY.format(sample_step=sample_step, trace_arg=trace_arg)
+    runtime, parity = target.pieces
+    helpers = runtime.helpers_used("\n".join(functions))
     fw = log.framework
+    model_class = literal(str(log.model.get("class", "a model")))
     layout = (
         target.layout_note.format(layout="\n".join(layout_lines)) + "\n\n" if layout_lines else ""
     )
     description = (
-        f"Emitted by tracelog from a {fw.get('name')} {fw.get('version')} training log of\n"
-        f"{log.model.get('class', 'a model')} ({log.recorded} batches recorded): "
-        f"{len(log.graphs)} unique graphs, one function each,\nwith their usage counts.\n\n"
+        f"Emitted by tracelog from a training log ({log.recorded} batches recorded):\n"
+        f"{len(log.graphs)} unique graphs, one function each, with their usage counts.\n\n"
         f"{layout}"
         "Run it as a script beside weights.safetensors and sample.safetensors (or pass\n"
         "the log directory) to replay the recorded batch and print the parity table."
     )
+    text = _template().render(
+        title=f"{targets.get(target.name).title} program generated by tracelog.",
+        description=description,
+        imports=import_block(target.pieces),
+        source=f"# Recorded from {literal(str(fw.get('name')))} "
+        f"{literal(str(fw.get('version')))}, model class {model_class}.",
+        prelude=[*runtime.statements, *parity.statements],
+        parameters=literal([list(p) for p in parameters])
+        .replace("[[", "[\n    [")
+        .replace("]]", "],\n]"),
+        runtime=[runtime.functions[n] for n in runtime.inlined],
+        helpers=[runtime.functions[n] for n in helpers],
+        functions=functions,
+        keys=target.keys,
+        sample_step=_sample_step(
+            target, pred, loss, fnames[info["prediction"]], fnames[info["loss"]], trace
+        ),
+        parity=[parity.functions[n] for n in parity.inlined],
+    )
+    return format_source(text)
+
+
+def _template() -> jinja2.Template:
     env = jinja2.Environment(
         loader=jinja2.PackageLoader("tracelog", "templates"),
         keep_trailing_newline=True,
         autoescape=False,
         undefined=jinja2.StrictUndefined,
     )
-    text = env.get_template(target.template).render(
-        title=f"{target.title} program for {log.model.get('class', 'a model')}, generated by tracelog.",
-        description=description,
-        parameters=literal([list(p) for p in parameters])
-        .replace("[[", "[\n    [")
-        .replace("]]", "],\n]"),
-        helpers=[target.helpers[h].strip() + "\n" for h in sorted(helpers)],
-        functions=functions,
-        parity=parity.strip(),
-    )
-    return format_source(text)
+    return env.get_template("program.py.j2")
 
 
 def _sample_step(
     target: Target, pred: Graph, loss: Graph, pname: str, lname: str, trace: bool = False
 ) -> str:
     def from_sample(key: str) -> str:
-        return "_as_const(sample[" + literal(key) + "])"
+        return f"_as_const(sample[{key}])"
 
     pargs = ", ".join(
-        f"{n}={from_sample('input/' + v.name)}"
+        f"{n}={from_sample(f'input_key({literal(v.name)})')}"
         for n, v in zip(_arg_names(target, pred), pred.inputs, strict=True)
     )
     largs = []
@@ -313,18 +281,17 @@ def _sample_step(
         if any(o.role == v.name for o in pred.outputs):
             largs.append("outputs[" + literal(v.name) + "]")
         elif v.name.startswith("target"):
-            largs.append(from_sample("target/" + v.name))
+            largs.append(from_sample(f"target_key({literal(v.name)})"))
         else:
-            largs.append(from_sample("input/" + v.name))
+            largs.append(from_sample(f"input_key({literal(v.name)})"))
     names = _arg_names(target, loss)
     lcall = ", ".join(f"{n}={a}" for n, a in zip(names, largs, strict=True))
     ptrace = ", _trace=_traces['prediction']" if trace else ""
     ltrace = ", _trace=_traces['loss']" if trace else ""
     return (
-        f"def sample_step(params, sample{', _traces' if trace else ''}):\n"
+        f"def sample_step(params, sample{', _traces=None' if trace else ''}):\n"
         '    """The recorded batch: its prediction graph, then its loss graph."""\n'
-        '    rng = {k.replace("/", "."): v for k, v in sample.items() if k.startswith("mask/")}\n'
-        f"    outputs = {pname}(params, {pargs}, rng=rng{ptrace})\n"
+        f"    outputs = {pname}(params, {pargs}, rng=masks_as_rng(sample){ptrace})\n"
         f"    loss = {lname}(params, {lcall}{ltrace})\n"
         "    return outputs, loss"
     )
@@ -333,7 +300,7 @@ def _sample_step(
 def write_program(log_dir: str | os.PathLike[str], target: Target, out: str | None = None) -> Path:
     log = TraceLog.load(log_dir)
     text = build_program(log, target)
-    path = Path(out) if out else Path(log_dir) / target.file_name
+    path = Path(out) if out else Path(log_dir) / targets.file_name(target.name)
     tmp = path.with_name(f".{path.name}.tmp{os.getpid()}")
     tmp.write_text(text, encoding="utf-8")
     os.replace(tmp, path)

@@ -1,0 +1,135 @@
+"""The code every emitted program carries (tracelog.emit.runtime, the sample's
+keys), tested as the modules it is written as, and the inliner that copies it
+into programs."""
+
+from __future__ import annotations
+
+import ast
+import types
+
+import numpy as np
+import pytest
+
+from tracelog import sample as sample_format
+from tracelog.emit import PROGRAM_TARGETS, get_target
+from tracelog.emit.inline import import_block, inlinable
+from tracelog.emit.runtime import parity
+
+
+def _parity_with(params: dict[str, bool], runs: object) -> types.SimpleNamespace:
+    """parity's functions bound to a NumPy 'target', as a program binds them."""
+    names = dict(vars(parity))
+    names.update(
+        PARAMETERS=list(params.items()),
+        _as_param=lambda a, trainable: np.array(a),
+        _as_const=np.asarray,
+        _numpy=np.asarray,
+        _runs=runs,
+        **{f.__name__: f for f in sample_format.INLINED},
+    )
+    ns = types.SimpleNamespace()
+    for name in parity.INLINED:
+        fn = getattr(parity, name)
+        setattr(ns, name, types.FunctionType(fn.__code__, names, name, fn.__defaults__))
+    names.update(vars(ns))
+    return ns
+
+
+def test_compare_flags_shape_and_tolerance() -> None:
+    ns = _parity_with({}, None)
+    assert ns._compare("a", np.ones(3), np.ones(3), 1e-5, 1e-4)[3]
+    assert not ns._compare("a", np.ones(3) + 1e-3, np.ones(3), 1e-5, 1e-4)[3]
+    name, err, rel, ok = ns._compare("a", np.ones(2), np.ones(3), 1e-5, 1e-4)
+    assert (err, rel, ok) == (float("inf"), float("inf"), False)
+
+
+def test_check_parity_compares_every_recorded_role(tmp_path) -> None:
+    from safetensors.numpy import save_file
+
+    w, b = np.full((2,), 3.0, np.float32), np.zeros(2, np.float32)
+    sample = {
+        sample_format.input_key("x"): np.ones(2, np.float32),
+        sample_format.output_key("prediction"): np.full(2, 3.0, np.float32),
+        sample_format.update_key("running"): np.ones(2, np.float32),
+        sample_format.LOSS_KEY: np.asarray(6.0, np.float32),
+        sample_format.grad_key("w"): np.ones(2, np.float32),
+        sample_format.param_key("w"): w,
+        sample_format.buffer_key("running"): b,
+    }
+    save_file(sample, str(tmp_path / "sample.safetensors"))
+    save_file({"w": w, "running": b}, str(tmp_path / "weights.safetensors"))
+
+    def runs(step, params, trainable):  # noqa: ANN001, ANN202 - a NumPy "autodiff"
+        x = sample[sample_format.input_key("x")]
+        pred = params["w"] * x
+        outputs = {"prediction": pred, "update:running": np.ones(2) * 1.0}
+        return [("", (outputs, pred.sum(), [x]))]
+
+    ns = _parity_with({"w": True, "running": False}, runs)
+    rows = ns.check_parity(str(tmp_path))
+    assert [r[0] for r in rows] == ["prediction", "update:running", "loss", "grad w"]
+    assert all(r[3] for r in rows)
+    assert set(ns.sample_params(str(tmp_path))) == {"w", "running"}
+
+
+def test_masks_become_the_rng_dict_the_functions_take() -> None:
+    masks = {sample_format.mask_key(k): np.ones(1, bool) for k in (0, 3)}
+    assert sorted(sample_format.masks_as_rng({**masks, "loss": 0})) == ["mask.0", "mask.3"]
+    assert sample_format.rng_key(3) == "mask.3"
+
+
+def test_inliner_keeps_functions_as_written_and_drops_checker_only_code() -> None:
+    piece = inlinable(parity.__name__)
+    assert piece.inlined == parity.INLINED
+    assert "check_parity" in piece.functions and "_as_param" not in piece.functions
+    text = "\n".join(piece.statements)
+    assert "TYPE_CHECKING" not in text and "INLINED" not in text
+    for imp in piece.imports:
+        assert "tracelog" not in ast.unparse(imp) and "TYPE_CHECKING" not in ast.unparse(imp)
+    # comments inside functions survive; docstrings too
+    assert (
+        "# an embedding's gradient"
+        in inlinable(get_target("tensorflow").runtime).functions["_value_and_grads"]
+    )
+
+
+def test_import_block_orders_as_isort() -> None:
+    block = import_block(get_target("torch").pieces)
+    assert block.split("\n\n")[0].splitlines()[:2] == ["import os", "import sys"]
+    third = block.split("\n\n")[1].splitlines()
+    assert third == [
+        "import numpy as np",
+        "import torch",
+        "import torch.nn.functional as F",
+        "from safetensors.numpy import load_file",
+    ]
+
+
+@pytest.mark.parametrize("target", PROGRAM_TARGETS)
+def test_helpers_are_inlined_only_when_called(target: str) -> None:
+    runtime = get_target(target).helpers
+    assert runtime.helpers_used("y = x + 1") == []
+    assert runtime.helpers_used("y, m = _dropout(x, r, rng, 'mask.0')") == ["_dropout"]
+    assert runtime.helpers_used("y = obj._dropout(x)") == []  # a method is not the helper
+
+
+def test_torch_runtime_dropout_and_batch_norm() -> None:
+    torch = pytest.importorskip("torch", reason="the torch runtime needs torch")
+    from tracelog.emit.runtime import torch_program as rt
+
+    x = torch.randn(4, 3, 5, 5)
+    mask = np.random.default_rng(0).random((4, 3, 5, 5)) > 0.3
+    y, m = rt._dropout(x, 0.3, {"mask.0": mask}, "mask.0")
+    torch.testing.assert_close(y, x * torch.from_numpy(mask) / 0.7)
+    assert torch.equal(m, torch.from_numpy(mask))
+    scale, bias = torch.rand(3), torch.rand(3)
+    mean, var = torch.zeros(3), torch.ones(3)
+    want_mean, want_var = mean.clone(), var.clone()
+    want = torch.nn.functional.batch_norm(x, want_mean, want_var, scale, bias, True, 0.1, 1e-5)
+    got, new_mean, new_var = rt._batch_norm_train(x, scale, bias, mean, var, 1e-5, 0.1, [0, 2, 3])
+    torch.testing.assert_close(got, want)
+    torch.testing.assert_close(new_var, want_var)
+    p = rt._as_param(np.ones(2, np.float32), True)
+    assert isinstance(p, torch.nn.Parameter) and not isinstance(
+        rt._as_param(np.ones(2, np.float32), False), torch.nn.Parameter
+    )

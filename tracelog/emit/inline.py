@@ -1,0 +1,132 @@
+"""Copy code from real modules into emitted programs.
+
+The code a program carries (its target's runtime, the parity check, the
+sample's keys) is written as ordinary package modules, so that it is linted,
+type-checked and unit-tested like the rest of tracelog. This module reads
+such a module's source and hands the emitter its pieces: the import lines a
+program needs, its other module-level statements, and its functions by name,
+each copied as written (comments and docstrings kept). What exists only for
+the checker is left out: ``from __future__``, tracelog imports, ``if
+TYPE_CHECKING:`` blocks and the ``INLINED`` list itself.
+"""
+
+from __future__ import annotations
+
+import ast
+import importlib.util
+import re
+import sys
+from dataclasses import dataclass, field
+from functools import cache
+from pathlib import Path
+
+
+@dataclass(frozen=True)
+class Inlinable:
+    imports: tuple[ast.Import | ast.ImportFrom, ...]
+    statements: tuple[str, ...]  # other module-level statements, in order
+    functions: dict[str, str] = field(default_factory=dict)  # name -> source, in order
+    inlined: tuple[str, ...] = ()  # the functions every program takes (INLINED)
+
+    def defined_names(self) -> set[str]:
+        """Every name the pieces bind at module level in a program."""
+        names = set(self.functions)
+        for imp in self.imports:
+            names.update((a.asname or a.name).split(".")[0] for a in imp.names)
+        for text in self.statements:
+            for node in ast.parse(text).body:
+                if isinstance(node, ast.Assign | ast.AnnAssign):
+                    targets = node.targets if isinstance(node, ast.Assign) else [node.target]
+                    names.update(t.id for t in targets if isinstance(t, ast.Name))
+        return names
+
+    def helpers_used(self, code: str) -> list[str]:
+        """The functions outside INLINED that `code` calls, with those they
+        call in turn, in module order."""
+        used: set[str] = set()
+        todo = [code]
+        while todo:
+            text = todo.pop()
+            for name, source in self.functions.items():
+                if name not in used and name not in self.inlined and _calls(text, name):
+                    used.add(name)
+                    todo.append(source)
+        return [name for name in self.functions if name in used]
+
+
+def _calls(code: str, name: str) -> bool:
+    return re.search(rf"(?<![\w.]){re.escape(name)}\(", code) is not None
+
+
+def _is_type_checking(node: ast.stmt) -> bool:
+    return isinstance(node, ast.If) and (
+        (isinstance(node.test, ast.Name) and node.test.id == "TYPE_CHECKING")
+        or (isinstance(node.test, ast.Attribute) and node.test.attr == "TYPE_CHECKING")
+    )
+
+
+def _keep_import(node: ast.Import | ast.ImportFrom) -> ast.Import | ast.ImportFrom | None:
+    if isinstance(node, ast.ImportFrom):
+        module = node.module or ""
+        if module == "__future__" or module.split(".")[0] == "tracelog":
+            return None
+        names = [a for a in node.names if a.name != "TYPE_CHECKING"]
+        return ast.ImportFrom(module=module, names=names, level=0) if names else None
+    names = [a for a in node.names if a.name.split(".")[0] != "tracelog"]
+    return ast.Import(names=names) if names else None
+
+
+@cache
+def inlinable(module: str) -> Inlinable:
+    """The pieces of the module named `module`, read from its source file: it
+    is not imported (a target's runtime imports its framework)."""
+    spec = importlib.util.find_spec(module)
+    if spec is None or spec.origin is None:
+        raise ImportError(f"no module {module}")
+    text = Path(spec.origin).read_text(encoding="utf-8")
+    lines = text.splitlines()
+    tree = ast.parse(text)
+    imports: list[ast.Import | ast.ImportFrom] = []
+    statements: list[str] = []
+    functions: dict[str, str] = {}
+    inlined: tuple[str, ...] = ()
+    for i, node in enumerate(tree.body):
+        if isinstance(node, ast.Import | ast.ImportFrom):
+            kept = _keep_import(node)
+            if kept is not None:
+                imports.append(kept)
+            continue
+        if (i == 0 and isinstance(node, ast.Expr)) or _is_type_checking(node):
+            continue  # the module docstring; what exists for the type checker
+        first = min([node.lineno] + [d.lineno for d in getattr(node, "decorator_list", [])])
+        assert node.end_lineno is not None
+        source = "\n".join(lines[first - 1 : node.end_lineno])
+        if isinstance(node, ast.FunctionDef):
+            functions[node.name] = source
+        elif (
+            isinstance(node, ast.Assign)
+            and len(node.targets) == 1
+            and isinstance(node.targets[0], ast.Name)
+            and node.targets[0].id == "INLINED"
+        ):
+            inlined = tuple(
+                str(e.value) if isinstance(e, ast.Constant) else ast.unparse(e)
+                for e in getattr(node.value, "elts", [])
+            )
+        else:
+            statements.append(source)
+    return Inlinable(tuple(imports), tuple(statements), functions, inlined)
+
+
+def import_block(modules: list[Inlinable]) -> str:
+    """The merged imports of `modules`, grouped and ordered as isort orders
+    them: the standard library, then the rest; `import x` before `from x`."""
+    groups: dict[bool, dict[tuple[int, str], str]] = {True: {}, False: {}}
+    for m in modules:
+        for node in m.imports:
+            module = node.module if isinstance(node, ast.ImportFrom) else node.names[0].name
+            stdlib = (module or "").split(".")[0] in sys.stdlib_module_names
+            kind = 1 if isinstance(node, ast.ImportFrom) else 0
+            groups[stdlib][(kind, ast.unparse(node).lower())] = ast.unparse(node)
+    blocks = ["\n".join(g[k] for k in sorted(g)) for g in (groups[True], groups[False]) if g]
+    return "\n\n".join(blocks)

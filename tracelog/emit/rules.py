@@ -1,0 +1,459 @@
+"""The one op table every program target shares, and the spelling tables
+each target fills.
+
+For each IR op, the shared table (``OPS``) holds what is the same in every
+target: which attributes matter, their ONNX defaults, their checks, and the
+forms of the op no target writes yet. It turns a node into *fields*: Python
+values whose ``str()`` is safe code (ints, finite floats through ``literal``,
+lists of ints, printed names). A target then supplies only its *spelling*
+of the op: a template over those fields (``"torch.relu({0})"``, inputs by
+position, fields by name), or, where a template cannot say it, a function of
+the RuleCtx. An op a target cannot write is listed with ``not_yet`` on its
+spelling table, with the reason, and ``tracelog emit`` reports it (exit 2).
+"""
+
+from __future__ import annotations
+
+import re
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from typing import Any
+
+import numpy as np
+
+from tracelog.emit.common import literal
+from tracelog.ir import Graph, Node, TensorType
+from tracelog.ops import schema_for
+from tracelog.registry import Table
+
+DTYPES = frozenset(
+    "float16 bfloat16 float32 float64 int8 int16 int32 int64 uint8 bool".split()
+)  # the dtype names a program may spell as framework attributes (tf.float32, ...)
+
+
+@dataclass
+class RuleCtx:
+    """What a rule sees: the node, printed names of its inputs, constant
+    values where an input is a constant, and the fields the shared table
+    bound for the node."""
+
+    graph: Graph
+    node: Node
+    names: dict[str, str]
+    constants: dict[str, np.ndarray]
+    outs: list[str] = field(default_factory=list)
+    mask_key: str = ""  # Dropout: the key of its mask in the rng dict ("mask.<k>")
+    f: dict[str, Any] = field(default_factory=dict)  # fields, set by the shared table
+
+    def i(self, k: int) -> str:
+        name = self.node.inputs[k] if k < len(self.node.inputs) else ""
+        return self.names[name] if name else "None"
+
+    def has(self, k: int) -> bool:
+        return k < len(self.node.inputs) and bool(self.node.inputs[k])
+
+    def const(self, k: int) -> np.ndarray | None:
+        if not self.has(k):
+            return None
+        v = self.graph.values[self.node.inputs[k]]
+        if v.kind != "const":
+            return None
+        from tracelog.emit.onnx import const_array
+
+        return const_array(v, self.constants)
+
+    def ints(self, k: int) -> list[int] | None:
+        c = self.const(k)
+        return None if c is None else [int(x) for x in np.asarray(c).reshape(-1)]
+
+    def in_type(self, k: int) -> TensorType:
+        return self.graph.values[self.node.inputs[k]].type
+
+    def out_type(self, k: int = 0) -> TensorType:
+        return self.graph.values[self.node.outputs[k]].type
+
+    def rank(self, k: int = 0) -> int:
+        return len(self.in_type(k).shape)
+
+    def attr(self, key: str, default: Any = None) -> Any:
+        return self.node.attrs.get(key, default)
+
+    def inputs(self) -> list[str]:
+        return [self.i(k) for k in range(len(self.node.inputs))]
+
+
+Binder = Callable[[RuleCtx], dict[str, Any]]
+Spelling = str | Callable[[RuleCtx], str | list[str]]
+
+
+@dataclass(frozen=True)
+class OpRule:
+    """The shared part of an op: its fields, and how a template applies. A
+    "fold" op (variadic Max, Min) applies its two-operand template pairwise."""
+
+    bind: Binder
+    fold: bool = False
+    variant: Callable[[RuleCtx], str] | None = None  # a spelling key suffix ("Div/int")
+
+
+class OpTable(Table[OpRule]):
+    def op(self, *keys: str, fold: bool = False, variant: Any = None) -> Callable[[Binder], Binder]:
+        def deco(fn: Binder) -> Binder:
+            for key in keys:
+                self.add(key, OpRule(fn, fold, variant))
+            return fn
+
+        return deco
+
+    def rule(self, key: str) -> OpRule:
+        return self.get(key) or _SCHEMA_RULE
+
+
+class Spellings(Table[Spelling]):
+    """One target's spelling of each op: IR op (or "op/variant") -> template
+    or function. `base` entries are inherited unless the target spells them."""
+
+    def __init__(self, name: str, base: dict[str, Spelling] | None = None) -> None:
+        super().__init__(name)
+        self._base = dict(base or {})
+
+    def spell(self, entries: dict[str, Spelling]) -> None:
+        for key, spelling in entries.items():
+            self.add(key, spelling)
+
+    def finish(self) -> Spellings:
+        """Take the inherited entries the target did not spell itself."""
+        for key, spelling in self._base.items():
+            if key not in self and self.reason(key) is None:
+                self.add(key, spelling)
+        self._base = {}
+        return self
+
+
+def _no_fields(c: RuleCtx) -> dict[str, Any]:
+    return {}
+
+
+def _schema_fields(c: RuleCtx) -> dict[str, Any]:
+    schema = schema_for(c.node.domain, c.node.op)
+    return {k: literal(type(d)(c.attr(k, d))) for k, d in schema.defaults}
+
+
+_SCHEMA_RULE = OpRule(_schema_fields)
+
+
+def write(spellings: Spellings, c: RuleCtx) -> str | list[str]:
+    """The target's code for the node: bind its fields, pick the spelling,
+    apply it. NotImplementedError names a form no target writes yet."""
+    key = c.node.qualified_op
+    rule = OPS.rule(key)
+    c.f = rule.bind(c)
+    variant = rule.variant(c) if rule.variant is not None else ""
+    if variant and f"{key}/{variant}" in spellings:  # a form the target spells apart
+        key = f"{key}/{variant}"
+    spelling = spellings[key]
+    if callable(spelling):
+        return spelling(c)
+    if rule.fold:
+        expr = c.i(0)
+        for k in range(1, len(c.node.inputs)):
+            expr = spelling.format(expr, c.i(k), **c.f)
+        return expr
+    return spelling.format(*c.inputs(), **c.f)
+
+
+# Spellings every Python target shares (operators on tensors); targets inherit them.
+PYTHON_BASE: dict[str, Spelling] = {
+    "Add": "{0} + {1}",
+    "Sub": "{0} - {1}",
+    "Mul": "{0} * {1}",
+    "Div": "{0} / {1}",
+}
+
+OPS = OpTable("ops")
+
+# -- element-wise ---------------------------------------------------------------------
+# Ops not in this table get their schema's numeric attributes with ONNX's
+# defaults as fields (LeakyRelu's {alpha}), and their inputs by position.
+
+
+def _integer_out(c: RuleCtx) -> str:
+    return "int" if c.out_type().dtype.startswith(("int", "uint")) else ""
+
+
+# ONNX integer Div truncates toward zero; each target spells "Div/int" with its truncation.
+OPS.add("Div", OpRule(_no_fields, variant=_integer_out))
+OPS.add("Max", OpRule(_no_fields, fold=True))
+OPS.add("Min", OpRule(_no_fields, fold=True))
+
+
+@OPS.op("Gelu")
+def _gelu(c: RuleCtx) -> dict[str, Any]:
+    tanh = c.attr("approximate", "none") == "tanh"
+    return {"approximate": literal("tanh" if tanh else "none"), "tanh": literal(tanh)}
+
+
+@OPS.op("Cast")
+def _cast(c: RuleCtx) -> dict[str, Any]:
+    return {"to": dtype_name(str(c.attr("to")))}
+
+
+@OPS.op("Softmax", "LogSoftmax")
+def _axis(c: RuleCtx) -> dict[str, Any]:
+    return {"axis": int(c.attr("axis", -1))}
+
+
+@OPS.op("Einsum")
+def _einsum(c: RuleCtx) -> dict[str, Any]:
+    eq = str(c.attr("equation"))
+    # only einsum's own characters pass into generated code
+    if not re.fullmatch(r"[A-Za-z,. ]*(->[A-Za-z. ]*)?", eq):
+        raise NotImplementedError(f"einsum equation {eq!r}")
+    return {"equation": literal(eq.replace(" ", "")), "operands": ", ".join(c.inputs())}
+
+
+@OPS.op("Gemm")
+def _gemm(c: RuleCtx) -> dict[str, Any]:
+    return {
+        "alpha": float(c.attr("alpha", 1.0)),
+        "beta": float(c.attr("beta", 1.0)),
+        "transA": bool(c.attr("transA", 0)),
+        "transB": bool(c.attr("transB", 0)),
+    }
+
+
+def scaled_gemm(c: RuleCtx, product: str) -> str:
+    """alpha * product + beta * C, with the factors that are 1 left out."""
+    expr = product if c.f["alpha"] == 1.0 else f"{literal(c.f['alpha'])} * {product}"
+    if c.has(2):
+        bias = c.i(2) if c.f["beta"] == 1.0 else f"{literal(c.f['beta'])} * {c.i(2)}"
+        expr = f"{expr} + {bias}"
+    return expr
+
+
+# -- convolution and pooling --------------------------------------------------------------
+@OPS.op("Conv")
+def _conv(c: RuleCtx) -> dict[str, Any]:
+    n = c.rank() - 2
+    return {
+        "pads": list(c.attr("pads", [0] * 2 * n)),
+        "strides": list(c.attr("strides", [1] * n)),
+        "dilations": list(c.attr("dilations", [1] * n)),
+        "group": int(c.attr("group", 1)),
+        "channels_last": bool(int(c.attr("channels_last", 0))),
+    }
+
+
+@OPS.op("MaxPool", "AveragePool")
+def _pool(c: RuleCtx) -> dict[str, Any]:
+    k = list(c.attr("kernel_shape"))
+    return {
+        "kernel": k,
+        "strides": list(c.attr("strides", [1] * len(k))),
+        "pads": list(c.attr("pads", [0] * 2 * len(k))),
+        "dilations": list(c.attr("dilations", [1] * len(k))),
+        "ceil": bool(int(c.attr("ceil_mode", 0))),
+        "include_pad": bool(int(c.attr("count_include_pad", 0))),
+        "channels_last": bool(int(c.attr("channels_last", 0))),
+    }
+
+
+@OPS.op("GlobalAveragePool")
+def _global_pool(c: RuleCtx) -> dict[str, Any]:
+    rank = c.rank()
+    last = bool(int(c.attr("channels_last", 0)))
+    axes = list(range(1, rank - 1)) if last else list(range(2, rank))
+    return {"axes": axes, "axes_t": tuple(axes)}
+
+
+# -- normalisation ----------------------------------------------------------------------------
+def _channel_axis(c: RuleCtx) -> int:
+    return c.rank() - 1 if int(c.attr("channels_last", 0)) else 1
+
+
+@OPS.op("BatchNormalization")
+def _batch_norm(c: RuleCtx) -> dict[str, Any]:
+    return {"eps": literal(float(c.attr("epsilon", 1e-5))), "channel_axis": _channel_axis(c)}
+
+
+@OPS.op("tracelog.BatchNormTraining")
+def _batch_norm_training(c: RuleCtx) -> dict[str, Any]:
+    return {
+        "eps": literal(float(c.attr("epsilon"))),
+        "momentum": literal(float(c.attr("momentum"))),
+        "axes": [int(a) for a in c.attr("axes")],
+        "channel_axis": _channel_axis(c),
+    }
+
+
+@OPS.op("LayerNormalization")
+def _layer_norm(c: RuleCtx) -> dict[str, Any]:
+    rank = c.rank()
+    axis = int(c.attr("axis", -1)) % rank
+    return {
+        "axis": axis,
+        "axes": list(range(axis, rank)),
+        "axes_t": tuple(range(axis, rank)),
+        "eps": literal(float(c.attr("epsilon", 1e-5))),
+        "bias": c.i(2) if c.has(2) else "None",
+    }
+
+
+@OPS.op("Dropout")
+def _dropout(c: RuleCtx) -> dict[str, Any]:
+    return {"key": literal(c.mask_key)}
+
+
+# -- reductions ---------------------------------------------------------------------------------
+def _reduce(c: RuleCtx) -> dict[str, Any]:
+    axes = c.ints(1) if c.has(1) else None
+    if c.has(1) and axes is None:
+        raise NotImplementedError("reduction over computed axes")
+    return {
+        "axes": axes,  # None: every axis
+        "axes_t": "None" if axes is None else tuple(axes),
+        "dims": tuple(range(c.rank()) if axes is None else axes),
+        "keep": bool(int(c.attr("keepdims", 1))),
+    }
+
+
+def _all_axes(c: RuleCtx) -> str:
+    return "all" if c.f["axes"] is None else ""
+
+
+for _op in ("ReduceMean", "ReduceSum", "ReduceMax", "ReduceMin", "ReduceProd"):
+    OPS.add(_op, OpRule(_reduce, variant=_all_axes))
+
+
+@OPS.op("ArgMax")
+def _argmax(c: RuleCtx) -> dict[str, Any]:
+    return {"axis": int(c.attr("axis", 0)), "keep": bool(int(c.attr("keepdims", 1)))}
+
+
+# -- shapes ----------------------------------------------------------------------------------------
+@OPS.op("Reshape")
+def _reshape(c: RuleCtx) -> dict[str, Any]:
+    shape = c.ints(1)
+    if shape is not None and 0 in shape:
+        raise NotImplementedError("Reshape with 0 (copy) dims")
+    return {"shape": shape}
+
+
+@OPS.op("Transpose")
+def _transpose(c: RuleCtx) -> dict[str, Any]:
+    return {"perm": [int(p) for p in c.attr("perm")]}
+
+
+@OPS.op("Concat")
+def _concat(c: RuleCtx) -> dict[str, Any]:
+    return {"axis": int(c.attr("axis")), "parts": ", ".join(c.inputs())}
+
+
+@OPS.op("Split")
+def _split(c: RuleCtx) -> dict[str, Any]:
+    return {
+        "axis": int(c.attr("axis", 0)),
+        "sizes": c.ints(1),
+        "n": int(c.attr("num_outputs", len(c.node.outputs))),
+    }
+
+
+@OPS.op("Slice")
+def _slice(c: RuleCtx) -> dict[str, Any]:
+    starts, ends = c.ints(1), c.ints(2)
+    axes = c.ints(3) if c.has(3) else None
+    steps = c.ints(4) if c.has(4) else None
+    if (
+        starts is None
+        or ends is None
+        or (c.has(3) and axes is None)
+        or (c.has(4) and steps is None)
+    ):
+        raise NotImplementedError("Slice with computed bounds")
+    axes = axes or list(range(len(starts)))
+    steps = steps or [1] * len(starts)
+    rank = c.rank()
+    index = [":"] * rank
+    for a, s, e, st in zip(axes, starts, ends, steps, strict=True):
+        end = "" if e >= 2**62 else str(e)
+        step = "" if st == 1 else f":{st}"
+        index[a % rank] = f"{s if s else ''}:{end}{step}"
+    while index and index[-1] == ":":
+        index.pop()
+    # x[a:b:s]: subscript syntax every Python target's tensors accept
+    return {"index": ", ".join(index), "steps": steps}
+
+
+@OPS.op("Gather")
+def _gather(c: RuleCtx) -> dict[str, Any]:
+    idx = c.const(1)
+    index = literal(idx.tolist()) if idx is not None and idx.ndim == 0 else c.i(1)
+    return {"axis": int(c.attr("axis", 0)), "index": index}
+
+
+@OPS.op("Unsqueeze")
+def _unsqueeze(c: RuleCtx) -> dict[str, Any]:
+    axes = c.ints(1)
+    if axes is None:
+        raise NotImplementedError("Unsqueeze with computed axes")
+    rank = len(c.out_type().shape)
+    return {"axes": sorted(a % rank for a in axes)}
+
+
+@OPS.op("Squeeze")
+def _squeeze(c: RuleCtx) -> dict[str, Any]:
+    return {"axes": c.ints(1) if c.has(1) else None}
+
+
+@OPS.op("Expand", "Tile")
+def _shape_operand(c: RuleCtx) -> dict[str, Any]:
+    return {"ints": c.ints(1)}
+
+
+@OPS.op("Pad")
+def _pad(c: RuleCtx) -> dict[str, Any]:
+    pads = c.ints(1)
+    if pads is None or c.has(3) or c.attr("mode", "constant") != "constant":
+        raise NotImplementedError("Pad other than constant with constant pads")
+    half = len(pads) // 2
+    return {"pairs": [[pads[k], pads[k + half]] for k in range(half)], "pads": pads}
+
+
+def _shape(c: RuleCtx) -> dict[str, Any]:
+    start, end = c.attr("start"), c.attr("end")
+    return {"range": f"[{'' if start is None else start}:{'' if end is None else end}]"}
+
+
+def _whole(c: RuleCtx) -> str:
+    return "whole" if c.attr("start") is None and c.attr("end") is None else ""
+
+
+OPS.add("Shape", OpRule(_shape, variant=_whole))
+
+
+@OPS.op("ConstantOfShape")
+def _constant_of_shape(c: RuleCtx) -> dict[str, Any]:
+    return {"value": literal(c.attr("value", 0.0)), "dtype": dtype_name(c.out_type().dtype)}
+
+
+# -- losses ------------------------------------------------------------------------------------------
+@OPS.op("NegativeLogLikelihoodLoss")
+def _nll(c: RuleCtx) -> dict[str, Any]:
+    ignore = c.attr("ignore_index")
+    return {
+        "weight": c.i(2) if c.has(2) else "None",
+        "reduction": literal(str(c.attr("reduction", "mean"))),
+        "ignore": literal(int(ignore)) if ignore is not None else "None",
+    }
+
+
+def dtype_name(dtype: str) -> str:
+    """A dtype name that may be spelled as an attribute (tf.float32)."""
+    if dtype not in DTYPES:
+        raise NotImplementedError(f"dtype {dtype!r}")
+    return dtype
+
+
+def not_yet_everywhere(spellings: Spellings) -> None:
+    """What no target writes: ops the adapters could not record."""
+    spellings.not_yet("tracelog.Unsupported", reason="the source op could not be recorded")

@@ -1,0 +1,136 @@
+"""What a JAX program carries besides its graph functions: parameters as a
+pytree of jnp arrays, gradients by jax.value_and_grad (jitted and op by op),
+and the helpers op spellings call (inlined only when used)."""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from typing import Any
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+from jax import lax
+from safetensors.numpy import load_file  # noqa: F401 - the program's weight loader
+
+jax.config.update("jax_enable_x64", True)  # int64 indices and counters stay int64
+
+Step = Callable[[dict[str, Any]], tuple[dict[str, Any], Any]]
+
+
+def _as_param(array: np.ndarray, trainable: bool) -> jax.Array:
+    return jnp.asarray(array)
+
+
+def _as_const(array: np.ndarray) -> jax.Array:
+    return jnp.asarray(array)
+
+
+def _numpy(x: Any) -> np.ndarray:
+    return np.asarray(x)
+
+
+def _value_and_grads(
+    step: Step, params: dict[str, Any], trainable: list[str], jit: bool = True
+) -> tuple:
+    """jax.value_and_grad of step(params)'s loss for the trainable entries of
+    the params pytree, under jax.jit or op by op."""
+
+    def loss_fn(train: dict[str, Any], rest: dict[str, Any]) -> tuple[Any, Any]:
+        outputs, loss = step({**rest, **train})
+        return loss, outputs
+
+    train = {name: params[name] for name in trainable}
+    rest = {name: value for name, value in params.items() if name not in train}
+    value_and_grad = jax.value_and_grad(loss_fn, has_aux=True)
+    (loss, outputs), grads = (jax.jit(value_and_grad) if jit else value_and_grad)(train, rest)
+    return outputs, loss, [grads[name] for name in trainable]
+
+
+def _runs(step: Step, params: dict[str, Any], trainable: list[str]) -> list:
+    """The runs the parity check compares with the recording: jitted, as a
+    training step runs, and op by op."""
+    return [
+        ("", _value_and_grads(step, params, trainable, jit=True)),
+        (" (no jit)", _value_and_grads(step, params, trainable, jit=False)),
+    ]
+
+
+def _batch_norm_train(
+    x: jax.Array,
+    scale: jax.Array,
+    bias: jax.Array,
+    running_mean: jax.Array,
+    running_var: jax.Array,
+    eps: float,
+    momentum: float,
+    axes: tuple[int, ...],
+) -> tuple[jax.Array, jax.Array, jax.Array]:
+    """Batch norm in training mode as PyTorch computes it on the CPU: batch
+    statistics accumulated in float64; the running variance updates with the
+    unbiased one. Returns the output and the new running statistics."""
+    shape = [1 if d in axes else -1 for d in range(x.ndim)]
+    x64 = x.astype(jnp.float64)
+    mean = jnp.mean(x64, axis=axes)
+    var = jnp.mean(jnp.square(x64 - mean.reshape(shape)), axis=axes)
+    a = scale.astype(jnp.float64) / jnp.sqrt(var + eps)
+    b = bias.astype(jnp.float64) - mean * a
+    y = x * a.astype(x.dtype).reshape(shape) + b.astype(x.dtype).reshape(shape)
+    n = x.size // mean.size
+    new_mean = (1 - momentum) * running_mean + momentum * mean.astype(x.dtype)
+    new_var = (1 - momentum) * running_var + momentum * (var * n / (n - 1)).astype(x.dtype)
+    return y, lax.stop_gradient(new_mean), lax.stop_gradient(new_var)
+
+
+def _batch_norm_eval(
+    x: jax.Array, scale: jax.Array, bias: jax.Array, mean: jax.Array, var: jax.Array, eps: float
+) -> jax.Array:
+    shape = [1, -1] + [1] * (x.ndim - 2)
+    a = scale / jnp.sqrt(var + eps)
+    b = bias - mean * a
+    return x * a.reshape(shape) + b.reshape(shape)
+
+
+def _layer_norm(
+    x: jax.Array, scale: jax.Array, bias: jax.Array | None, axes: tuple[int, ...], eps: float
+) -> jax.Array:
+    mean = jnp.mean(x, axis=axes, keepdims=True)
+    var = jnp.mean(jnp.square(x - mean), axis=axes, keepdims=True)
+    y = (x - mean) / jnp.sqrt(var + eps) * scale
+    return y if bias is None else y + bias
+
+
+def _dropout(x: jax.Array, rate: Any, rng: Any, key: str) -> tuple[jax.Array, jax.Array]:
+    """Dropout in training mode; returns the output and the mask. rng: a dict
+    of recorded masks (parity replay) or a jax.random key."""
+    if isinstance(rng, dict):
+        mask = jnp.asarray(rng[key]).astype(x.dtype)
+    elif rng is None:
+        raise ValueError("dropout in training mode needs rng: a jax.random key or recorded masks")
+    else:
+        mask = jax.random.bernoulli(rng, 1.0 - rate, x.shape).astype(x.dtype)
+    return x * (mask / (1.0 - rate)), mask > 0
+
+
+def _nll_loss(
+    logp: jax.Array,
+    target: jax.Array,
+    weight: jax.Array | None,
+    reduction: str,
+    ignore_index: int | None,
+) -> jax.Array:
+    """ONNX NegativeLogLikelihoodLoss: class axis 1, targets of shape [N, ...]."""
+    valid = jnp.ones(target.shape, bool) if ignore_index is None else target != ignore_index
+    safe = jnp.where(valid, target, 0)
+    picked = -jnp.take_along_axis(logp, jnp.expand_dims(safe, 1), axis=1).squeeze(1)
+    w = jnp.ones_like(picked) if weight is None else jnp.take(weight, safe)
+    w = w * valid.astype(w.dtype)
+    losses = picked * w
+    if reduction == "none":
+        return losses
+    if reduction == "sum":
+        return jnp.sum(losses)
+    return jnp.sum(losses) / jnp.sum(w)
+
+
+INLINED = ("_as_param", "_as_const", "_numpy", "_value_and_grads", "_runs")

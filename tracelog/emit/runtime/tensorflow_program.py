@@ -1,0 +1,149 @@
+"""What a TensorFlow program carries besides its graph functions: parameters
+as tf.Variable, gradients by tf.GradientTape, and the helpers op spellings
+call (inlined only when used)."""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from typing import Any
+
+import numpy as np
+import tensorflow as tf
+from safetensors.numpy import load_file  # noqa: F401 - the program's weight loader
+
+Step = Callable[[dict[str, Any]], tuple[dict[str, Any], Any]]
+
+
+def _as_param(array: np.ndarray, trainable: bool) -> tf.Variable:
+    return tf.Variable(array, trainable=trainable)
+
+
+def _as_const(array: np.ndarray) -> tf.Tensor:
+    return tf.constant(array)
+
+
+def _numpy(x: Any) -> np.ndarray:
+    return np.asarray(x)
+
+
+def _value_and_grads(step: Step, params: dict[str, Any], trainable: list[str]) -> tuple:
+    """step(params) under a GradientTape; gradients of its loss for the
+    trainable variables, in order."""
+    with tf.GradientTape() as tape:
+        outputs, loss = step(params)
+    grads = tape.gradient(loss, [params[name] for name in trainable])
+    # an embedding's gradient arrives as IndexedSlices
+    return outputs, loss, [None if g is None else tf.convert_to_tensor(g) for g in grads]
+
+
+def _runs(step: Step, params: dict[str, Any], trainable: list[str]) -> list:
+    """The runs the parity check compares with the recording: one, eager."""
+    return [("", _value_and_grads(step, params, trainable))]
+
+
+def _batch_norm_train(
+    x: tf.Tensor,
+    scale: tf.Tensor,
+    bias: tf.Tensor,
+    running_mean: tf.Tensor,
+    running_var: tf.Tensor,
+    eps: float,
+    momentum: float,
+    axes: list[int],
+    channel_axis: int,
+) -> tuple[tf.Tensor, tf.Tensor, tf.Tensor]:
+    """Batch norm in training mode as PyTorch computes it: normalise with the
+    batch's biased variance, update the running variance with the unbiased one."""
+    shape = [1] * len(x.shape)
+    shape[channel_axis] = -1
+    mean, var = tf.nn.moments(x, axes=axes)
+    y = (x - tf.reshape(mean, shape)) / tf.sqrt(tf.reshape(var, shape) + eps)
+    y = y * tf.reshape(scale, shape) + tf.reshape(bias, shape)
+    n = tf.cast(tf.size(x) // tf.size(mean), x.dtype)
+    new_mean = (1.0 - momentum) * running_mean + momentum * mean
+    new_var = (1.0 - momentum) * running_var + momentum * var * n / (n - 1.0)
+    return y, new_mean, new_var
+
+
+def _batch_norm_eval(
+    x: tf.Tensor,
+    scale: tf.Tensor,
+    bias: tf.Tensor,
+    mean: tf.Tensor,
+    var: tf.Tensor,
+    eps: float,
+    channel_axis: int,
+) -> tf.Tensor:
+    shape = [1] * len(x.shape)
+    shape[channel_axis] = -1
+    y = (x - tf.reshape(mean, shape)) / tf.sqrt(tf.reshape(var, shape) + eps)
+    return y * tf.reshape(scale, shape) + tf.reshape(bias, shape)
+
+
+def _layer_norm(
+    x: tf.Tensor, scale: tf.Tensor, bias: tf.Tensor | None, axes: list[int], eps: float
+) -> tf.Tensor:
+    mean, var = tf.nn.moments(x, axes=axes, keepdims=True)
+    y = (x - mean) / tf.sqrt(var + eps) * scale
+    return y if bias is None else y + bias
+
+
+def _dropout(x: tf.Tensor, rate: Any, rng: Any, key: str) -> tuple[tf.Tensor, tf.Tensor]:
+    """Dropout in training mode; returns the output and the mask. rng: a dict
+    of recorded masks (parity replay), a tf.random.Generator, or None for the
+    global generator."""
+    if isinstance(rng, dict):
+        mask = tf.cast(rng[key], x.dtype)
+    else:
+        gen = rng if rng is not None else tf.random.get_global_generator()
+        mask = tf.cast(gen.uniform(tf.shape(x)) >= tf.cast(rate, tf.float32), x.dtype)
+    return x * (mask / (1.0 - rate)), tf.cast(mask, tf.bool)
+
+
+def _nll_loss(
+    logp: tf.Tensor,
+    target: tf.Tensor,
+    weight: tf.Tensor | None,
+    reduction: str,
+    ignore_index: int | None,
+) -> tf.Tensor:
+    """ONNX NegativeLogLikelihoodLoss: class axis 1, targets of shape [N, ...]."""
+    c = logp.shape[1]
+    perm = [0] + list(range(2, len(logp.shape))) + [1]
+    flat = tf.reshape(tf.transpose(logp, perm), [-1, c])
+    t = tf.reshape(target, [-1])
+    valid = (
+        tf.ones_like(t, dtype=tf.bool) if ignore_index is None else tf.not_equal(t, ignore_index)
+    )
+    safe = tf.where(valid, t, tf.zeros_like(t))
+    picked = -tf.gather(flat, safe, axis=1, batch_dims=1)
+    w = tf.ones_like(picked) if weight is None else tf.gather(weight, safe)
+    w = w * tf.cast(valid, w.dtype)
+    losses = picked * w
+    if reduction == "none":
+        return tf.reshape(losses, tf.shape(target))
+    if reduction == "sum":
+        return tf.reduce_sum(losses)
+    return tf.reduce_sum(losses) / tf.reduce_sum(w)
+
+
+def _dilate_kernel(w: tf.Tensor, rates: list[int]) -> tf.Tensor:
+    """An HWIO kernel with (rate - 1) zeros between taps: a dilated convolution
+    as a plain one, which TensorFlow can differentiate on the CPU."""
+    kh, kw, cin, cout = w.shape
+    taps = [[i * rates[0], j * rates[1]] for i in range(kh) for j in range(kw)]
+    shape = [(kh - 1) * rates[0] + 1, (kw - 1) * rates[1] + 1, cin, cout]
+    return tf.scatter_nd(taps, tf.reshape(w, [kh * kw, cin, cout]), shape)
+
+
+def _grouped_conv2d(
+    x: tf.Tensor, w: tf.Tensor, groups: int, strides: list[int], padding: list[list[int]]
+) -> tf.Tensor:
+    """Grouped convolution (NHWC input, OIHW weights) as one conv per group."""
+    xs = tf.split(x, groups, axis=3)
+    ws = tf.split(tf.transpose(w, [2, 3, 1, 0]), groups, axis=3)
+    ys = [tf.nn.conv2d(a, b, strides=strides, padding=padding) for a, b in zip(xs, ws, strict=True)]
+    return tf.concat(ys, axis=3)
+
+
+INLINED = ("_as_param", "_as_const", "_numpy", "_value_and_grads", "_runs")
