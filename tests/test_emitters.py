@@ -42,7 +42,9 @@ def test_every_vocabulary_op_has_a_rule_or_is_listed_not_yet(any_target: str) ->
         if s.qualified not in table and table.reason(s.qualified) is None
     ]
     assert missing == []
-    assert set(table.not_yet_keys()) == {"tracelog.Unsupported"}
+    # whole ops not written: only what the adapters could not record; forms of an
+    # op a target cannot write ("Slice/reversed") are listed apart
+    assert {k for k in table.not_yet_keys() if "/" not in k} == {"tracelog.Unsupported"}
 
 
 def test_parity_with_gradients(recorded, any_target: str) -> None:

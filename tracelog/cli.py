@@ -123,6 +123,11 @@ def _cmd_check(args: argparse.Namespace) -> int:
     return 0 if report.ok else 1
 
 
+def _tolerances(p: argparse.ArgumentParser) -> None:
+    p.add_argument("--atol", type=float, default=1e-5)
+    p.add_argument("--rtol", type=float, default=1e-4)
+
+
 def build_parser() -> argparse.ArgumentParser:
     from tracelog.emit import TARGETS
 
@@ -140,8 +145,7 @@ def build_parser() -> argparse.ArgumentParser:
     )
     p.add_argument("log_dir")
     p.add_argument("--runtime", choices=("reference", "onnxruntime"), default="reference")
-    p.add_argument("--atol", type=float, default=1e-5)
-    p.add_argument("--rtol", type=float, default=1e-4)
+    _tolerances(p)
     p.set_defaults(func=_cmd_verify)
     p = sub.add_parser(
         "emit",
@@ -159,8 +163,7 @@ def build_parser() -> argparse.ArgumentParser:
     )
     p.add_argument("log_dir")
     p.add_argument("--target", choices=TARGETS, required=True)
-    p.add_argument("--atol", type=float, default=1e-5)
-    p.add_argument("--rtol", type=float, default=1e-4)
+    _tolerances(p)
     p.add_argument("--grad-atol", type=float, default=1e-4)
     p.set_defaults(func=_cmd_check)
     return parser

@@ -12,49 +12,13 @@ from typing import Any
 
 import numpy as np
 
-from tracelog.emit import get_target
+from tracelog.emit import targets
 from tracelog.emit.program import Target, build_program, write_program
 from tracelog.ir import Node
 from tracelog.log import TraceLog
 from tracelog.passes.layout import TO_NHWC
-from tracelog.sample import LOSS_KEY, input_key, output_key, sample_feeds, update_key
+from tracelog.sample import input_key, sample_feeds
 from tracelog.verify import Comparison, Report, all_values, compare
-
-
-def check_onnx(log_dir: str | os.PathLike[str], *, atol: float, rtol: float) -> Report:
-    """Write model.onnx, check it with onnx.checker (full), and run its
-    replay form on onnxruntime with the recorded batch: predictions, buffer
-    updates and loss. ONNX has no autodiff, so no gradients."""
-    import onnx
-    import onnxruntime as ort
-
-    from tracelog.emit.onnx_model import build_model, write_model
-
-    path = write_model(log_dir)
-    onnx.checker.check_model(str(path), full_check=True)
-    log = TraceLog.load(log_dir)
-    model = build_model(log, replay_masks=True, params_as_inputs=True)
-    opts = ort.SessionOptions()
-    opts.log_severity_level = 3
-    sess = ort.InferenceSession(model.SerializeToString(), opts, providers=["CPUExecutionProvider"])
-    sample = log.sample()
-    feeds = sample_feeds(sample)
-    wanted = {i.name for i in sess.get_inputs()}
-    results = sess.run(None, {k: v for k, v in feeds.items() if k in wanted})
-    report = Report(
-        f"{path.name} vs recorded batch, run by onnxruntime (atol {atol:g}, rtol {rtol:g})"
-    )
-    for out, value in zip(sess.get_outputs(), results, strict=True):
-        if out.name.startswith("prediction"):
-            want = sample[output_key(out.name)]
-        elif out.name.startswith("update:"):
-            want = sample[update_key(out.name[7:])]
-        elif out.name == "loss":
-            want = sample[LOSS_KEY]
-        else:
-            continue  # a feature the loss graph reads: checked through the loss
-        report.comparisons.append(compare(out.name, value, want, atol, rtol))
-    return report
 
 
 def _import_path(path: Path) -> types.ModuleType:
@@ -81,11 +45,20 @@ def check(
     rtol: float = 1e-4,
     grad_atol: float = 1e-4,
 ) -> Report:
-    """Emit the program for `target` into the log directory, run its parity
-    check on the recorded batch, and report per-output errors (`.ok`)."""
-    if target == "onnx":
-        return check_onnx(log_dir, atol=atol, rtol=rtol)
-    tgt = get_target(target)
+    """Emit `target`'s program (or model) into the log directory, run its
+    parity check on the recorded batch, and report per-output errors (`.ok`)."""
+    return targets.get(target).check(log_dir, atol=atol, rtol=rtol, grad_atol=grad_atol)
+
+
+def check_program(
+    log_dir: str | os.PathLike[str],
+    tgt: Target,
+    *,
+    atol: float = 1e-5,
+    rtol: float = 1e-4,
+    grad_atol: float = 1e-4,
+) -> Report:
+    """Write a program target's program and run its own parity check."""
     path = write_program(log_dir, tgt)
     module = _import_path(path)
     rows = module.check_parity(str(log_dir), atol, rtol, grad_atol)

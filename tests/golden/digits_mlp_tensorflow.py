@@ -56,11 +56,6 @@ def _value_and_grads(step: Step, params: dict[str, Any], trainable: list[str]) -
     return outputs, loss, [None if g is None else tf.convert_to_tensor(g) for g in grads]
 
 
-def _runs(step: Step, params: dict[str, Any], trainable: list[str]) -> list:
-    """The runs the parity check compares with the recording: one, eager."""
-    return [("", _value_and_grads(step, params, trainable))]
-
-
 def _dropout(x: tf.Tensor, rate: Any, rng: Any, key: str) -> tuple[tf.Tensor, tf.Tensor]:
     """Dropout in training mode; returns the output and the mask. rng: a dict
     of recorded masks (parity replay), a tf.random.Generator, or None for the
@@ -249,6 +244,14 @@ def sample_params(log_dir: str) -> dict[str, Any]:
         params[name] = _as_param(sample[key], trainable)
     params.update({k: _as_const(v) for k, v in weights.items() if k.startswith("const/")})
     return params
+
+
+def _runs(
+    step: Callable[[dict[str, Any]], tuple[Any, Any]], params: dict[str, Any], trainable: list[str]
+) -> list[tuple[str, tuple[dict[str, Any], Any, list[Any]]]]:
+    """The runs the parity check compares with the recording: one, eager (a
+    target's runtime may define its own, as JAX does: jitted and op by op)."""
+    return [("", _value_and_grads(step, params, trainable))]
 
 
 def check_parity(

@@ -15,6 +15,14 @@ from tracelog.emit.rules import PYTHON_BASE, RuleCtx, Spellings, not_yet_everywh
 from tracelog.passes.layout import to_channels_first
 
 JAX = Spellings("jax", base=PYTHON_BASE)
+# constants as NumPy arrays: static under jax.jit, dtype kept
+TARGET = Target(
+    "jax",
+    JAX,
+    "tracelog.emit.runtime.jax_program",
+    "np.asarray({value}, dtype=np.{dtype})",
+    (to_channels_first,),
+)
 
 JAX.spell(
     {
@@ -65,21 +73,34 @@ JAX.spell(
         "ReduceMin": "jnp.min({0}, axis={axes_t}, keepdims={keep})",
         "ReduceProd": "jnp.prod({0}, axis={axes_t}, keepdims={keep})",
         "ArgMax": "jnp.argmax({0}, axis={axis}, keepdims={keep})",
+        "Concat": "jnp.concatenate([{parts}], axis={axis})",
+        # a shape being assembled: NumPy keeps it static under jax.jit
+        "Concat/shape": "np.concatenate([{parts}], axis=0)",
         "Slice": "{0}[{index}]",
         "Gather": "jnp.take({0}, {index}, axis={axis})",
         "NegativeLogLikelihoodLoss": "_nll_loss({0}, {1}, {weight}, {reduction}, {ignore})",
         # the static shape, as a NumPy array: it stays concrete under jax.jit
         "Shape": "np.asarray({0}.shape{range}, dtype=np.int64)",
+        "Reshape": "jnp.reshape({0}, {ints_t})",
+        "Reshape/operand": "jnp.reshape({0}, tuple({1}))",
+        "Transpose": "jnp.transpose({0}, {perm_t})",
+        "Split": "jnp.split({0}, {cuts}, axis={axis})",
+        "Split/even": "jnp.array_split({0}, {n}, axis={axis})",
+        "Unsqueeze": "jnp.expand_dims({0}, {axes_t})",
+        "Squeeze": "jnp.squeeze({0}, axis={axes_t})",
+        "Squeeze/all": "jnp.squeeze({0})",
+        "Expand": "jnp.broadcast_to({0}, jnp.broadcast_shapes({0}.shape, {ints_t}))",
+        "Expand/operand": "jnp.broadcast_to({0}, jnp.broadcast_shapes({0}.shape, tuple({1})))",
+        "Tile": "jnp.tile({0}, {ints_t})",
+        "Tile/operand": "jnp.tile({0}, tuple({1}))",
+        "Pad": "jnp.pad({0}, {pairs_t})",
+        "Pad/valued": "jnp.pad({0}, {pairs_t}, constant_values={2})",
         "ConstantOfShape": (
             "jnp.full(tuple(np.asarray({0}).tolist()), {value}, dtype=jnp.{dtype})"
         ),
     }
 )
 not_yet_everywhere(JAX)
-
-
-def _tuple_or_operand(c: RuleCtx, ints: list[int] | None) -> str:
-    return str(tuple(ints)) if ints is not None else f"tuple({c.i(1)})"
 
 
 @JAX.register("Gemm")
@@ -131,76 +152,3 @@ def _avg_pool(c: RuleCtx) -> str:
     if c.f["include_pad"] or not any(c.f["pads"]):
         return f"{total} / {k[0] * k[1]}"
     return f"{total} / lax.reduce_window(jnp.ones_like({x}), 0.0, lax.add, {window})"
-
-
-@JAX.register("Reshape")
-def _reshape(c: RuleCtx) -> str:
-    return f"jnp.reshape({c.i(0)}, {_tuple_or_operand(c, c.f['shape'])})"
-
-
-@JAX.register("Transpose")
-def _transpose(c: RuleCtx) -> str:
-    return f"jnp.transpose({c.i(0)}, {tuple(c.f['perm'])})"
-
-
-@JAX.register("Concat")
-def _concat(c: RuleCtx) -> str:
-    out = c.out_type()
-    if out.dtype == "int64" and len(out.shape) == 1:
-        # a shape being assembled: NumPy keeps it static under jax.jit
-        return f"np.concatenate([{c.f['parts']}], axis=0)"
-    return f"jnp.concatenate([{c.f['parts']}], axis={c.f['axis']})"
-
-
-@JAX.register("Split")
-def _split(c: RuleCtx) -> str:
-    sizes = c.f["sizes"]
-    if sizes is None:
-        return f"jnp.array_split({c.i(0)}, {c.f['n']}, axis={c.f['axis']})"
-    cuts = [sum(sizes[: k + 1]) for k in range(len(sizes) - 1)]
-    return f"jnp.split({c.i(0)}, {cuts}, axis={c.f['axis']})"
-
-
-@JAX.register("Unsqueeze")
-def _unsqueeze(c: RuleCtx) -> str:
-    return f"jnp.expand_dims({c.i(0)}, {tuple(c.f['axes'])})"
-
-
-@JAX.register("Squeeze")
-def _squeeze(c: RuleCtx) -> str:
-    axes = c.f["axes"]
-    return f"jnp.squeeze({c.i(0)}, axis={tuple(axes)})" if axes else f"jnp.squeeze({c.i(0)})"
-
-
-@JAX.register("Expand")
-def _expand(c: RuleCtx) -> str:
-    x = c.i(0)
-    return f"jnp.broadcast_to({x}, jnp.broadcast_shapes({x}.shape, {_tuple_or_operand(c, c.f['ints'])}))"
-
-
-@JAX.register("Tile")
-def _tile(c: RuleCtx) -> str:
-    return f"jnp.tile({c.i(0)}, {_tuple_or_operand(c, c.f['ints'])})"
-
-
-@JAX.register("Pad")
-def _pad(c: RuleCtx) -> str:
-    value = f", constant_values={c.i(2)}" if c.has(2) else ""
-    pairs = [tuple(p) for p in c.f["pairs"]]
-    return f"jnp.pad({c.i(0)}, {pairs}{value})"
-
-
-JAX.finish()
-
-TARGET = Target(
-    name="jax",
-    table=JAX,
-    runtime="tracelog.emit.runtime.jax_program",
-    # NumPy constants: static under jax.jit, dtype kept
-    const_expr="np.asarray({value}, dtype=np.{dtype})",
-    layout_note=(
-        "Layout: the recording was channels-last (NHWC); this program runs NCHW\n"
-        "inside. Transposes kept, per function:\n{layout}"
-    ),
-    passes=(to_channels_first,),
-)

@@ -46,9 +46,13 @@ class Target:
     table: Spellings
     runtime: str  # its module, tracelog.emit.runtime.<target>_program (read, never imported)
     const_expr: str  # format with {value} and {dtype}
-    layout_note: str  # said in the header when a pass changed the layout: format with {layout}
     # rewrites before emission; each returns (graph, report with .changed, .kept, .summary())
     passes: tuple[Callable[[Graph], tuple[Graph, Any]], ...] = ()
+    # said in the header when a pass changed the layout: format with {layout}
+    layout_note: str = (
+        "Layout: the recording was channels-last (NHWC); this program runs NCHW\n"
+        "inside. Transposes kept, per function:\n{layout}"
+    )
 
     @cached_property
     def pieces(self) -> list[Inlinable]:
@@ -251,7 +255,8 @@ def build_program(log: TraceLog, target: Target, trace: bool = False) -> str:
         sample_step=_sample_step(
             target, pred, loss, fnames[info["prediction"]], fnames[info["loss"]], trace
         ),
-        parity=[parity.functions[n] for n in parity.inlined],
+        # a target's runtime may replace a parity default (_runs: JAX runs twice)
+        parity=[parity.functions[n] for n in parity.inlined if n not in runtime.functions],
     )
     return format_source(text)
 

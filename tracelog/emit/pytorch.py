@@ -9,12 +9,26 @@ text only: it never imports torch.
 
 from __future__ import annotations
 
-from tracelog.emit.common import literal
 from tracelog.emit.program import Target
-from tracelog.emit.rules import PYTHON_BASE, RuleCtx, Spellings, not_yet_everywhere, scaled_gemm
+from tracelog.emit.rules import (
+    PYTHON_BASE,
+    Each,
+    RuleCtx,
+    Spellings,
+    last_dim_first,
+    not_yet_everywhere,
+    scaled_gemm,
+)
 from tracelog.passes.layout import to_channels_first
 
 TORCH = Spellings("torch", base=PYTHON_BASE)
+TARGET = Target(
+    "torch",
+    TORCH,
+    "tracelog.emit.runtime.torch_program",
+    "torch.tensor({value}, dtype=torch.{dtype})",
+    (to_channels_first,),
+)
 
 TORCH.spell(
     {
@@ -67,24 +81,37 @@ TORCH.spell(
         "Transpose": "{0}.permute({perm})",
         "Concat": "torch.cat([{parts}], dim={axis})",
         "Shape": "torch.tensor({0}.shape{range}, dtype=torch.int64)",
+        "Slice": "{0}[{index}]",
         "ConstantOfShape": "torch.full({0}.tolist(), {value}, dtype=torch.{dtype})",
+        "ReduceProd": Each("dims_desc", "torch.prod({0}, dim={it}, keepdim={keep})"),
+        "Reshape": "torch.reshape({0}, {ints})",
+        "Reshape/operand": "torch.reshape({0}, {1}.tolist())",
+        "Split": "torch.split({0}, {sizes}, dim={axis})",
+        "Split/even": "torch.tensor_split({0}, {n}, dim={axis})",
+        "Gather": "{0}[{lead}{index}]",
+        "Unsqueeze": Each("axes", "{0}.unsqueeze({it})"),
+        "Squeeze": "{0}.squeeze({axes_t})",
+        "Squeeze/all": "{0}.squeeze()",
+        # ONNX Expand broadcasts both ways; Tensor.expand only widens.
+        "Expand": "{0}.expand(torch.broadcast_shapes({0}.shape, {ints}))",
+        "Expand/operand": "{0}.expand(torch.broadcast_shapes({0}.shape, {1}.tolist()))",
+        "Tile": "{0}.repeat({ints})",
+        "Tile/operand": "{0}.repeat({1}.tolist())",
+        "Pad": "F.pad({0}, {last_first})",
+        "Pad/valued": "F.pad({0}, {last_first}, value=float({2}))",
+        "NegativeLogLikelihoodLoss": "F.nll_loss({0}, {1}, {weight}, reduction={reduction})",
+        "NegativeLogLikelihoodLoss/ignore": (
+            "F.nll_loss({0}, {1}, {weight}, ignore_index={ignore}, reduction={reduction})"
+        ),
     }
 )
 not_yet_everywhere(TORCH)
+TORCH.not_yet("Slice/reversed", reason="torch tensors take no negative slice step")
 
 
 def _symmetric(pads: list[int]) -> list[int] | None:
     half = len(pads) // 2
     return pads[:half] if pads[:half] == pads[half:] else None
-
-
-def _torch_pad(pads: list[int]) -> list[int]:
-    """ONNX [b1, b2, e1, e2] -> F.pad's last-dim-first [b2, e2, b1, e1]."""
-    half = len(pads) // 2
-    out: list[int] = []
-    for k in reversed(range(half)):
-        out += [pads[k], pads[k + half]]
-    return out
 
 
 def _pool_padding(c: RuleCtx) -> list[int] | None:
@@ -114,7 +141,7 @@ def _conv(c: RuleCtx) -> str:
     x = c.i(0)
     padding = _symmetric(c.f["pads"])
     if padding is None:
-        x = f"F.pad({x}, {_torch_pad(c.f['pads'])})"
+        x = f"F.pad({x}, {last_dim_first(c.f['pads'])})"
         padding = [0] * n
     bias = c.i(2) if c.has(2) else "None"
     return (
@@ -128,7 +155,7 @@ def _max_pool(c: RuleCtx) -> str:
     k, s, x = c.f["kernel"], c.f["strides"], c.i(0)
     padding = _pool_padding(c)
     if padding is None:
-        x = f"F.pad({x}, {_torch_pad(c.f['pads'])}, value=-float('inf'))"
+        x = f"F.pad({x}, {last_dim_first(c.f['pads'])}, value=-float('inf'))"
         padding = [0] * len(k)
     return f"F.max_pool2d({x}, {k}, {s}, {padding}, {c.f['dilations']}, ceil_mode={c.f['ceil']})"
 
@@ -142,102 +169,10 @@ def _avg_pool(c: RuleCtx) -> str:
             f"F.avg_pool2d({x}, {k}, {s}, {padding}, ceil_mode={ceil}, "
             f"count_include_pad={c.f['include_pad']})"
         )
-    pads = _torch_pad(c.f["pads"])
+    pads = last_dim_first(c.f["pads"])
     total = f"F.avg_pool2d(F.pad({x}, {pads}), {k}, {s}, 0, ceil_mode={ceil})"
     if c.f["include_pad"]:
         return total
     # padding the divisor leaves out (Keras' "same"): window sums over real counts
     ones = f"torch.ones_like({x}[:1, :1])"
     return f"{total} / F.avg_pool2d(F.pad({ones}, {pads}), {k}, {s}, 0, ceil_mode={ceil})"
-
-
-@TORCH.register("ReduceProd")
-def _reduce_prod(c: RuleCtx) -> str:
-    # torch.prod reduces one dim at a time
-    expr = c.i(0)
-    for a in sorted((a % c.rank() for a in c.f["dims"]), reverse=True):
-        expr = f"torch.prod({expr}, dim={a}, keepdim={c.f['keep']})"
-    return expr
-
-
-@TORCH.register("Reshape")
-def _reshape(c: RuleCtx) -> str:
-    shape = c.f["shape"]
-    return f"torch.reshape({c.i(0)}, {shape if shape is not None else f'{c.i(1)}.tolist()'})"
-
-
-@TORCH.register("Split")
-def _split(c: RuleCtx) -> str:
-    if c.f["sizes"] is None:
-        return f"torch.tensor_split({c.i(0)}, {c.f['n']}, dim={c.f['axis']})"
-    return f"torch.split({c.i(0)}, {c.f['sizes']}, dim={c.f['axis']})"
-
-
-@TORCH.register("Slice")
-def _slice(c: RuleCtx) -> str:
-    if any(st < 0 for st in c.f["steps"]):
-        raise NotImplementedError("Slice with a negative step")
-    return f"{c.i(0)}[{c.f['index']}]"
-
-
-@TORCH.register("Gather")
-def _gather(c: RuleCtx) -> str:
-    axis = c.f["axis"] % c.rank()
-    return f"{c.i(0)}[{', '.join([':'] * axis + [c.f['index']])}]"
-
-
-@TORCH.register("Unsqueeze")
-def _unsqueeze(c: RuleCtx) -> str:
-    y = c.i(0)
-    for a in c.f["axes"]:
-        y = f"{y}.unsqueeze({a})"
-    return y
-
-
-@TORCH.register("Squeeze")
-def _squeeze(c: RuleCtx) -> str:
-    axes = c.f["axes"]
-    return f"{c.i(0)}.squeeze({tuple(axes)})" if axes else f"{c.i(0)}.squeeze()"
-
-
-def _ints_or_list(c: RuleCtx) -> str:
-    ints = c.f["ints"]
-    return literal(ints) if ints is not None else f"{c.i(1)}.tolist()"
-
-
-@TORCH.register("Expand")
-def _expand(c: RuleCtx) -> str:
-    # ONNX Expand broadcasts both ways; Tensor.expand only widens.
-    return f"{c.i(0)}.expand(torch.broadcast_shapes({c.i(0)}.shape, {_ints_or_list(c)}))"
-
-
-@TORCH.register("Tile")
-def _tile(c: RuleCtx) -> str:
-    return f"{c.i(0)}.repeat({_ints_or_list(c)})"
-
-
-@TORCH.register("Pad")
-def _pad(c: RuleCtx) -> str:
-    value = f", value=float({c.i(2)})" if c.has(2) else ""
-    return f"F.pad({c.i(0)}, {_torch_pad(c.f['pads'])}{value})"
-
-
-@TORCH.register("NegativeLogLikelihoodLoss")
-def _nll(c: RuleCtx) -> str:
-    ignore = f", ignore_index={c.f['ignore']}" if c.f["ignore"] != "None" else ""
-    return f"F.nll_loss({c.i(0)}, {c.i(1)}, {c.f['weight']}{ignore}, reduction={c.f['reduction']})"
-
-
-TORCH.finish()
-
-TARGET = Target(
-    name="torch",
-    table=TORCH,
-    runtime="tracelog.emit.runtime.torch_program",
-    const_expr="torch.tensor({value}, dtype=torch.{dtype})",
-    layout_note=(
-        "Layout: the recording was channels-last (NHWC); this program runs NCHW\n"
-        "inside. Transposes kept, per function:\n{layout}"
-    ),
-    passes=(to_channels_first,),
-)

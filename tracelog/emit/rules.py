@@ -83,7 +83,19 @@ class RuleCtx:
 
 
 Binder = Callable[[RuleCtx], dict[str, Any]]
-Spelling = str | Callable[[RuleCtx], str | list[str]]
+
+
+@dataclass(frozen=True)
+class Each:
+    """A template applied once per element of a list field, each time to the
+    expression so far ({0}) and the element ({it}): torch's x.unsqueeze(a)
+    per axis, or one torch.prod per reduced dim."""
+
+    field: str
+    template: str
+
+
+Spelling = str | Each | Callable[[RuleCtx], str | list[str]]
 
 
 @dataclass(frozen=True)
@@ -111,23 +123,22 @@ class OpTable(Table[OpRule]):
 
 class Spellings(Table[Spelling]):
     """One target's spelling of each op: IR op (or "op/variant") -> template
-    or function. `base` entries are inherited unless the target spells them."""
+    or function. `base` entries are inherited; the target's own replace them."""
 
     def __init__(self, name: str, base: dict[str, Spelling] | None = None) -> None:
         super().__init__(name)
-        self._base = dict(base or {})
+        self._rules.update(base or {})
+        self._inherited = set(base or {})
+
+    def add(self, key: str, fn: Spelling) -> None:
+        if key in self._inherited:
+            self._inherited.discard(key)
+            del self._rules[key]
+        super().add(key, fn)
 
     def spell(self, entries: dict[str, Spelling]) -> None:
         for key, spelling in entries.items():
             self.add(key, spelling)
-
-    def finish(self) -> Spellings:
-        """Take the inherited entries the target did not spell itself."""
-        for key, spelling in self._base.items():
-            if key not in self and self.reason(key) is None:
-                self.add(key, spelling)
-        self._base = {}
-        return self
 
 
 def _no_fields(c: RuleCtx) -> dict[str, Any]:
@@ -151,9 +162,16 @@ def write(spellings: Spellings, c: RuleCtx) -> str | list[str]:
     variant = rule.variant(c) if rule.variant is not None else ""
     if variant and f"{key}/{variant}" in spellings:  # a form the target spells apart
         key = f"{key}/{variant}"
+    elif variant and spellings.reason(f"{key}/{variant}"):  # a form it cannot write yet
+        raise NotImplementedError(f"{key} ({variant}): {spellings.reason(f'{key}/{variant}')}")
     spelling = spellings[key]
     if callable(spelling):
         return spelling(c)
+    if isinstance(spelling, Each):
+        expr = c.i(0)
+        for it in c.f[spelling.field]:
+            expr = spelling.template.format(expr, it=it, **c.f)
+        return expr
     if rule.fold:
         expr = c.i(0)
         for k in range(1, len(c.node.inputs)):
@@ -313,6 +331,8 @@ def _reduce(c: RuleCtx) -> dict[str, Any]:
         "axes": axes,  # None: every axis
         "axes_t": "None" if axes is None else tuple(axes),
         "dims": tuple(range(c.rank()) if axes is None else axes),
+        # one dim at a time, last first, so the dims still to reduce keep their index
+        "dims_desc": sorted((a % c.rank() for a in (axes or range(c.rank()))), reverse=True),
         "keep": bool(int(c.attr("keepdims", 1))),
     }
 
@@ -325,40 +345,69 @@ for _op in ("ReduceMean", "ReduceSum", "ReduceMax", "ReduceMin", "ReduceProd"):
     OPS.add(_op, OpRule(_reduce, variant=_all_axes))
 
 
-@OPS.op("ArgMax")
 def _argmax(c: RuleCtx) -> dict[str, Any]:
     return {"axis": int(c.attr("axis", 0)), "keep": bool(int(c.attr("keepdims", 1)))}
 
 
+OPS.add("ArgMax", OpRule(_argmax, variant=lambda c: "" if c.f["keep"] else "drop"))
+
+
+def _operand(c: RuleCtx) -> str:
+    """The variant of a shape-taking op whose shape is computed at run time."""
+    return "operand" if c.f["ints"] is None else ""
+
+
 # -- shapes ----------------------------------------------------------------------------------------
-@OPS.op("Reshape")
+def _ints_operand(c: RuleCtx) -> dict[str, Any]:
+    """A shape-like operand 1 (Reshape's shape, Expand's shape, Tile's
+    repeats): as a list and a tuple when constant."""
+    ints = c.ints(1)
+    return {"ints": ints, "ints_t": None if ints is None else tuple(ints)}
+
+
 def _reshape(c: RuleCtx) -> dict[str, Any]:
-    shape = c.ints(1)
-    if shape is not None and 0 in shape:
+    fields = _ints_operand(c)
+    if fields["ints"] is not None and 0 in fields["ints"]:
         raise NotImplementedError("Reshape with 0 (copy) dims")
-    return {"shape": shape}
+    return fields
+
+
+for _op, _bind in (("Reshape", _reshape), ("Expand", _ints_operand), ("Tile", _ints_operand)):
+    OPS.add(_op, OpRule(_bind, variant=_operand))
 
 
 @OPS.op("Transpose")
 def _transpose(c: RuleCtx) -> dict[str, Any]:
-    return {"perm": [int(p) for p in c.attr("perm")]}
+    perm = [int(p) for p in c.attr("perm")]
+    return {"perm": perm, "perm_t": tuple(perm)}
 
 
-@OPS.op("Concat")
 def _concat(c: RuleCtx) -> dict[str, Any]:
     return {"axis": int(c.attr("axis")), "parts": ", ".join(c.inputs())}
 
 
-@OPS.op("Split")
+def _assembles_shape(c: RuleCtx) -> str:
+    """A Concat of int64 vectors: a shape being assembled (JAX keeps it static)."""
+    out = c.out_type()
+    return "shape" if out.dtype == "int64" and len(out.shape) == 1 else ""
+
+
+OPS.add("Concat", OpRule(_concat, variant=_assembles_shape))
+
+
 def _split(c: RuleCtx) -> dict[str, Any]:
+    sizes = c.ints(1)
     return {
         "axis": int(c.attr("axis", 0)),
-        "sizes": c.ints(1),
+        "sizes": sizes,  # None: num_outputs parts, as even as they come
+        "cuts": None if sizes is None else [sum(sizes[: k + 1]) for k in range(len(sizes) - 1)],
         "n": int(c.attr("num_outputs", len(c.node.outputs))),
     }
 
 
-@OPS.op("Slice")
+OPS.add("Split", OpRule(_split, variant=lambda c: "even" if c.f["sizes"] is None else ""))
+
+
 def _slice(c: RuleCtx) -> dict[str, Any]:
     starts, ends = c.ints(1), c.ints(2)
     axes = c.ints(3) if c.has(3) else None
@@ -384,11 +433,16 @@ def _slice(c: RuleCtx) -> dict[str, Any]:
     return {"index": ", ".join(index), "steps": steps}
 
 
+OPS.add("Slice", OpRule(_slice, variant=lambda c: "reversed" if min(c.f["steps"]) < 0 else ""))
+
+
 @OPS.op("Gather")
 def _gather(c: RuleCtx) -> dict[str, Any]:
     idx = c.const(1)
     index = literal(idx.tolist()) if idx is not None and idx.ndim == 0 else c.i(1)
-    return {"axis": int(c.attr("axis", 0)), "index": index}
+    axis = int(c.attr("axis", 0))
+    # lead: the full slices before the gathered axis, for targets that index (x[:, :, idx])
+    return {"axis": axis, "index": index, "lead": ":, " * (axis % c.rank())}
 
 
 @OPS.op("Unsqueeze")
@@ -397,26 +451,40 @@ def _unsqueeze(c: RuleCtx) -> dict[str, Any]:
     if axes is None:
         raise NotImplementedError("Unsqueeze with computed axes")
     rank = len(c.out_type().shape)
-    return {"axes": sorted(a % rank for a in axes)}
+    return {"axes": sorted(a % rank for a in axes), "axes_t": tuple(sorted(a % rank for a in axes))}
 
 
-@OPS.op("Squeeze")
 def _squeeze(c: RuleCtx) -> dict[str, Any]:
-    return {"axes": c.ints(1) if c.has(1) else None}
+    axes = c.ints(1) if c.has(1) else None
+    return {"axes": axes, "axes_t": tuple(axes or ())}
 
 
-@OPS.op("Expand", "Tile")
-def _shape_operand(c: RuleCtx) -> dict[str, Any]:
-    return {"ints": c.ints(1)}
+OPS.add("Squeeze", OpRule(_squeeze, variant=lambda c: "" if c.f["axes"] else "all"))
 
 
-@OPS.op("Pad")
+def last_dim_first(pads: list[int]) -> list[int]:
+    """ONNX pads [b1, b2, e1, e2] -> [b2, e2, b1, e1], the last dim first (F.pad)."""
+    half = len(pads) // 2
+    out: list[int] = []
+    for k in reversed(range(half)):
+        out += [pads[k], pads[k + half]]
+    return out
+
+
 def _pad(c: RuleCtx) -> dict[str, Any]:
     pads = c.ints(1)
     if pads is None or c.has(3) or c.attr("mode", "constant") != "constant":
         raise NotImplementedError("Pad other than constant with constant pads")
     half = len(pads) // 2
-    return {"pairs": [[pads[k], pads[k + half]] for k in range(half)], "pads": pads}
+    pairs = [[pads[k], pads[k + half]] for k in range(half)]
+    return {
+        "pairs": pairs,
+        "pairs_t": [tuple(p) for p in pairs],
+        "last_first": last_dim_first(pads),
+    }
+
+
+OPS.add("Pad", OpRule(_pad, variant=lambda c: "valued" if c.has(2) else ""))
 
 
 def _shape(c: RuleCtx) -> dict[str, Any]:
@@ -437,7 +505,6 @@ def _constant_of_shape(c: RuleCtx) -> dict[str, Any]:
 
 
 # -- losses ------------------------------------------------------------------------------------------
-@OPS.op("NegativeLogLikelihoodLoss")
 def _nll(c: RuleCtx) -> dict[str, Any]:
     ignore = c.attr("ignore_index")
     return {
@@ -445,6 +512,12 @@ def _nll(c: RuleCtx) -> dict[str, Any]:
         "reduction": literal(str(c.attr("reduction", "mean"))),
         "ignore": literal(int(ignore)) if ignore is not None else "None",
     }
+
+
+OPS.add(
+    "NegativeLogLikelihoodLoss",
+    OpRule(_nll, variant=lambda c: "ignore" if c.f["ignore"] != "None" else ""),
+)
 
 
 def dtype_name(dtype: str) -> str:

@@ -30,7 +30,12 @@ def support_table() -> str:
         for name in names:
             table = tables[name]
             if schema.qualified in table:
-                cells.append("yes")
+                forms = [
+                    f"{key.partition('/')[2]}: {reason}"
+                    for key, reason in table.not_yet_keys().items()
+                    if key.startswith(schema.qualified + "/")
+                ]
+                cells.append("yes" + (f" (not {'; '.join(forms)})" if forms else ""))
             else:
                 reason = table.reason(schema.qualified)
                 cells.append(f"no: {reason}" if reason else "no")

@@ -9,12 +9,30 @@ transpose in and out around the kernel.
 
 from __future__ import annotations
 
-from tracelog.emit.common import literal
 from tracelog.emit.program import Target
-from tracelog.emit.rules import PYTHON_BASE, RuleCtx, Spellings, not_yet_everywhere, scaled_gemm
+from tracelog.emit.rules import (
+    PYTHON_BASE,
+    Each,
+    RuleCtx,
+    Spellings,
+    not_yet_everywhere,
+    scaled_gemm,
+)
 from tracelog.passes.layout import to_channels_last
 
 TF = Spellings("tensorflow", base=PYTHON_BASE)
+TARGET = Target(
+    "tensorflow",
+    TF,
+    "tracelog.emit.runtime.tensorflow_program",
+    "tf.constant({value}, tf.{dtype})",
+    (to_channels_last,),
+    layout_note=(
+        "Layout: NHWC inside (TensorFlow's CPU convolution and pooling kernels take\n"
+        "channels last); the recording was NCHW. Transposes kept, per function:\n"
+        "{layout}"
+    ),
+)
 
 NCHW_TO_NHWC = [0, 2, 3, 1]
 NHWC_TO_NCHW = [0, 3, 1, 2]
@@ -79,6 +97,28 @@ TF.spell(
         "Shape/whole": "tf.shape({0}, out_type=tf.int64)",
         "Shape": "tf.shape({0}, out_type=tf.int64){range}",
         "ConstantOfShape": "tf.fill({0}, tf.constant({value}, tf.{dtype}))",
+        "ArgMax": "tf.expand_dims(tf.math.argmax({0}, axis={axis}, output_type=tf.int64), {axis})",
+        "ArgMax/drop": "tf.math.argmax({0}, axis={axis}, output_type=tf.int64)",
+        "Reshape": "tf.reshape({0}, {ints})",
+        "Reshape/operand": "tf.reshape({0}, {1})",
+        "Split": "tf.split({0}, {sizes}, axis={axis})",
+        "Split/even": "tf.split({0}, {n}, axis={axis})",
+        "Unsqueeze": Each("axes", "tf.expand_dims({0}, {it})"),
+        "Squeeze": "tf.squeeze({0}, axis={axes})",
+        "Squeeze/all": "tf.squeeze({0})",
+        # ONNX Expand broadcasts both ways; tf.broadcast_to only widens.
+        "Expand": (
+            "tf.broadcast_to({0}, tf.broadcast_dynamic_shape("
+            "tf.shape({0}, out_type=tf.int64), tf.constant({ints}, tf.int64)))"
+        ),
+        "Expand/operand": (
+            "tf.broadcast_to({0}, tf.broadcast_dynamic_shape("
+            "tf.shape({0}, out_type=tf.int64), tf.constant({1}, tf.int64)))"
+        ),
+        "Pad": "tf.pad({0}, {pairs})",
+        "Pad/valued": "tf.pad({0}, {pairs}, constant_values={2})",
+        "Tile": "tf.tile({0}, {ints})",
+        "Tile/operand": "tf.tile({0}, {1})",
     }
 )
 not_yet_everywhere(TF)
@@ -175,71 +215,3 @@ def _avg_pool(c: RuleCtx) -> str:
         ones = f"tf.pad(tf.ones_like({x}[:1, :, :, :1]), {pad})"
         y = f"{y} / tf.nn.avg_pool2d({ones}, {window})"
     return _from_nhwc(c, y)
-
-
-@TF.register("ArgMax")
-def _argmax(c: RuleCtx) -> str:
-    y = f"tf.math.argmax({c.i(0)}, axis={c.f['axis']}, output_type=tf.int64)"
-    return f"tf.expand_dims({y}, {c.f['axis']})" if c.f["keep"] else y
-
-
-@TF.register("Reshape")
-def _reshape(c: RuleCtx) -> str:
-    shape = c.f["shape"]
-    return f"tf.reshape({c.i(0)}, {shape if shape is not None else c.i(1)})"
-
-
-@TF.register("Split")
-def _split(c: RuleCtx) -> str:
-    sizes = c.f["sizes"]
-    return f"tf.split({c.i(0)}, {c.f['n'] if sizes is None else sizes}, axis={c.f['axis']})"
-
-
-@TF.register("Unsqueeze")
-def _unsqueeze(c: RuleCtx) -> str:
-    y = c.i(0)
-    for a in c.f["axes"]:
-        y = f"tf.expand_dims({y}, {a})"
-    return y
-
-
-@TF.register("Squeeze")
-def _squeeze(c: RuleCtx) -> str:
-    axes = c.f["axes"]
-    return f"tf.squeeze({c.i(0)}, axis={axes})" if axes else f"tf.squeeze({c.i(0)})"
-
-
-@TF.register("Expand")
-def _expand(c: RuleCtx) -> str:
-    # ONNX Expand broadcasts both ways; tf.broadcast_to only widens.
-    target = literal(c.f["ints"]) if c.f["ints"] is not None else c.i(1)
-    x = c.i(0)
-    return f"tf.broadcast_to({x}, tf.broadcast_dynamic_shape(tf.shape({x}, out_type=tf.int64), tf.constant({target}, tf.int64)))"
-
-
-@TF.register("Pad")
-def _pad(c: RuleCtx) -> str:
-    value = f", constant_values={c.i(2)}" if c.has(2) else ""
-    return f"tf.pad({c.i(0)}, {c.f['pairs']}{value})"
-
-
-@TF.register("Tile")
-def _tile(c: RuleCtx) -> str:
-    reps = c.f["ints"]
-    return f"tf.tile({c.i(0)}, {reps if reps is not None else c.i(1)})"
-
-
-TF.finish()
-
-TARGET = Target(
-    name="tensorflow",
-    table=TF,
-    runtime="tracelog.emit.runtime.tensorflow_program",
-    const_expr="tf.constant({value}, tf.{dtype})",
-    layout_note=(
-        "Layout: NHWC inside (TensorFlow's CPU convolution and pooling kernels take\n"
-        "channels last); the recording was NCHW. Transposes kept, per function:\n"
-        "{layout}"
-    ),
-    passes=(to_channels_last,),
-)

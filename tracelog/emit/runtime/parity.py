@@ -10,14 +10,13 @@ from __future__ import annotations
 
 import os
 import sys
+from collections.abc import Callable
 from typing import TYPE_CHECKING, Any
 
 import numpy as np
 from safetensors.numpy import load_file
 
 if TYPE_CHECKING:  # defined by the program: its target's runtime and its generated code
-    from collections.abc import Callable
-
     from tracelog.sample import buffer_key, grad_key, output_key, param_key, update_key
 
     PARAMETERS: list[tuple[str, bool]] = []
@@ -25,11 +24,11 @@ if TYPE_CHECKING:  # defined by the program: its target's runtime and its genera
     def _as_param(array: np.ndarray, trainable: bool) -> Any: ...
     def _as_const(array: np.ndarray) -> Any: ...
     def _numpy(x: Any) -> np.ndarray: ...
-    def _runs(
+    def _value_and_grads(
         step: Callable[[dict[str, Any]], tuple[dict[str, Any], Any]],
         params: dict[str, Any],
         trainable: list[str],
-    ) -> list[tuple[str, tuple[dict[str, Any], Any, list[Any]]]]: ...
+    ) -> tuple[dict[str, Any], Any, list[Any]]: ...
     def sample_step(params: dict[str, Any], sample: dict[str, np.ndarray]) -> tuple[Any, Any]: ...
 
 
@@ -66,6 +65,14 @@ def sample_params(log_dir: str) -> dict[str, Any]:
         params[name] = _as_param(sample[key], trainable)
     params.update({k: _as_const(v) for k, v in weights.items() if k.startswith("const/")})
     return params
+
+
+def _runs(
+    step: Callable[[dict[str, Any]], tuple[Any, Any]], params: dict[str, Any], trainable: list[str]
+) -> list[tuple[str, tuple[dict[str, Any], Any, list[Any]]]]:
+    """The runs the parity check compares with the recording: one, eager (a
+    target's runtime may define its own, as JAX does: jitted and op by op)."""
+    return [("", _value_and_grads(step, params, trainable))]
 
 
 def check_parity(
@@ -110,4 +117,4 @@ def main() -> int:
 
 
 # What every program inlines from this module, in this order.
-INLINED = ("load_params", "_compare", "sample_params", "check_parity", "main")
+INLINED = ("load_params", "_compare", "sample_params", "_runs", "check_parity", "main")

@@ -36,11 +36,6 @@ def _value_and_grads(step: Step, params: dict[str, Any], trainable: list[str]) -
     return outputs, loss, [None if g is None else tf.convert_to_tensor(g) for g in grads]
 
 
-def _runs(step: Step, params: dict[str, Any], trainable: list[str]) -> list:
-    """The runs the parity check compares with the recording: one, eager."""
-    return [("", _value_and_grads(step, params, trainable))]
-
-
 def _batch_norm_train(
     x: tf.Tensor,
     scale: tf.Tensor,
@@ -146,4 +141,4 @@ def _grouped_conv2d(
     return tf.concat(ys, axis=3)
 
 
-INLINED = ("_as_param", "_as_const", "_numpy", "_value_and_grads", "_runs")
+INLINED = ("_as_param", "_as_const", "_numpy", "_value_and_grads")

@@ -36,11 +36,6 @@ def _value_and_grads(step: Step, params: dict[str, Any], trainable: list[str]) -
     return outputs, loss, grads
 
 
-def _runs(step: Step, params: dict[str, Any], trainable: list[str]) -> list:
-    """The runs the parity check compares with the recording: one, eager."""
-    return [("", _value_and_grads(step, params, trainable))]
-
-
 def _batch_norm_train(
     x: torch.Tensor,
     scale: torch.Tensor,
@@ -81,4 +76,4 @@ def _dropout(x: torch.Tensor, rate: Any, rng: Any, key: str) -> tuple[torch.Tens
 
 
 # Inlined into every program; every other function here is a helper, inlined on use.
-INLINED = ("_as_param", "_as_const", "_numpy", "_value_and_grads", "_runs")
+INLINED = ("_as_param", "_as_const", "_numpy", "_value_and_grads")
