@@ -28,6 +28,8 @@ class OpSchema:
     outputs: tuple[str, ...]  # "name?" optional
     attrs: tuple[str, ...] = ()
     domain: str = ""
+    # what passes may assume about the op (TRAITS); passes read these, not op-name lists
+    traits: frozenset[str] = frozenset()
     doc: str = ""
     function: str | None = field(default=None, compare=False)  # ONNX text body
 
@@ -51,6 +53,20 @@ class OpSchema:
             raise ValueError(f"{self.qualified} has no attribute(s) {sorted(unknown)}")
 
 
+TRAITS = {
+    # y[i] = f(x1[i], x2[i], ...) over broadcast inputs, deterministic: a transpose of the
+    # inputs commutes with the op (the layout pass moves transposes through it)
+    "elementwise": "deterministic per-element function of its (broadcast) inputs",
+    # data input 0, axes input 1 (constant axes can be permuted with the data)
+    "reduction": "reduces input 0 over the axes given as input 1",
+    # row-major order is all the op keeps: a Reshape of its output is one of its input
+    "reshape": "changes only the shape of input 0, keeping row-major element order",
+    # input 0 is NCHW data; the op can run channels-last (attribute channels_last)
+    "channels_first": "reads input 0 as channels-first and can run channels-last",
+    # draws a random mask each run: the recorded sample keeps the mask, in node order
+    "random": "draws a random mask; the sample keeps it so a replay reproduces the batch",
+}
+
 OPS: dict[tuple[str, str], OpSchema] = {}
 
 
@@ -58,6 +74,9 @@ def define(schema: OpSchema) -> OpSchema:
     key = (schema.domain, schema.name)
     if key in OPS:
         raise ValueError(f"op {schema.qualified} is defined twice")
+    unknown = schema.traits - TRAITS.keys()
+    if unknown:
+        raise ValueError(f"op {schema.qualified} has unknown traits {sorted(unknown)}")
     OPS[key] = schema
     return schema
 
@@ -71,7 +90,21 @@ def schema_for(domain: str, name: str) -> OpSchema:
         ) from None
 
 
-def _onnx(name: str, inputs: str, outputs: str, attrs: str = "", doc: str = "") -> None:
+def traits_of(node: Node) -> frozenset[str]:
+    """The traits of a node's op; none for an op outside the vocabulary."""
+    schema = OPS.get((node.domain, node.op))
+    return schema.traits if schema is not None else frozenset()
+
+
+def is_random(node: Node) -> bool:
+    """The node draws a random mask (Dropout): the sample keeps one per such
+    node, in node order, and a replay feeds it back (tracelog.sample.mask_key)."""
+    return "random" in traits_of(node)
+
+
+def _onnx(
+    name: str, inputs: str, outputs: str, attrs: str = "", doc: str = "", traits: str = ""
+) -> None:
     define(
         OpSchema(
             name,
@@ -79,6 +112,7 @@ def _onnx(name: str, inputs: str, outputs: str, attrs: str = "", doc: str = "") 
             tuple(outputs.split()),
             tuple(attrs.split()),
             doc=doc or f"ONNX {name}, opset {ONNX_OPSET}.",
+            traits=frozenset(traits.split()),
         )
     )
 
@@ -87,16 +121,16 @@ def _onnx(name: str, inputs: str, outputs: str, attrs: str = "", doc: str = "") 
 for _name in (
     "Relu Tanh Sigmoid Sqrt Exp Log Abs Neg Reciprocal Erf Softplus Identity Not Floor Ceil"
 ).split():
-    _onnx(_name, "X", "Y")
-_onnx("LeakyRelu", "X", "Y", "alpha")
-_onnx("Gelu", "X", "Y", "approximate")
-_onnx("Clip", "input min? max?", "output")
+    _onnx(_name, "X", "Y", traits="elementwise")
+_onnx("LeakyRelu", "X", "Y", "alpha", traits="elementwise")
+_onnx("Gelu", "X", "Y", "approximate", traits="elementwise")
+_onnx("Clip", "input min? max?", "output", traits="elementwise")
 for _name in "Add Sub Mul Div Pow Equal Less Greater And Or".split():
-    _onnx(_name, "A B", "C")
-_onnx("Max", "data_0*", "max")
-_onnx("Min", "data_0*", "min")
-_onnx("Where", "condition X Y", "output")
-_onnx("Cast", "input", "output", "to")
+    _onnx(_name, "A B", "C", traits="elementwise")
+_onnx("Max", "data_0*", "max", traits="elementwise")
+_onnx("Min", "data_0*", "min", traits="elementwise")
+_onnx("Where", "condition X Y", "output", traits="elementwise")
+_onnx("Cast", "input", "output", "to", traits="elementwise")
 _onnx("Softmax", "input", "output", "axis")
 _onnx("LogSoftmax", "input", "output", "axis")
 _onnx("MatMul", "A B", "Y")
@@ -104,25 +138,34 @@ _onnx("Einsum", "Inputs*", "Output", "equation")
 _onnx("Gemm", "A B C?", "Y", "alpha beta transA transB")
 # channels_last: set only by the layout pass on graphs lowered for a target
 # (tracelog.passes.layout); such a graph is never stored in a log.
-_onnx("Conv", "X W B?", "Y", "auto_pad dilations group kernel_shape pads strides channels_last")
+_onnx(
+    "Conv",
+    "X W B?",
+    "Y",
+    "auto_pad dilations group kernel_shape pads strides channels_last",
+    traits="channels_first",
+)
 _onnx(
     "MaxPool",
     "X",
     "Y Indices?",
     "auto_pad ceil_mode dilations kernel_shape pads storage_order strides channels_last",
+    traits="channels_first",
 )
 _onnx(
     "AveragePool",
     "X",
     "Y",
     "auto_pad ceil_mode count_include_pad dilations kernel_shape pads strides channels_last",
+    traits="channels_first",
 )
-_onnx("GlobalAveragePool", "X", "Y", "channels_last")
+_onnx("GlobalAveragePool", "X", "Y", "channels_last", traits="channels_first")
 _onnx(
     "BatchNormalization",
     "X scale B input_mean input_var",
     "Y running_mean? running_var?",
     "epsilon momentum training_mode channels_last",
+    traits="channels_first",
 )
 _onnx(
     "LayerNormalization",
@@ -130,18 +173,19 @@ _onnx(
     "Y Mean? InvStdDev?",
     "axis epsilon stash_type",
 )
-_onnx("Dropout", "data ratio? training_mode?", "output mask?", "seed")
+# element-wise too, but its mask is drawn in the recorded layout: not "elementwise"
+_onnx("Dropout", "data ratio? training_mode?", "output mask?", "seed", traits="random")
 for _name in "ReduceMean ReduceSum ReduceMax ReduceMin ReduceProd".split():
-    _onnx(_name, "data axes?", "reduced", "keepdims noop_with_empty_axes")
+    _onnx(_name, "data axes?", "reduced", "keepdims noop_with_empty_axes", traits="reduction")
 _onnx("ArgMax", "data", "reduced", "axis keepdims select_last_index")
-_onnx("Reshape", "data shape", "reshaped", "allowzero")
+_onnx("Reshape", "data shape", "reshaped", "allowzero", traits="reshape")
 _onnx("Transpose", "data", "transposed", "perm")
 _onnx("Concat", "inputs*", "concat_result", "axis")
 _onnx("Split", "input split?", "outputs*", "axis num_outputs")
 _onnx("Slice", "data starts ends axes? steps?", "output")
 _onnx("Gather", "data indices", "output", "axis")
-_onnx("Unsqueeze", "data axes", "expanded")
-_onnx("Squeeze", "data axes?", "squeezed")
+_onnx("Unsqueeze", "data axes", "expanded", traits="reshape")
+_onnx("Squeeze", "data axes?", "squeezed", traits="reshape")
 _onnx("Expand", "input shape", "output")
 _onnx("Tile", "input repeats", "output")
 _onnx("Pad", "data pads constant_value? axes?", "output", "mode")
@@ -170,6 +214,7 @@ define(
         ("Y", "new_running_mean", "new_running_var"),
         ("epsilon", "momentum", "axes", "channels_last"),
         domain=TRACELOG_DOMAIN,
+        traits=frozenset({"channels_first"}),
         doc=(
             "Batch normalisation in training mode as PyTorch computes it. Y normalises X with "
             "the batch mean and the biased batch variance over `axes` (all but the channel "
@@ -226,6 +271,7 @@ define(
         ("Y",),
         (),
         domain=TRACELOG_DOMAIN,
+        traits=frozenset({"elementwise"}),
         doc=(
             "Y = X, and no gradient flows from Y to X (tf.stop_gradient, torch's detach, "
             "jax.lax.stop_gradient). Keras' batch norm computes the variance around a "

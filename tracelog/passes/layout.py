@@ -21,26 +21,16 @@ import copy
 from dataclasses import dataclass, field
 
 from tracelog.ir import ConstData, Graph, Node, TensorType, Value
+from tracelog.ops import traits_of
 
 TO_NHWC = [0, 2, 3, 1]
 TO_NCHW = [0, 3, 1, 2]
 
-# ops whose first input is NCHW data and which can run channels-last
-LAYOUT_OPS = {
-    ("", "Conv"),
-    ("", "MaxPool"),
-    ("", "AveragePool"),
-    ("", "GlobalAveragePool"),
-    ("", "BatchNormalization"),
-    ("tracelog", "BatchNormTraining"),
-}
-# element-wise ops: a transpose of all their 4-D inputs commutes with them
-ELEMENTWISE = {
-    "Relu", "Tanh", "Sigmoid", "Sqrt", "Exp", "Log", "Abs", "Neg", "Reciprocal", "Erf",
-    "Softplus", "Identity", "LeakyRelu", "Gelu", "Clip", "Add", "Sub", "Mul", "Div", "Pow",
-    "Max", "Min", "Where", "Cast", "StopGradient",
-}  # fmt: skip
-REDUCTIONS = {"ReduceMean", "ReduceSum", "ReduceMax", "ReduceMin"}
+
+def _has(n: Node, trait: str) -> bool:
+    """Whether n's op has the schema trait (tracelog.ops.TRAITS): the pass's
+    op classes come from the vocabulary, not from lists kept here."""
+    return trait in traits_of(n)
 
 
 @dataclass
@@ -101,13 +91,13 @@ def to_channels_last(graph: Graph) -> tuple[Graph, LayoutReport]:
     """For TensorFlow: layout-sensitive NCHW ops run NHWC, transposes sunk."""
     rw = _Rewriter(graph, "nhwc")
     g = rw.g
-    if not any((n.domain, n.op) in LAYOUT_OPS and _rank(g, n.inputs[0]) == 4 for n in g.nodes):
+    if not any(_has(n, "channels_first") and _rank(g, n.inputs[0]) == 4 for n in g.nodes):
         return g, LayoutReport()
 
     # 1. wrap each layout-sensitive op
     nodes: list[Node] = []
     for n in g.nodes:
-        if (n.domain, n.op) not in LAYOUT_OPS or _rank(g, n.inputs[0]) != 4:
+        if not _has(n, "channels_first") or _rank(g, n.inputs[0]) != 4:
             nodes.append(n)
             continue
         t_in, x_nhwc = rw.transpose(n.inputs[0], TO_NHWC, None, n)
@@ -191,7 +181,7 @@ def _fold_reshapes(rw: _Rewriter) -> bool:
         if n.op != "Reshape" or n.source != "layout pass":
             continue
         src = prod.get(n.inputs[0])
-        if src is not None and not src.domain and src.op in ("Reshape", "Squeeze", "Unsqueeze"):
+        if src is not None and _has(src, "reshape"):
             n.inputs = [src.inputs[0], *n.inputs[1:]]
             return True
     return False
@@ -302,19 +292,18 @@ def _push(rw: _Rewriter, back: list[int]) -> bool:
     for idx, n in enumerate(g.nodes):
         if not n.outputs or not n.inputs:
             continue
-        if n.domain and not (n.domain == "tracelog" and n.op == "StopGradient"):
-            continue
+        elementwise, by_name = _has(n, "elementwise"), "" if n.domain else n.op
         srcs = [prod.get(i) for i in n.inputs]
         is_back = [
             _is_perm(b, back) and _rank(g, i) == 4 for b, i in zip(srcs, n.inputs, strict=True)
         ]
-        if not is_back[0] and not (n.op in ELEMENTWISE and any(is_back)):
+        if not is_back[0] and not (elementwise and any(is_back)):
             continue
         first = srcs[0].inputs[0] if is_back[0] else ""  # type: ignore[union-attr]
         pre: list[Node] = []
         transpose_out = True
         attrs = dict(n.attrs)
-        if n.op in ELEMENTWISE and _rank(g, n.outputs[0]) == 4:
+        if elementwise and _rank(g, n.outputs[0]) == 4:
             moves = list(zip(n.inputs, srcs, is_back, strict=True))
             if not all(ok or _can_relay(g, i, back) for i, _, ok in moves):
                 continue
@@ -322,7 +311,7 @@ def _push(rw: _Rewriter, back: list[int]) -> bool:
                 _relay_operand(rw, n, i, b.inputs[0] if ok else None, back, pre)  # type: ignore[union-attr]
                 for i, b, ok in moves
             ]
-        elif n.op in REDUCTIONS and len(n.inputs) == 2 and (axes := _const_ints(g, n.inputs[1])):
+        elif _has(n, "reduction") and len(n.inputs) == 2 and (axes := _const_ints(g, n.inputs[1])):
             axes = [a % 4 for a in axes]
             new_axes = sorted(back[a] for a in axes)
             if int(n.attrs.get("keepdims", 1)) == 0:
@@ -331,17 +320,17 @@ def _push(rw: _Rewriter, back: list[int]) -> bool:
                     continue
                 transpose_out = False
             new_inputs = [first, _const(rw, n.inputs[1], new_axes)]
-        elif n.op == "Squeeze" and len(n.inputs) == 2 and (axes := _const_ints(g, n.inputs[1])):
+        elif by_name == "Squeeze" and len(n.inputs) == 2 and (axes := _const_ints(g, n.inputs[1])):
             axes = [a % 4 for a in axes]
             kept = [back[i] for i in range(4) if i not in axes]
             if kept != sorted(kept):
                 continue
             transpose_out = False
             new_inputs = [first, _const(rw, n.inputs[1], sorted(back[a] for a in axes))]
-        elif n.op == "Concat" and all(is_back):
+        elif by_name == "Concat" and all(is_back):
             new_inputs = [b.inputs[0] for b in srcs]  # type: ignore[union-attr]
             attrs["axis"] = back[int(n.attrs["axis"]) % 4]
-        elif n.op == "Pad" and len(n.inputs) >= 2 and (pads := _const_ints(g, n.inputs[1])):
+        elif by_name == "Pad" and len(n.inputs) >= 2 and (pads := _const_ints(g, n.inputs[1])):
             if len(pads) != 8 or len(n.inputs) > 3:
                 continue
             new_pads = [0] * 8
