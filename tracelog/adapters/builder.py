@@ -22,7 +22,8 @@ from tracelog.ir import (
     batch_factor,
     is_symbolic,
 )
-from tracelog.ops import TRACELOG_DOMAIN
+from tracelog.ops import TRACELOG_DOMAIN, is_random
+from tracelog.passes.rewrite import Rewrites, rewrite
 from tracelog.registry import Table
 
 
@@ -31,6 +32,17 @@ class NotSupported(Exception):
 
 
 Converter = Callable[["Ctx"], Sequence[str | None]]
+
+# The rewrites (fusions) each adapter's graphs get before they are cut and
+# hashed, by the adapter table's name; an adapter declares them next to its table.
+_REWRITES: dict[str, Rewrites] = {}
+
+
+def use_rewrites(table: Table[Converter], rewrites: Rewrites) -> None:
+    """Every graph built with ``table`` is rewritten with ``rewrites``."""
+    if table.name in _REWRITES:
+        raise ValueError(f"{table.name}: rewrites are declared twice")
+    _REWRITES[table.name] = rewrites
 
 
 class Builder:
@@ -52,7 +64,8 @@ class Builder:
         self.node_region: list[str] = []
         self.names: dict[tuple[Any, ...], str | None] = {}
         self.pseudo: dict[str, tuple[Any, ...]] = {}
-        self.random_recs: list[int] = []  # per Dropout node: the record of its mask
+        # per random node (Dropout), by its first output: the record that drew its mask
+        self.random_recs: dict[str, int] = {}
         self._n_helper = 0
         self._n_const = 0
         self._const_cache: dict[tuple[Any, ...], str] = {}
@@ -193,7 +206,8 @@ class Builder:
     # -- cutting graphs -------------------------------------------------------------
     def graphs(self) -> tuple[Graph, Graph | None, list[int]]:
         """The prediction graph, the loss graph (None without a loss) and, per
-        Dropout node of the prediction graph, the record index of its mask."""
+        random node (Dropout) of the prediction graph, the record index of its mask."""
+        self._rewrite()
         producer = {o: i for i, n in enumerate(self.nodes) for o in n.outputs if o}
         tape = self.tape
 
@@ -221,13 +235,34 @@ class Builder:
             outputs.append(Output(self._ref_name(ref), f"update:{buf}"))
         keep, _ = self._slice([o.name for o in outputs], producer, region="pred")
         pred = self._assemble("prediction", keep, outputs, data_inputs=list(tape.inputs))
-        masks = [self.random_recs[k] for i, k in sorted(self._dropouts.items()) if i in keep]
+        # the sample's masks, one per random node in node order (tracelog.sample.mask_key)
+        random = [self.nodes[i] for i in keep if is_random(self.nodes[i])]
+        masks = [self.random_recs[n.outputs[0]] for n in random]
         return pred, loss_graph, masks
 
-    @property
-    def _dropouts(self) -> dict[int, int]:
-        idx = [i for i, n in enumerate(self.nodes) if n.op == "Dropout" and not n.domain]
-        return {i: k for k, i in enumerate(idx)}
+    def _rewrite(self) -> None:
+        """The adapter's fusions over every converted node, before the graphs
+        are cut (a fused pattern may span the prediction and loss regions)."""
+        rules = _REWRITES.get(self.table.name)
+        if not rules:
+            return
+        tape = self.tape
+        refs = [ref for _, ref in tape.outputs] + [ref for _, ref in tape.buffer_updates]
+        kept = []
+        for ref in refs + ([tape.loss] if tape.loss is not None else []):
+            try:
+                kept.append(Output(self._ref_name(ref), "kept"))
+            except NotSupported:
+                continue  # graphs() raises it where it did before
+        whole = Graph("prediction", self.values, self.nodes, kept)
+        done, report = rewrite(whole, rules)
+        if not report.replaced:
+            return
+        region = {id(n): r for n, r in zip(self.nodes, self.node_region, strict=True)}
+        for root, new in report.replaced:  # a replacement runs where its root ran
+            region.update((id(n), region[id(root)]) for n in new)
+        self.values, self.nodes = done.values, done.nodes
+        self.node_region = [region[id(n)] for n in self.nodes]
 
     def _ref_name(self, ref: tuple[Any, ...]) -> str:
         if ref[0] == "o":
@@ -406,6 +441,18 @@ class Ctx:
         )
         self.b.node_region.append(self.rec.region)
         return names
+
+    def dropout(self, x: str, ratio: float, mask_rec: int) -> str:
+        """Dropout(x, ratio) in training mode for the record's first output; the
+        sample takes its keep mask from record ``mask_rec`` (the listener's mask())."""
+        out = self.out_type()
+        y, _mask = self.node(
+            "Dropout",
+            [x, self.const(ratio, out.dtype), self.const(True, "bool")],
+            outs=[out, TensorType("bool", out.shape)],
+        )
+        self.b.random_recs[y] = mask_rec
+        return y
 
     def one(self, op: str, inputs: Sequence[str], **attrs: Any) -> list[str]:
         """A node with the record's first output as its only output."""

@@ -160,14 +160,7 @@ def _dropout(ctx: Ctx) -> Names:
     keep_scale = float(
         scale_v.const.data if not isinstance(scale_v.const.data, list) else scale_v.const.data[0]
     )
-    out = ctx.out_type()
-    y, _mask = ctx.node(
-        "Dropout",
-        [x, ctx.const(1.0 - 1.0 / keep_scale, out.dtype), ctx.const(True, "bool")],
-        outs=[out, TensorType("bool", out.shape)],
-    )
-    ctx.b.random_recs.append(ctx.rec.index)
-    return [y]
+    return [ctx.dropout(x, 1.0 - 1.0 / keep_scale, ctx.rec.index)]
 
 
 # -- linear algebra ------------------------------------------------------------------------

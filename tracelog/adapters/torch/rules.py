@@ -13,13 +13,15 @@ from collections.abc import Sequence
 
 import numpy as np
 
-from tracelog.adapters.builder import Converter, Ctx, NotSupported
+from tracelog.adapters.builder import Converter, Ctx, NotSupported, use_rewrites
 from tracelog.adapters.tape import TArg
 from tracelog.ir import TensorType, is_symbolic
 from tracelog.ops import TRACELOG_DOMAIN
+from tracelog.passes.fusions import GEMM_TRANSPOSES
 from tracelog.registry import Table
 
 ATEN: Table[Converter] = Table("aten")
+use_rewrites(ATEN, GEMM_TRANSPOSES)  # t + mm/addmm -> Gemm(transB=1)
 
 INT64_MAX = 2**63 - 1
 _REDUCTION = {0: "none", 1: "mean", 2: "sum"}
@@ -233,34 +235,19 @@ def _masked_fill(ctx: Ctx) -> Names:
 
 
 # -- linear algebra -----------------------------------------------------------------
-def _untransposed(ctx: Ctx, name: str) -> str | None:
-    """If name is Transpose(W, perm=[1, 0]), W; else None (Gemm's transB)."""
-    for node in reversed(ctx.b.nodes):
-        if name in node.outputs:
-            if node.op == "Transpose" and list(node.attrs.get("perm", [])) == [1, 0]:
-                return node.inputs[0]
-            return None
-    return None
-
-
+# A weight's `t` feeding mm/addmm becomes Gemm(transB=1) in the fusion pass
+# (tracelog.passes.fusions.GEMM_TRANSPOSES); the rules write the plain ops.
 @ATEN.register("aten.addmm.default")
 def _addmm(ctx: Ctx) -> Names:
     a, b, c = ctx.t(1), ctx.t(2), ctx.t(0)
     beta, alpha = ctx.arg(3, "beta", 1), ctx.arg(4, "alpha", 1)
-    w = _untransposed(ctx, b)
     attrs = {"alpha": float(alpha), "beta": float(beta)} if (alpha, beta) != (1, 1) else {}
-    if w is not None:
-        return ctx.one("Gemm", [a, w, c], transB=1, **attrs)
     return ctx.one("Gemm", [a, b, c], **attrs)
 
 
 @ATEN.register("aten.mm.default")
 def _mm(ctx: Ctx) -> Names:
-    a, b = ctx.t(0), ctx.t(1)
-    w = _untransposed(ctx, b)
-    if w is not None:
-        return ctx.one("Gemm", [a, w], transB=1)
-    return ctx.one("MatMul", [a, b])
+    return ctx.one("MatMul", [ctx.t(0), ctx.t(1)])
 
 
 @ATEN.register("aten.bmm.default", "aten.matmul.default")
@@ -716,14 +703,8 @@ def _dropout_mul(ctx: Ctx) -> Names | None:
         raise NotSupported("a random tensor is used outside the dropout pattern")
     keep, rec_index = info[1], info[2]
     x = names[1 - k]
-    out = ctx.out_type()
-    y, _mask = ctx.node(
-        "Dropout",
-        [x, ctx.const(1.0 - keep, out.dtype), ctx.const(True, "bool")],
-        outs=[out, TensorType("bool", out.shape)],
-    )
-    ctx.b.random_recs.append(rec_index)
-    return [y]
+    assert x is not None  # checked above
+    return [ctx.dropout(x, 1.0 - keep, rec_index)]
 
 
 _plain_div = _binary_rule("Div")
@@ -744,15 +725,7 @@ def _mul_tensor(ctx: Ctx) -> Names:
 def _native_dropout(ctx: Ctx) -> Names:
     if not ctx.arg(2, "train"):
         return [ctx.t(0), None]
-    p = float(ctx.arg(1, "p"))
-    out = ctx.out_type()
-    y, _mask = ctx.node(
-        "Dropout",
-        [ctx.t(0), ctx.const(p, out.dtype), ctx.const(True, "bool")],
-        outs=[out, TensorType("bool", out.shape)],
-    )
-    ctx.b.random_recs.append(ctx.rec.index)
-    return [y, None]
+    return [ctx.dropout(ctx.t(0), float(ctx.arg(1, "p")), ctx.rec.index), None]
 
 
 # -- losses -----------------------------------------------------------------------------
