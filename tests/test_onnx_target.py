@@ -70,3 +70,49 @@ def test_check_reports_parity_without_gradients(log_dir) -> None:
     report = tracelog.check(log_dir, target="onnx")
     assert report.ok, report.table()
     assert not any(c.name.startswith("grad") for c in report.comparisons)
+
+
+class _TwoDropouts(torch.nn.Module):
+    """Two dropouts of different shapes: [batch, 8], then [batch, 4]."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.d0, self.fc, self.d1 = (
+            torch.nn.Dropout(0.2),
+            torch.nn.Linear(8, 4),
+            torch.nn.Dropout(0.5),
+        )
+        self.out = torch.nn.Linear(4, 3)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return self.out(self.d1(torch.relu(self.fc(self.d0(x)))))
+
+
+def test_replay_declares_each_dropout_mask_with_its_own_type(tmp_path) -> None:
+    """model.onnx's replay form once declared every mask input with the first
+    Dropout's type, so a second dropout of another shape failed in onnxruntime."""
+    from tracelog.emit.onnx import mask_inputs
+    from tracelog.emit.onnx_model import build_model
+
+    torch.manual_seed(0)
+    batches = [(torch.randn(6, 8), torch.randint(0, 3, (6,)))]
+    record(_TwoDropouts(), tmp_path, batches, torch.nn.functional.cross_entropy)
+    log = tracelog.load(tmp_path)
+    pred = log.graph(log.sample_info["prediction"])
+    want = {name: (onnx.TensorProto.BOOL, list(ty.shape)) for name, ty in mask_inputs(pred)}
+    assert want == {
+        "mask.0": (onnx.TensorProto.BOOL, ["batch", 8]),
+        "mask.1": (onnx.TensorProto.BOOL, ["batch", 4]),
+    }
+    model = build_model(log, replay_masks=True)
+    declared = {
+        i.name: (
+            i.type.tensor_type.elem_type,
+            [d.dim_param or d.dim_value for d in i.type.tensor_type.shape.dim],
+        )
+        for i in model.graph.input
+        if i.name.startswith("mask.")
+    }
+    assert declared == want
+    report = tracelog.check(tmp_path, target="onnx")
+    assert report.ok, report.table()

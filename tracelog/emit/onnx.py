@@ -14,6 +14,7 @@ from tracelog.ops import (
     ONNX_OPSET,
     TRACELOG_DOMAIN,
     TRACELOG_OPSET,
+    is_random,
     schema_for,
 )
 
@@ -63,6 +64,17 @@ def unsupported_nodes(graph: Graph) -> list[tuple[str, int, list[str]]]:
                 mods = mods + [n.module]
             found[key] = (count + 1, mods)
     return [(k, c, m) for k, (c, m) in sorted(found.items())]
+
+
+def mask_inputs(graph: Graph) -> list[tuple[str, TensorType]]:
+    """The mask inputs of a graph replayed with its recorded masks: "mask.<k>"
+    for the k-th random node (Dropout) in node order, a bool tensor of that
+    node's output shape. Every place that declares the masks reads them here."""
+    random = [n for n in graph.nodes if is_random(n)]
+    return [
+        (f"mask.{k}", TensorType("bool", graph.values[n.outputs[0]].type.shape))
+        for k, n in enumerate(random)
+    ]
 
 
 def graph_to_onnx(
@@ -134,16 +146,15 @@ def _graph_nodes(graph: Graph, replay_masks: bool) -> tuple[list[Any], dict[str,
     nodes: list[Any] = []
     functions: dict[str, Any] = {}
     masks: list[Any] = []
+    mask_types = iter(mask_inputs(graph))
     for i, node in enumerate(graph.nodes):
         node_name = f"{node.module or 'root'}/{node.op}_{i}"
         doc_string = (
             f"{node.module} ({node.module_type}) <- {node.source}" if node.module else node.source
         )
-        if node.op == "Dropout" and not node.domain and replay_masks:
-            mask_name = f"mask.{len(masks)}"
-            masks.append(
-                value_info(mask_name, TensorType("bool", graph.values[node.outputs[0]].type.shape))
-            )
+        if replay_masks and is_random(node):
+            mask_name, mask_type = next(mask_types)
+            masks.append(value_info(mask_name, mask_type))
             nodes.extend(_replayed_dropout(node, mask_name, graph, node_name))
             continue
         attrs = {k: _attr(node.op, k, v, graph, node.outputs) for k, v in node.attrs.items()}
