@@ -28,6 +28,8 @@ class OpSchema:
     outputs: tuple[str, ...]  # "name?" optional
     attrs: tuple[str, ...] = ()
     domain: str = ""
+    # ONNX's default of each optional numeric attribute that has one (emitters' fields)
+    defaults: tuple[tuple[str, float | int], ...] = ()
     # what passes may assume about the op (TRAITS); passes read these, not op-name lists
     traits: frozenset[str] = frozenset()
     doc: str = ""
@@ -105,13 +107,21 @@ def is_random(node: Node) -> bool:
 def _onnx(
     name: str, inputs: str, outputs: str, attrs: str = "", doc: str = "", traits: str = ""
 ) -> None:
+    """An ONNX op; attributes written "alpha=0.01" carry ONNX's default."""
+    names = tuple(a.partition("=")[0] for a in attrs.split())
+    defaults = tuple(
+        (key, float(value) if "." in value else int(value))
+        for key, _, value in (a.partition("=") for a in attrs.split())
+        if value
+    )
     define(
         OpSchema(
             name,
             tuple(inputs.split()),
             tuple(outputs.split()),
-            tuple(attrs.split()),
+            names,
             doc=doc or f"ONNX {name}, opset {ONNX_OPSET}.",
+            defaults=defaults,
             traits=frozenset(traits.split()),
         )
     )
@@ -122,7 +132,7 @@ for _name in (
     "Relu Tanh Sigmoid Sqrt Exp Log Abs Neg Reciprocal Erf Softplus Identity Not Floor Ceil"
 ).split():
     _onnx(_name, "X", "Y", traits="elementwise")
-_onnx("LeakyRelu", "X", "Y", "alpha", traits="elementwise")
+_onnx("LeakyRelu", "X", "Y", "alpha=0.01", traits="elementwise")
 _onnx("Gelu", "X", "Y", "approximate", traits="elementwise")
 _onnx("Clip", "input min? max?", "output", traits="elementwise")
 for _name in "Add Sub Mul Div Pow Equal Less Greater And Or".split():

@@ -18,7 +18,7 @@ from typing import TYPE_CHECKING, Any
 import numpy as np
 
 from tracelog.emit.common import check_supported, usage_comment
-from tracelog.emit.onnx import _graph_nodes, _onnx, const_array, value_info
+from tracelog.emit.onnx import _graph_nodes, _onnx, const_array, mask_inputs, value_info
 from tracelog.errors import LogError
 from tracelog.ir import Graph
 from tracelog.log import TraceLog
@@ -126,11 +126,8 @@ def build_model(
                 initializers.append(onnx.numpy_helper.from_array(weights[v.name], v.name))
             else:
                 inputs.append(value_info(v.name, v.type))
-    for mask in masks_of[info["prediction"]]:
-        shape = next(
-            pred.values[n.outputs[0]].type for n in pred.nodes if n.op == "Dropout" and not n.domain
-        )
-        inputs.append(value_info(mask, type(shape)("bool", shape.shape)))
+    if replay_masks:
+        inputs += [value_info(name, ty) for name, ty in mask_inputs(pred)]
     call_pred = helper.make_node(
         fnames[info["prediction"]],
         [v.name for v in pred.values.values() if v.kind in ("input", "param", "buffer")]

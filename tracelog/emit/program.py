@@ -36,6 +36,7 @@ from tracelog.emit.rules import RuleCtx, Spellings, write
 from tracelog.errors import LogError, UnsupportedOpError
 from tracelog.ir import Graph
 from tracelog.log import GraphEntry, TraceLog
+from tracelog.ops import is_random
 
 
 @dataclass(frozen=True)
@@ -162,7 +163,7 @@ def emit_function(
             if o:
                 names[o] = printed
         ctx = RuleCtx(graph, node, names, constants, outs)
-        if node.op == "Dropout" and not node.domain:
+        if is_random(node):  # takes its recorded mask from rng when replayed
             ctx.mask_key = sample_format.rng_key(n_dropout)
             n_dropout += 1
         statement = _statement(target, ctx)
