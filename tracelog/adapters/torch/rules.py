@@ -9,13 +9,14 @@ cannot express; the record then becomes a tracelog.Unsupported node.
 
 from __future__ import annotations
 
+import math
 from collections.abc import Sequence
 
 import numpy as np
 
 from tracelog.adapters.builder import Converter, Ctx, NotSupported, use_rewrites
 from tracelog.adapters.tape import TArg
-from tracelog.ir import TensorType, is_symbolic
+from tracelog.ir import TensorType, batch_dim, batch_factor, is_symbolic
 from tracelog.ops import TRACELOG_DOMAIN
 from tracelog.passes.fusions import GEMM_TRANSPOSES
 from tracelog.registry import Table
@@ -458,11 +459,21 @@ ATEN.add("aten.min.dim", _max_dim_rule("ReduceMin"))
 @ATEN.register("aten.argmax.default")
 def _argmax(ctx: Ctx) -> Names:
     dim = ctx.arg(1, "dim")
-    if dim is None:
-        raise NotSupported("argmax over all dims")
-    return ctx.one(
-        "ArgMax", [ctx.t(0)], axis=int(dim), keepdims=int(bool(ctx.arg(2, "keepdim", False)))
-    )
+    keep = int(bool(ctx.arg(2, "keepdim", False)))
+    if dim is not None:
+        return ctx.one("ArgMax", [ctx.t(0)], axis=int(dim), keepdims=keep)
+    # no dim: the argmax of the flattened input (a scalar; keepdim: every dim 1)
+    x = ctx.in_type(0)
+    symbolic = [d for d in x.shape if is_symbolic(d)]
+    if len(symbolic) > 1:
+        raise NotSupported("argmax over all dims of a tensor with two batch dims")
+    size = math.prod(int(d) for d in x.shape if not is_symbolic(d))
+    n: int | str = batch_dim(batch_factor(symbolic[0]) * size) if symbolic else size
+    flat = ctx.helper("Reshape", [ctx.t(0), ctx.ints([-1])], TensorType(x.dtype, (n,)))
+    if not keep:
+        return ctx.one("ArgMax", [flat], axis=0, keepdims=0)
+    index = ctx.helper("ArgMax", [flat], TensorType("int64", (1,)), axis=0, keepdims=1)
+    return ctx.one("Reshape", [index, ctx.ints([1] * len(x.shape))])
 
 
 # -- shape ops ---------------------------------------------------------------------------

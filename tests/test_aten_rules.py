@@ -1,0 +1,97 @@
+"""Tests generated from the aten table: every rule for a one-tensor aten op
+(its other arguments at their defaults) records a real training step of a
+small model that applies the op, and the recorded IR, replayed by
+onnx.reference, reproduces what PyTorch computed. A rule added to the table
+is tested here with no test written by hand."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+
+torch = pytest.importorskip("torch", reason="the PyTorch adapter needs torch")
+
+from tracelog.adapters.torch import TorchListener  # noqa: E402
+from tracelog.adapters.torch.rules import ATEN  # noqa: E402
+from tracelog.verify import verify  # noqa: E402
+
+
+def _one_tensor_ops() -> list[str]:
+    """aten keys whose op takes one tensor first, every other argument has a
+    default, and returns one tensor (in-place forms left out: they write a
+    leaf the test's model owns)."""
+    keys = []
+    for key in ATEN.keys():
+        _, name, overload = key.split(".")
+        if name.endswith("_") or name.startswith("_"):
+            continue
+        packet = getattr(torch.ops.aten, name, None)
+        op = getattr(packet, overload, None)
+        if op is None:
+            continue
+        schema = op._schema
+        args = [a for a in schema.arguments if not a.kwarg_only]
+        if (
+            args
+            and str(args[0].type) == "Tensor"
+            and all(a.has_default_value() for a in schema.arguments[1:])
+            and len(schema.returns) == 1
+            and str(schema.returns[0].type) == "Tensor"
+            and not schema.is_mutable
+            and not name.startswith("empty")  # its result is whatever memory held
+            and _callable_alone(op)
+        ):
+            keys.append(key)
+    return keys
+
+
+def _callable_alone(op: object) -> bool:
+    """Whether the op runs on a tensor with every other argument at its
+    default (clamp, for one, wants a bound)."""
+    try:
+        op(torch.ones(2, 2))  # type: ignore[operator]
+    except (RuntimeError, TypeError):
+        return False
+    return True
+
+
+ONE_TENSOR_OPS = _one_tensor_ops()
+
+
+class _Applies(torch.nn.Module):
+    def __init__(self, op: object, positive: bool) -> None:
+        super().__init__()
+        self.fc = torch.nn.Linear(4, 4)
+        self.op = op
+        self.positive = positive  # an op defined on positive inputs only (log, sqrt, ...)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        h = self.fc(x)
+        return self.op(h * h + 0.25 if self.positive else h)  # type: ignore[operator]
+
+
+def test_the_table_has_one_tensor_ops() -> None:
+    assert "aten.relu.default" in ONE_TENSOR_OPS and len(ONE_TENSOR_OPS) > 10
+
+
+@pytest.mark.parametrize("key", ONE_TENSOR_OPS)
+def test_one_tensor_rule_records_what_torch_computes(key: str, tmp_path: Path) -> None:
+    _, name, overload = key.split(".")
+    op = getattr(getattr(torch.ops.aten, name), overload)
+    torch.manual_seed(0)
+    x = torch.randn(5, 4)
+    model = _Applies(op, positive=False)
+    with torch.no_grad():
+        model.positive = not bool(torch.isfinite(model(x).float()).all())
+    listener = TorchListener(model, tmp_path / "log", strict=True)
+    with listener.batch():
+        out = model(x)
+        loss = (out.float() ** 2).mean()
+        if not loss.requires_grad:  # an op with no gradient (argmax, ones_like, ...)
+            loss = loss + (model.fc.weight**2).sum()
+        loss.backward()
+    log = listener.close()
+    assert log.unrecorded == 0, log.failures
+    report = verify(tmp_path / "log")
+    assert report.ok, report.table()
