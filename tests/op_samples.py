@@ -456,11 +456,27 @@ def _samples() -> list[OpSample]:
             name="NegativeLogLikelihoodLoss-weighted",
         )
     )
+    s += _elementwise_samples({sample.op for sample in s}, x)
     # inputs and constants in the node's input order
     for sample in s:
         if sample.consts and sample.order is None:
             sample.order = [n for n, _ in sample.inputs] + list(sample.consts)
     return s
+
+
+def _elementwise_samples(sampled: set[str], x: Array) -> list[OpSample]:
+    """A sample for every one-input element-wise op of the vocabulary that has
+    none above, from its schema: numeric attributes at half their ONNX default,
+    so a spelling that drops an attribute is caught. onnx.reference is the oracle."""
+    from tracelog.ops import vocabulary
+
+    found = []
+    for schema in vocabulary():
+        if "elementwise" in schema.traits and schema.inputs == ("X",):
+            if schema.qualified not in sampled:
+                attrs = {k: d * 0.5 for k, d in schema.defaults if isinstance(d, float)}
+                found.append(OpSample(schema.qualified, [("x", x)], attrs))
+    return found
 
 
 SAMPLES = _samples()
