@@ -132,6 +132,7 @@ for _name in (
     "Relu Tanh Sigmoid Sqrt Exp Log Abs Neg Reciprocal Erf Softplus Identity Not Floor Ceil"
 ).split():
     _onnx(_name, "X", "Y", traits="elementwise")
+_onnx("Celu", "X", "Y", "alpha=1.0", traits="elementwise")
 _onnx("LeakyRelu", "X", "Y", "alpha=0.01", traits="elementwise")
 _onnx("Gelu", "X", "Y", "approximate", traits="elementwise")
 _onnx("Clip", "input min? max?", "output", traits="elementwise")

@@ -50,6 +50,7 @@ JAX.spell(
         "Or": "jnp.logical_or({0}, {1})",
         "Max": "jnp.maximum({0}, {1})",
         "Min": "jnp.minimum({0}, {1})",
+        "Celu": "jax.nn.celu({0}, {alpha})",
         "LeakyRelu": "jax.nn.leaky_relu({0}, {alpha})",
         "Gelu": "jax.nn.gelu({0}, approximate={tanh})",
         "Clip": "jnp.clip({0}, {1}, {2})",

@@ -56,6 +56,7 @@ TORCH.spell(
         "Or": "torch.logical_or({0}, {1})",
         "Max": "torch.maximum({0}, {1})",
         "Min": "torch.minimum({0}, {1})",
+        "Celu": "F.celu({0}, {alpha})",
         "LeakyRelu": "F.leaky_relu({0}, {alpha})",
         "Gelu": "F.gelu({0}, approximate={approximate})",
         "Clip": "torch.clamp({0}, {1}, {2})",

@@ -63,6 +63,7 @@ TF.spell(
         "Or": "tf.math.logical_or({0}, {1})",
         "Max": "tf.math.maximum({0}, {1})",
         "Min": "tf.math.minimum({0}, {1})",
+        "Celu": "tf.nn.elu({0} / {alpha}) * {alpha}",
         "LeakyRelu": "tf.nn.leaky_relu({0}, alpha={alpha})",
         "Gelu": "tf.nn.gelu({0}, approximate={tanh})",
         "Where": "tf.where({0}, {1}, {2})",

@@ -124,6 +124,11 @@ def _gelu(ctx: Ctx) -> Names:
     return ctx.one("Gelu", [ctx.t(0)], approximate=ctx.arg(1, "approximate", "none"))
 
 
+@ATEN.register("aten.celu.default", "aten.celu_.default")
+def _celu(ctx: Ctx) -> Names:
+    return ctx.one("Celu", [ctx.t(0)], alpha=float(ctx.arg(1, "alpha", 1.0)))
+
+
 @ATEN.register("aten.leaky_relu.default", "aten.leaky_relu_.default")
 def _leaky_relu(ctx: Ctx) -> Names:
     return ctx.one("LeakyRelu", [ctx.t(0)], alpha=float(ctx.arg(1, "negative_slope", 0.01)))
