@@ -307,7 +307,6 @@ class ListenerBase(ABC):
 
     log: TraceLog
     rules: Table[Converter]  # the source-op -> IR rule table
-    grads_from: str = ""  # how the sample's gradients are taken, for trace.json
     # the failure reasons logs have always carried
     no_forward_reason = "the model was not called inside the batch window"
     raised_reason = "the batch raised {}"
@@ -541,5 +540,7 @@ class ListenerBase(ABC):
         """A tensor as an array the sample owns."""
         return self._to_numpy(t)
 
+    @abstractmethod
     def _grads_from(self, w: Any) -> str:
-        return self.grads_from
+        """How the sample's gradients were taken, for trace.json."""
+        raise NotImplementedError

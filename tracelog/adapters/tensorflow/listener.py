@@ -226,7 +226,6 @@ class TFListener(ListenerBase):
     backend) run eagerly: ``with listener.batch(), tf.GradientTape() as tape:``."""
 
     rules = TF_OPS
-    grads_from = "GradientTape"
 
     def __init__(
         self, model: Any, log_dir: str | os.PathLike[str], *, strict: bool = False
@@ -372,6 +371,9 @@ class TFListener(ListenerBase):
             for (p, _), g in zip(trainable, found, strict=True)
             if g is not None
         }
+
+    def _grads_from(self, w: _Window) -> str:
+        return "GradientTape"
 
     def _buffer_now(self, name: str) -> np.ndarray:
         return to_numpy(self._variables[name].value)

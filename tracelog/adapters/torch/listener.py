@@ -129,7 +129,7 @@ class _Window(WindowBase):
     def named_outputs(self, output: Any) -> list[tuple[str, Any]]:
         flat: list[tuple[str, torch.Tensor]] = []
         _flatten_tensors(output, "prediction", flat)
-        return flat  # type: ignore[return-value]
+        return flat
 
     def mask(self, rec_index: int) -> np.ndarray:
         outs = self.rec_out[rec_index]
