@@ -10,8 +10,10 @@ from __future__ import annotations
 
 import hashlib
 import json
+import operator
+from collections.abc import Sequence
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, SupportsIndex
 
 BATCH = "batch"
 """The symbolic leading dimension shared by the data inputs."""
@@ -126,6 +128,35 @@ class Node:
     def qualified_op(self) -> str:
         return f"{self.domain}.{self.op}" if self.domain else self.op
 
+    def int_attr(self, name: str, default: int | None = None) -> int:
+        """Attribute ``name`` as an int; ``default`` where the node has none
+        (KeyError with no default)."""
+        if name not in self.attrs:
+            if default is None:
+                raise KeyError(name)
+            return default
+        v = self.attrs[name]
+        if isinstance(v, list):
+            raise TypeError(f"{self.qualified_op}: attribute {name} is a list, not an int")
+        return int(v)
+
+    def ints_attr(self, name: str, default: Sequence[int] | None = None) -> list[int]:
+        """Attribute ``name`` as a list of ints; ``default`` where the node has
+        none (KeyError with no default)."""
+        if name not in self.attrs:
+            if default is None:
+                raise KeyError(name)
+            return list(default)
+        v = self.attrs[name]
+        if not isinstance(v, (list, tuple)):
+            raise TypeError(f"{self.qualified_op}: attribute {name} is not a list: {v!r}")
+        ints: list[int] = []
+        for x in v:
+            if not isinstance(x, SupportsIndex):
+                raise TypeError(f"{self.qualified_op}: attribute {name} holds {x!r}, not an int")
+            ints.append(operator.index(x))
+        return ints
+
     def to_json(self) -> dict[str, Any]:
         d: dict[str, Any] = {"op": self.op, "inputs": self.inputs, "outputs": self.outputs}
         if self.domain:
@@ -209,62 +240,32 @@ class Graph:
     def canonical(self) -> Graph:
         """A copy with node outputs renamed v0, v1, ... and constants c0, c1, ...
         in order of first use; values listed in order of first use."""
-        rename: dict[str, str] = {"": ""}
-        order: list[str] = []
-        n_const = 0
-
-        def see(name: str) -> None:
-            nonlocal n_const
-            if name in rename:
-                return
+        names = self._first_use_names()
+        values: dict[str, Value] = {}
+        for name in names.order:
             v = self.values[name]
-            if v.kind == "const":
-                rename[name] = f"c{n_const}"
-                n_const += 1
-            elif v.kind == "node":
-                raise ValueError(f"value {name!r} is used before it is defined")
-            else:
-                rename[name] = name
-            order.append(name)
+            new = Value(names.rename[name], v.type, v.kind, v.trainable, v.const)
+            values[new.name] = new
+        nodes = [_renamed(n, names.rename) for n in self.nodes]
+        outputs = [Output(names.rename[o.name], o.role) for o in self.outputs]
+        return Graph(self.kind, values, nodes, outputs)
 
-        n_val = 0
+    def _first_use_names(self) -> _FirstUseNames:
+        """The canonical names, walking the graph as it runs: data inputs in
+        their declared order, then each node's inputs and outputs, then the
+        graph outputs."""
+        names = _FirstUseNames(self.values)
         for v in self.values.values():  # data inputs keep their declared order
             if v.kind == "input":
-                see(v.name)
+                names.read(v.name)
         for node in self.nodes:
             for i in node.inputs:
-                see(i)
+                names.read(i)
             for o in node.outputs:
-                if o == "":
-                    continue
-                if o in rename:
-                    raise ValueError(f"value {o!r} is defined twice")
-                rename[o] = f"v{n_val}"
-                n_val += 1
-                order.append(o)
+                names.define(o)
         for out in self.outputs:
-            see(out.name)
-
-        values: dict[str, Value] = {}
-        for name in order:
-            v = self.values[name]
-            new = Value(rename[name], v.type, v.kind, v.trainable, v.const)
-            values[new.name] = new
-        nodes = [
-            Node(
-                op=n.op,
-                inputs=[rename[i] for i in n.inputs],
-                outputs=[rename[o] for o in n.outputs],
-                attrs={k: _norm_attr(a) for k, a in sorted(n.attrs.items())},
-                domain=n.domain,
-                module=n.module,
-                module_type=n.module_type,
-                source=n.source,
-            )
-            for n in self.nodes
-        ]
-        outputs = [Output(rename[o.name], o.role) for o in self.outputs]
-        return Graph(self.kind, values, nodes, outputs)
+            names.read(out.name)
+        return names
 
     def to_json(self) -> dict[str, Any]:
         return {
@@ -298,28 +299,87 @@ class Graph:
         from tracelog.ops import schema_for
 
         defined = {v.name for v in self.values.values() if v.kind != "node"}
+        self._check_kinds()
+        for node in self.nodes:
+            schema = schema_for(node.domain, node.op)
+            schema.check_arity(node)
+            self._check_defines(node, defined)
+        for out in self.outputs:
+            if out.name not in defined:
+                raise ValueError(f"output {out.role} names undefined value {out.name!r}")
+
+    def _check_kinds(self) -> None:
+        """Every value's kind, and the graph's, is one the IR knows."""
         for v in self.values.values():
             if v.kind not in VALUE_KINDS:
                 raise ValueError(f"value {v.name!r} has unknown kind {v.kind!r}")
         if self.kind not in GRAPH_KINDS:
             raise ValueError(f"unknown graph kind {self.kind!r}")
-        for node in self.nodes:
-            schema = schema_for(node.domain, node.op)
-            schema.check_arity(node)
-            for i in node.inputs:
-                if i and i not in defined:
-                    raise ValueError(f"{node.qualified_op} uses {i!r} before it is defined")
-            for o in node.outputs:
-                if not o:
-                    continue
-                if o in defined:
-                    raise ValueError(f"{node.qualified_op} redefines {o!r}")
-                if o not in self.values:
-                    raise ValueError(f"{node.qualified_op} output {o!r} has no type")
-                defined.add(o)
-        for out in self.outputs:
-            if out.name not in defined:
-                raise ValueError(f"output {out.role} names undefined value {out.name!r}")
+
+    def _check_defines(self, node: Node, defined: set[str]) -> None:
+        """node reads only values defined before it and defines typed values
+        not defined yet; adds its outputs to ``defined``."""
+        for i in node.inputs:
+            if i and i not in defined:
+                raise ValueError(f"{node.qualified_op} uses {i!r} before it is defined")
+        for o in node.outputs:
+            if not o:
+                continue
+            if o in defined:
+                raise ValueError(f"{node.qualified_op} redefines {o!r}")
+            if o not in self.values:
+                raise ValueError(f"{node.qualified_op} output {o!r} has no type")
+            defined.add(o)
+
+
+class _FirstUseNames:
+    """Canonical names by order of first use: node outputs v0, v1, ...,
+    constants c0, c1, ...; inputs, parameters and buffers keep their names."""
+
+    def __init__(self, values: dict[str, Value]) -> None:
+        self.values = values
+        self.rename: dict[str, str] = {"": ""}
+        self.order: list[str] = []  # the original names, in order of first use
+        self.n_const = 0
+        self.n_val = 0
+
+    def read(self, name: str) -> None:
+        """A value read: named on its first use (a node value must be defined first)."""
+        if name in self.rename:
+            return
+        v = self.values[name]
+        if v.kind == "const":
+            self.rename[name] = f"c{self.n_const}"
+            self.n_const += 1
+        elif v.kind == "node":
+            raise ValueError(f"value {name!r} is used before it is defined")
+        else:
+            self.rename[name] = name
+        self.order.append(name)
+
+    def define(self, name: str) -> None:
+        """A node output ("" is an omitted one): the next v<k>."""
+        if name == "":
+            return
+        if name in self.rename:
+            raise ValueError(f"value {name!r} is defined twice")
+        self.rename[name] = f"v{self.n_val}"
+        self.n_val += 1
+        self.order.append(name)
+
+
+def _renamed(n: Node, rename: dict[str, str]) -> Node:
+    """n reading and defining the renamed values, its attributes normalized."""
+    return Node(
+        op=n.op,
+        inputs=[rename[i] for i in n.inputs],
+        outputs=[rename[o] for o in n.outputs],
+        attrs={k: _norm_attr(a) for k, a in sorted(n.attrs.items())},
+        domain=n.domain,
+        module=n.module,
+        module_type=n.module_type,
+        source=n.source,
+    )
 
 
 def _norm_attr(v: Any) -> Any:
