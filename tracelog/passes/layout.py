@@ -19,8 +19,9 @@ from __future__ import annotations
 
 import copy
 from dataclasses import dataclass, field
+from typing import SupportsInt
 
-from tracelog.ir import ConstData, Graph, Node, TensorType, Value
+from tracelog.ir import AttrValue, ConstData, Graph, Node, TensorType, Value
 from tracelog.ops import traits_of
 
 TO_NHWC = [0, 2, 3, 1]
@@ -153,7 +154,7 @@ def _share_transposes(rw: _Rewriter) -> bool:
     for n in rw.g.nodes:
         if n.op != "Transpose" or "perm" not in n.attrs or n.outputs[0] in outputs:
             continue
-        key = (n.inputs[0], tuple(n.attrs["perm"]))
+        key = (n.inputs[0], tuple(n.ints_attr("perm")))
         if key in seen:
             rename[n.outputs[0]] = seen[key]
         else:
@@ -192,7 +193,7 @@ def _rank(g: Graph, name: str) -> int:
 
 
 def _is_perm(n: Node | None, perm: list[int]) -> bool:
-    return n is not None and n.op == "Transpose" and list(n.attrs.get("perm", [])) == perm
+    return n is not None and n.op == "Transpose" and n.ints_attr("perm", []) == perm
 
 
 def _inverse(perm: list[int]) -> list[int]:
@@ -212,7 +213,7 @@ def _cancel(rw: _Rewriter) -> bool:
         src = prod.get(n.inputs[0])
         if src is None or src.op != "Transpose" or "perm" not in src.attrs:
             continue
-        p1, p2 = list(src.attrs["perm"]), list(n.attrs["perm"])
+        p1, p2 = src.ints_attr("perm"), n.ints_attr("perm")
         if len(p1) == len(p2) and all(p1[p2[i]] == i for i in range(len(p2))):
             rename[n.outputs[0]] = src.inputs[0]
     # consumers read x; a graph output keeps its name and so its transpose
@@ -248,7 +249,7 @@ def _const_ints(g: Graph, name: str) -> list[int] | None:
     v = g.values.get(name)
     if v is None or v.kind != "const" or v.const is None or v.const.data is None:
         return None
-    return [int(a) for a in _flat(v.const.data)]  # type: ignore[call-overload]
+    return _flat_ints(v.const.data)
 
 
 def _relay_operand(
@@ -283,6 +284,18 @@ def _can_relay(g: Graph, name: str, back: list[int]) -> bool:
     return ty is None or all(d == 1 for d in ty.shape) or _relaid_shape(ty, back) is not None
 
 
+@dataclass
+class _Pushed:
+    """An op rewritten to run before the transpose T: what it reads, its
+    attributes, whether T follows it (not after a reduction that drops the
+    axes T moves), and the Reshapes that re-lay its broadcast operands."""
+
+    inputs: list[str]
+    attrs: dict[str, AttrValue]
+    transpose_out: bool = True
+    pre: list[Node] = field(default_factory=list)
+
+
 def _push(rw: _Rewriter, back: list[int]) -> bool:
     """op(T(a), ...) -> T(op'(a, ...)) for the transpose T = back: element-wise
     ops (broadcast operands re-laid by a Reshape), reductions and Squeeze over
@@ -292,71 +305,121 @@ def _push(rw: _Rewriter, back: list[int]) -> bool:
     for idx, n in enumerate(g.nodes):
         if not n.outputs or not n.inputs:
             continue
-        elementwise, by_name = _has(n, "elementwise"), "" if n.domain else n.op
-        srcs = [prod.get(i) for i in n.inputs]
-        is_back = [
-            _is_perm(b, back) and _rank(g, i) == 4 for b, i in zip(srcs, n.inputs, strict=True)
-        ]
-        if not is_back[0] and not (elementwise and any(is_back)):
+        # per input: the input of the transpose T that made it, or None
+        untransposed = [_untransposed(g, prod.get(i), i, back) for i in n.inputs]
+        read_through = [u is not None for u in untransposed]
+        if not read_through[0] and not (_has(n, "elementwise") and any(read_through)):
             continue
-        first = srcs[0].inputs[0] if is_back[0] else ""  # type: ignore[union-attr]
-        pre: list[Node] = []
-        transpose_out = True
-        attrs = dict(n.attrs)
-        if elementwise and _rank(g, n.outputs[0]) == 4:
-            moves = list(zip(n.inputs, srcs, is_back, strict=True))
-            if not all(ok or _can_relay(g, i, back) for i, _, ok in moves):
-                continue
-            new_inputs = [
-                _relay_operand(rw, n, i, b.inputs[0] if ok else None, back, pre)  # type: ignore[union-attr]
-                for i, b, ok in moves
-            ]
-        elif _has(n, "reduction") and len(n.inputs) == 2 and (axes := _const_ints(g, n.inputs[1])):
-            axes = [a % 4 for a in axes]
-            new_axes = sorted(back[a] for a in axes)
-            if int(n.attrs.get("keepdims", 1)) == 0:
-                kept = [back[i] for i in range(4) if i not in axes]
-                if kept != sorted(kept):
-                    continue
-                transpose_out = False
-            new_inputs = [first, _const(rw, n.inputs[1], new_axes)]
-        elif by_name == "Squeeze" and len(n.inputs) == 2 and (axes := _const_ints(g, n.inputs[1])):
-            axes = [a % 4 for a in axes]
-            kept = [back[i] for i in range(4) if i not in axes]
-            if kept != sorted(kept):
-                continue
-            transpose_out = False
-            new_inputs = [first, _const(rw, n.inputs[1], sorted(back[a] for a in axes))]
-        elif by_name == "Concat" and all(is_back):
-            new_inputs = [b.inputs[0] for b in srcs]  # type: ignore[union-attr]
-            attrs["axis"] = back[int(n.attrs["axis"]) % 4]
-        elif by_name == "Pad" and len(n.inputs) >= 2 and (pads := _const_ints(g, n.inputs[1])):
-            if len(pads) != 8 or len(n.inputs) > 3:
-                continue
-            new_pads = [0] * 8
-            for i in range(4):
-                new_pads[back[i]], new_pads[4 + back[i]] = pads[i], pads[4 + i]
-            new_inputs = [first, _const(rw, n.inputs[1], new_pads), *n.inputs[2:]]
-        else:
+        pushed = _pushed(rw, n, untransposed, back)
+        if pushed is None:
             continue
-        op = copy.copy(n)
-        op.inputs, op.attrs = new_inputs, attrs
-        if transpose_out:
-            y = n.outputs[0]
-            y_new = rw.fresh(y, _permute(g.values[y].type, _inverse(back)))
-            op.outputs = [y_new, *n.outputs[1:]]
-            t_out, _ = rw.transpose(y_new, back, y, n)
-            g.nodes[idx : idx + 1] = [*pre, op, t_out]
-        else:
-            g.nodes[idx : idx + 1] = [*pre, op]
+        g.nodes[idx : idx + 1] = _before_transpose(rw, n, pushed, back)
         return True
     return False
 
 
-def _flat(data: object) -> list[object]:
+def _untransposed(g: Graph, src: Node | None, name: str, back: list[int]) -> str | None:
+    """The input of the 4-D transpose ``back`` that made ``name`` (src, its
+    producer); None when something else made it."""
+    if src is not None and _is_perm(src, back) and _rank(g, name) == 4:
+        return src.inputs[0]
+    return None
+
+
+def _pushed(
+    rw: _Rewriter, n: Node, untransposed: list[str | None], back: list[int]
+) -> _Pushed | None:
+    """n rewritten to run before T, by the kind of op; None where it cannot."""
+    g = rw.g
+    by_name = "" if n.domain else n.op
+    first = untransposed[0] if untransposed[0] is not None else ""
+    if _has(n, "elementwise") and _rank(g, n.outputs[0]) == 4:
+        return _push_elementwise(rw, n, untransposed, back)
+    if _has(n, "reduction") and len(n.inputs) == 2 and (axes := _const_ints(g, n.inputs[1])):
+        return _push_reduction(rw, n, first, axes, back)
+    if by_name == "Squeeze" and len(n.inputs) == 2 and (axes := _const_ints(g, n.inputs[1])):
+        return _push_squeeze(rw, n, first, axes, back)
+    if by_name == "Concat" and None not in untransposed:
+        inputs = [u for u in untransposed if u is not None]
+        return _Pushed(inputs, {**n.attrs, "axis": back[n.int_attr("axis") % 4]})
+    if by_name == "Pad" and len(n.inputs) >= 2 and (pads := _const_ints(g, n.inputs[1])):
+        return _push_pad(rw, n, first, pads, back)
+    return None
+
+
+def _push_elementwise(
+    rw: _Rewriter, n: Node, untransposed: list[str | None], back: list[int]
+) -> _Pushed | None:
+    """Each operand: the transpose's input, or itself re-laid for the new layout."""
+    moves = list(zip(n.inputs, untransposed, strict=True))
+    if not all(u is not None or _can_relay(rw.g, i, back) for i, u in moves):
+        return None
+    pre: list[Node] = []
+    inputs = [_relay_operand(rw, n, i, u, back, pre) for i, u in moves]
+    return _Pushed(inputs, dict(n.attrs), pre=pre)
+
+
+def _push_reduction(
+    rw: _Rewriter, n: Node, first: str, axes: list[int], back: list[int]
+) -> _Pushed | None:
+    """A reduction over the permuted axes; with keepdims=0 no transpose
+    follows, so the kept axes must stay in order."""
+    axes = [a % 4 for a in axes]
+    new_axes = sorted(back[a] for a in axes)
+    transpose_out = True
+    if n.int_attr("keepdims", 1) == 0:
+        kept = [back[i] for i in range(4) if i not in axes]
+        if kept != sorted(kept):
+            return None
+        transpose_out = False
+    return _Pushed([first, _const(rw, n.inputs[1], new_axes)], dict(n.attrs), transpose_out)
+
+
+def _push_squeeze(
+    rw: _Rewriter, n: Node, first: str, axes: list[int], back: list[int]
+) -> _Pushed | None:
+    """A Squeeze of the permuted axes, where the axes left keep their order."""
+    axes = [a % 4 for a in axes]
+    kept = [back[i] for i in range(4) if i not in axes]
+    if kept != sorted(kept):
+        return None
+    new_axes = _const(rw, n.inputs[1], sorted(back[a] for a in axes))
+    return _Pushed([first, new_axes], dict(n.attrs), transpose_out=False)
+
+
+def _push_pad(
+    rw: _Rewriter, n: Node, first: str, pads: list[int], back: list[int]
+) -> _Pushed | None:
+    """A 4-D constant Pad with its pads permuted."""
+    if len(pads) != 8 or len(n.inputs) > 3:
+        return None
+    new_pads = [0] * 8
+    for i in range(4):
+        new_pads[back[i]], new_pads[4 + back[i]] = pads[i], pads[4 + i]
+    return _Pushed([first, _const(rw, n.inputs[1], new_pads), *n.inputs[2:]], dict(n.attrs))
+
+
+def _before_transpose(rw: _Rewriter, n: Node, pushed: _Pushed, back: list[int]) -> list[Node]:
+    """The nodes that replace n: the Reshapes, op', and T of op''s output
+    under n's output name (unless the op drops T)."""
+    op = copy.copy(n)
+    op.inputs, op.attrs = pushed.inputs, pushed.attrs
+    if not pushed.transpose_out:
+        return [*pushed.pre, op]
+    y = n.outputs[0]
+    y_new = rw.fresh(y, _permute(rw.g.values[y].type, _inverse(back)))
+    op.outputs = [y_new, *n.outputs[1:]]
+    t_out, _ = rw.transpose(y_new, back, y, n)
+    return [*pushed.pre, op, t_out]
+
+
+def _flat_ints(data: object) -> list[int]:
+    """A constant's nested list of numbers, flattened, as ints."""
     if isinstance(data, list):
-        return [x for d in data for x in _flat(d)]
-    return [data]
+        return [x for d in data for x in _flat_ints(d)]
+    if not isinstance(data, SupportsInt):
+        raise TypeError(f"a constant holds {data!r}, not a number")
+    return [int(data)]
 
 
 def _dead_code(g: Graph) -> None:
@@ -384,7 +447,7 @@ def _report(after: Graph, into: list[int], back: list[int], source_layout: str) 
     for n in after.nodes:
         if n.op != "Transpose" or _rank(after, n.inputs[0]) != 4:
             continue
-        perm = list(n.attrs.get("perm", []))
+        perm = n.ints_attr("perm", [])
         src = after.values[n.inputs[0]]
         if perm == into:
             where = (
