@@ -56,7 +56,7 @@ class P:
     ) -> None:
         self.ops = (op,) if isinstance(op, str) else tuple(op)
         self.open = bool(src) and src[-1] is Ellipsis  # more inputs allowed
-        self.src: tuple[P | str | None, ...] = tuple(s for s in src if s is not Ellipsis)  # type: ignore[misc]
+        self.src: tuple[P | str | None, ...] = tuple(s for s in src if s is not Ellipsis)
         self.domain = domain
         self.name = name  # binds the matched node: Match.nodes[name]
         self.where = where  # a predicate on the node
@@ -150,31 +150,49 @@ def _readers(graph: Graph) -> Counter[str]:
 
 
 def _match(pat: P, node: Node, m: Match, producer: dict[str, Node], readers: Counter[str]) -> bool:
+    if not _fits(pat, node):
+        return False
+    for sub, value in zip(pat.src, node.inputs, strict=False):
+        if not _match_input(sub, value, m, producer, readers):
+            return False
+    if pat.name is not None:
+        m.nodes[pat.name] = node
+    return True
+
+
+def _fits(pat: P, node: Node) -> bool:
+    """The node itself matches: its op, attributes, input count and predicate
+    (its inputs are _match_input's)."""
     if node.domain != pat.domain or node.op not in pat.ops:
         return False
     if any(_norm_attr(node.attrs.get(k)) != v for k, v in pat.attrs.items()):
         return False
     if len(node.inputs) < len(pat.src) or (not pat.open and len(node.inputs) != len(pat.src)):
         return False
-    if pat.where is not None and not pat.where(node):
+    return pat.where is None or pat.where(node)
+
+
+def _match_input(
+    sub: P | str | None,
+    value: str,
+    m: Match,
+    producer: dict[str, Node],
+    readers: Counter[str],
+) -> bool:
+    """One input of a matching node against its sub-pattern: anything, a
+    variable (binds the value), or a pattern its single-use producer matches."""
+    if sub is None:
+        return True
+    if isinstance(sub, str):
+        return m.vars.setdefault(sub, value) == value  # a variable binds one value
+    child = producer.get(value)
+    if child is None or child.outputs.index(value) != sub.out:
         return False
-    for sub, value in zip(pat.src, node.inputs, strict=False):
-        if sub is None:
-            continue
-        if isinstance(sub, str):
-            if m.vars.setdefault(sub, value) != value:  # a variable binds one value
-                return False
-            continue
-        child = producer.get(value)
-        if child is None or child.outputs.index(value) != sub.out:
-            return False
-        if not sub.shared and sum(readers[o] for o in child.outputs if o) != 1:
-            return False  # another reader needs this node: not ours to fold
-        if not _match(sub, child, m, producer, readers):
-            return False
-        m.inner.append(child)
-    if pat.name is not None:
-        m.nodes[pat.name] = node
+    if not sub.shared and sum(readers[o] for o in child.outputs if o) != 1:
+        return False  # another reader needs this node: not ours to fold
+    if not _match(sub, child, m, producer, readers):
+        return False
+    m.inner.append(child)
     return True
 
 
