@@ -34,7 +34,7 @@ from tracelog.emit.inline import Inlinable, import_block, inlinable
 from tracelog.emit.onnx import const_array
 from tracelog.emit.rules import RuleCtx, Spellings, write
 from tracelog.errors import LogError, UnsupportedOpError
-from tracelog.ir import Graph
+from tracelog.ir import Graph, Node, Value
 from tracelog.log import GraphEntry, TraceLog
 from tracelog.ops import is_random
 
@@ -139,50 +139,11 @@ def emit_function(
 ) -> str:
     ns = _function_namespace(target)
     names: dict[str, str] = {"": "None"}
-    args = []
-    for v in graph.inputs:
-        names[v.name] = ns.name(v.name, ("v", v.name))
-        args.append(names[v.name])
-    lines: list[str] = []
-    for v in graph.values.values():
-        if v.kind in ("param", "buffer"):
-            names[v.name] = ns.name(v.name, ("v", v.name))
-            lines.append(f"{names[v.name]} = params[{literal(v.name)}]")
-        elif v.kind == "const":
-            if v.const is not None and v.const.digest is not None:
-                names[v.name] = f"params[{literal('const/' + v.const.digest)}]"
-            else:
-                value = const_array(v, constants)
-                names[v.name] = target.const_expr.format(
-                    value=literal(value.tolist()), dtype=v.type.dtype
-                )
-    n_dropout = 0
-    for node in graph.nodes:
-        outs = [ns.name(o, ("v", o)) if o else "_" for o in node.outputs]
-        for o, printed in zip(node.outputs, outs, strict=True):
-            if o:
-                names[o] = printed
-        ctx = RuleCtx(graph, node, names, constants, outs)
-        if is_random(node):  # takes its recorded mask from rng when replayed
-            ctx.mask_key = sample_format.rng_key(n_dropout)
-            n_dropout += 1
-        statement = _statement(target, ctx)
-        attrs = ", ".join(f"{k}={v}" for k, v in sorted(node.attrs.items()))
-        where = f"{node.module or '<root>'} ({node.module_type})" if node.module_type else "<loss>"
-        shapes = ", ".join(shape_text(graph.values[o].type) for o in node.outputs if o)
-        lines.append(f"# {node.qualified_op}({attrs}) {where} -> {shapes}")
-        lines.append(statement)
-        if trace:
-            for o, printed in zip(node.outputs, outs, strict=True):
-                if o:
-                    lines.append(f"_trace[{literal(o)}] = {printed}")
-    if graph.kind == "prediction":
-        ret = ", ".join(f"{literal(o.role)}: {names[o.name]}" for o in graph.outputs)
-        lines.append(f"return {{{ret}}}")
-        sig = ", ".join(["params", *args, "rng=None"] + (["_trace=None"] if trace else []))
-    else:
-        lines.append(f"return {names[graph.output('loss').name]}")
-        sig = ", ".join(["params", *args] + (["_trace=None"] if trace else []))
+    args = [_bind(ns, names, v.name) for v in graph.inputs]
+    lines = _value_lines(target, graph, ns, names, constants)
+    lines += _node_lines(target, graph, ns, names, constants, trace)
+    ret, sig = _return_and_signature(graph, names, args, trace)
+    lines.append(ret)
     header = [
         f"# {graph.kind} graph {digest[:12]}, {len(graph.nodes)} ops. {usage_comment(entries)}",
         f"def {fname}({sig}):",
@@ -193,6 +154,87 @@ def emit_function(
         else '    """Returns the loss."""'
     )
     return "\n".join(header + [doc] + ["    " + line for line in lines])
+
+
+def _bind(ns: Namespace, names: dict[str, str], value: str) -> str:
+    """The printed name of a value the function defines (a fresh one in ns)."""
+    names[value] = ns.name(value, ("v", value))
+    return names[value]
+
+
+def _value_lines(
+    target: Target,
+    graph: Graph,
+    ns: Namespace,
+    names: dict[str, str],
+    constants: dict[str, np.ndarray],
+) -> list[str]:
+    """A line reading each parameter and buffer from params; constants are
+    named by their expression, with no line."""
+    lines: list[str] = []
+    for v in graph.values.values():
+        if v.kind in ("param", "buffer"):
+            lines.append(f"{_bind(ns, names, v.name)} = params[{literal(v.name)}]")
+        elif v.kind == "const":
+            names[v.name] = _const_text(target, v, constants)
+    return lines
+
+
+def _const_text(target: Target, v: Value, constants: dict[str, np.ndarray]) -> str:
+    """A constant: a read of the weights file where it is stored there, else
+    its values written out in the target's syntax."""
+    if v.const is not None and v.const.digest is not None:
+        return f"params[{literal('const/' + v.const.digest)}]"
+    value = const_array(v, constants)
+    return target.const_expr.format(value=literal(value.tolist()), dtype=v.type.dtype)
+
+
+def _node_lines(
+    target: Target,
+    graph: Graph,
+    ns: Namespace,
+    names: dict[str, str],
+    constants: dict[str, np.ndarray],
+    trace: bool,
+) -> list[str]:
+    """Per node: a comment saying what it is, its statement, and with trace
+    the lines recording its outputs."""
+    lines: list[str] = []
+    n_dropout = 0
+    for node in graph.nodes:
+        outs = [_bind(ns, names, o) if o else "_" for o in node.outputs]
+        ctx = RuleCtx(graph, node, names, constants, outs)
+        if is_random(node):  # takes its recorded mask from rng when replayed
+            ctx.mask_key = sample_format.rng_key(n_dropout)
+            n_dropout += 1
+        statement = _statement(target, ctx)
+        lines.append(_node_comment(graph, node))
+        lines.append(statement)
+        if trace:
+            for o, printed in zip(node.outputs, outs, strict=True):
+                if o:
+                    lines.append(f"_trace[{literal(o)}] = {printed}")
+    return lines
+
+
+def _node_comment(graph: Graph, node: Node) -> str:
+    """# op(attributes) module (module type) -> output shapes."""
+    attrs = ", ".join(f"{k}={v}" for k, v in sorted(node.attrs.items()))
+    where = f"{node.module or '<root>'} ({node.module_type})" if node.module_type else "<loss>"
+    shapes = ", ".join(shape_text(graph.values[o].type) for o in node.outputs if o)
+    return f"# {node.qualified_op}({attrs}) {where} -> {shapes}"
+
+
+def _return_and_signature(
+    graph: Graph, names: dict[str, str], args: list[str], trace: bool
+) -> tuple[str, str]:
+    """The return statement and the parameter list: a prediction graph returns
+    {role: tensor} and takes rng; a loss graph returns the loss."""
+    traced = ["_trace=None"] if trace else []
+    if graph.kind == "prediction":
+        ret = ", ".join(f"{literal(o.role)}: {names[o.name]}" for o in graph.outputs)
+        return f"return {{{ret}}}", ", ".join(["params", *args, "rng=None", *traced])
+    return f"return {names[graph.output('loss').name]}", ", ".join(["params", *args, *traced])
 
 
 def _lowered(target: Target, graph: Graph, fname: str, notes: list[str]) -> Graph:
