@@ -37,40 +37,88 @@ def exact_batch_dims(tape: Tape, source: dict[Ref, Any]) -> Tape | None:
     None when the replay could not tell. ``source`` holds the tensors the
     recording saw for every ref that is not an op output (data, targets,
     parameters, buffers, constants, RNG draws)."""
-    import tensorflow as tf
-    from tensorflow.python.eager import context, execute
-
     batch = tape.batch_size
     if batch is None or batch < 2:
         return None
-    other = batch + 1
-    ctx = context.context()
-    values: dict[Ref, Any] = {}
+    replay = _Replay(batch, source)
+    for rec in tape.recs:
+        found = replay.grown_run(rec)
+        if found is None:
+            return None
+        for k, t in enumerate(found):
+            replay.values[("o", rec.index, k)] = t
+    return map_targs(tape, replay.resym)
 
-    def grown(t: Any) -> Any:
+
+class _Replay:
+    """The tape's ops executed again, eagerly, on data grown from B to B + 1
+    rows: each ref's grown value, and how to rerun a record and check it."""
+
+    def __init__(self, batch: int, source: dict[Ref, Any]) -> None:
+        import tensorflow as tf
+        from tensorflow.python.eager import context, execute
+
+        self.tf = tf
+        self.execute = execute.execute
+        self.ctx = context.context()
+        self.batch = batch
+        self.other = batch + 1
+        self.source = source
+        self.values: dict[Ref, Any] = {}
+
+    def grown(self, t: Any) -> Any:
         """B -> B + 1 rows, the first row repeated."""
-        return tf.concat([t, t[:1]], axis=0)
+        return self.tf.concat([t, t[:1]], axis=0)
 
-    def value_of(a: TArg, follow_ints: bool) -> Any:
+    def value_of(self, a: TArg, follow_ints: bool) -> Any:
+        tf, batch = self.tf, self.batch
         kind = a.ref[0]
         if kind == "o":
-            return values[a.ref]
+            return self.values[a.ref]
         if kind == "n":  # the batch size as a number
-            return tf.cast(tf.fill(_concrete(a.shape, batch), other), a.dtype)
-        t = tf.convert_to_tensor(source[a.ref])  # a variable: its value
+            return tf.cast(tf.fill(_concrete(a.shape, batch), self.other), a.dtype)
+        t = tf.convert_to_tensor(self.source[a.ref])  # a variable: its value
         if kind in ("i", "t") or (kind == "r" and len(t.shape) and t.shape[0] == batch):
-            return grown(t)
+            return self.grown(t)
         if follow_ints and kind == "c" and t.dtype.is_integer and len(t.shape) <= 1:
-            arr = t.numpy()
-            if (arr == batch).any():
-                return tf.constant(
-                    [other if int(v) == batch else int(v) for v in arr.reshape(-1)],
-                    dtype=t.dtype,
-                    shape=t.shape,
-                )
+            return self._batch_followed(t)
         return t
 
-    def changes(rec: Any, outs: list[Any]) -> bool:
+    def _batch_followed(self, t: Any) -> Any:
+        """An integer constant with every entry equal to B replaced by B + 1
+        (t itself when none is)."""
+        arr = t.numpy()
+        if not (arr == self.batch).any():
+            return t
+        return self.tf.constant(
+            [self.other if int(v) == self.batch else int(v) for v in arr.reshape(-1)],
+            dtype=t.dtype,
+            shape=t.shape,
+        )
+
+    def grown_run(self, rec: Any) -> list[Any] | None:
+        """rec's outputs on the grown data: its integer constants as recorded,
+        then (for a record whose ints involve the batch) following the batch;
+        the first run whose outputs change only by B -> B + 1, else None."""
+        if rec.func is None:
+            return None
+        op_type, attrs = rec.func
+        # the callback reports an empty list attr (Squeeze's squeeze_dims) as None
+        attrs = tuple([] if v is None else v for v in attrs)
+        for follow_ints in (False, True) if rec.tainted else (False,):
+            try:
+                inputs = [self.value_of(a, follow_ints) for a in rec.args]
+                outs = self.execute(op_type, len(rec.outs), inputs, attrs, self.ctx)
+            except Exception:  # this choice is wrong, or the op cannot run again
+                continue
+            outs = list(outs) if outs is not None else []
+            if self.changes(rec, outs):
+                return outs
+        return None
+
+    def changes(self, rec: Any, outs: list[Any]) -> bool:
+        """Whether every output dim is as recorded or went from k*B to k*(B + 1)."""
+        batch, other = self.batch, self.other
         if len(outs) != len(rec.outs):
             return False
         for k, t in enumerate(outs):
@@ -82,36 +130,15 @@ def exact_batch_dims(tape: Tape, source: dict[Ref, Any]) -> Tape | None:
                     return False
         return True
 
-    for rec in tape.recs:
-        if rec.func is None:
-            return None
-        op_type, attrs = rec.func
-        # the callback reports an empty list attr (Squeeze's squeeze_dims) as None
-        attrs = tuple([] if v is None else v for v in attrs)
-        found = None
-        for follow_ints in (False, True) if rec.tainted else (False,):
-            try:
-                inputs = [value_of(a, follow_ints) for a in rec.args]
-                outs = execute.execute(op_type, len(rec.outs), inputs, attrs, ctx)
-            except Exception:  # this choice is wrong, or the op cannot run again
-                continue
-            outs = list(outs) if outs is not None else []
-            if changes(rec, outs):
-                found = outs
-                break
-        if found is None:
-            return None
-        for k, t in enumerate(found):
-            values[("o", rec.index, k)] = t
-
-    def resym(a: TArg) -> TArg:
+    def resym(self, a: TArg) -> TArg:
+        batch = self.batch
         concrete = _concrete(a.shape, batch)
         if a.ref[0] in ("p", "b", "c", "n"):
             return a._replace(shape=concrete)
         if a.ref[0] == "o":
-            shape = tuple(values[a.ref].shape)
+            shape = tuple(self.values[a.ref].shape)
         elif a.ref[0] in ("i", "t"):
-            shape = (other, *concrete[1:]) if concrete else ()
+            shape = (self.other, *concrete[1:]) if concrete else ()
         else:
             return a  # RNG draws keep the guess
         return a._replace(
@@ -120,5 +147,3 @@ def exact_batch_dims(tape: Tape, source: dict[Ref, Any]) -> Tape | None:
                 for d, m in zip(concrete, shape, strict=True)
             )
         )
-
-    return map_targs(tape, resym)

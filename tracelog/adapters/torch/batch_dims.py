@@ -49,44 +49,64 @@ def exact_batch_dims(tape: Tape) -> Tape | None:
     batch = tape.batch_size
     if batch is None or batch < 2:
         return None
-    other = batch + 1
-    metas: dict[Ref, torch.Tensor] = {}
+    replay = _MetaReplay(batch)
+    with torch.no_grad():
+        for rec in tape.recs:
+            outs = replay.best_run(rec)
+            if outs is None:
+                return None
+            for k, t in enumerate(outs):
+                replay.metas[("o", rec.index, k)] = t
+    return map_targs(tape, replay.resym)
 
-    def meta_of(a: TArg) -> torch.Tensor:
-        t = metas.get(a.ref)
+
+class _MetaReplay:
+    """The tape's records run again on meta tensors whose data inputs have
+    B + 1 rows instead of B: the meta tensor of each ref, and how to rerun a
+    record and read which of its dims moved."""
+
+    def __init__(self, batch: int) -> None:
+        self.batch = batch
+        self.other = batch + 1
+        self.metas: dict[Ref, torch.Tensor] = {}
+
+    def meta_of(self, a: TArg) -> torch.Tensor:
+        t = self.metas.get(a.ref)
         if t is None:
-            shape = list(_concrete(a.shape, batch))
+            shape = list(_concrete(a.shape, self.batch))
             if a.ref[0] in ("i", "t") and shape:
-                shape[0] = other  # the data's leading dim is the batch by definition
+                shape[0] = self.other  # the data's leading dim is the batch by definition
             t = torch.empty(shape, dtype=_TORCH_DTYPES[a.dtype], device="meta")
-            metas[a.ref] = t
+            self.metas[a.ref] = t
         return t
 
-    def sub(obj: Any, chosen: set[int] | None, counter: list[int]) -> Any:
+    def sub(self, obj: Any, chosen: set[int] | None, counter: list[int]) -> Any:
         """Replace TArgs by meta tensors, and the ints inside size lists that are
         multiples k*B of the batch, whose running position is in `chosen` (None:
         all of them), by k*(B + 1). A lone int (groups, dim, a split size) stays."""
         if isinstance(obj, TArg):
-            return meta_of(obj)
+            return self.meta_of(obj)
         if isinstance(obj, tuple):
-            out = []
-            for x in obj:
-                if type(x) is int and x > 0 and x % batch == 0:
-                    pos = counter[0]
-                    counter[0] += 1
-                    follow = chosen is None or pos in chosen
-                    out.append(x // batch * other if follow else x)
-                else:
-                    out.append(sub(x, chosen, counter))
-            return out
+            return [self._sub_item(x, chosen, counter) for x in obj]
         if isinstance(obj, torch.device):
             return torch.device("meta")
         return obj
 
-    def run(rec: Any, chosen: set[int] | None) -> list[torch.Tensor]:
+    def _sub_item(self, x: Any, chosen: set[int] | None, counter: list[int]) -> Any:
+        """One item of a tuple argument: a batch-multiple int counts (and
+        follows the batch where chosen); anything else is substituted."""
+        batch = self.batch
+        if type(x) is int and x > 0 and x % batch == 0:
+            pos = counter[0]
+            counter[0] += 1
+            follow = chosen is None or pos in chosen
+            return x // batch * self.other if follow else x
+        return self.sub(x, chosen, counter)
+
+    def run(self, rec: Any, chosen: set[int] | None) -> list[torch.Tensor]:
         counter = [0]
-        args = [sub(a, chosen, counter) for a in rec.args]
-        kwargs = {k: sub(v, chosen, counter) for k, v in rec.kwargs}
+        args = [self.sub(a, chosen, counter) for a in rec.args]
+        kwargs = {k: self.sub(v, chosen, counter) for k, v in rec.kwargs}
         if "device" in kwargs:
             kwargs["device"] = torch.device("meta")
         if rec.op in _RANDOM_INPLACE:
@@ -95,62 +115,72 @@ def exact_batch_dims(tape: Tape) -> Tape | None:
         flatten_tensors(rec.func(*args, **kwargs), outs)
         return outs + [args[i] for i in rec.mutated]
 
-    def n_batch_ints(rec: Any) -> int:
+    def n_batch_ints(self, rec: Any) -> int:
         counter = [0]
         for a in (*rec.args, *(v for _, v in rec.kwargs)):
-            sub(a, set(), counter)
+            self.sub(a, set(), counter)
         return counter[0]
 
-    def changes(rec: Any, outs: list[torch.Tensor]) -> tuple[int, ...] | None:
+    def choices(self, rec: Any) -> list[set[int] | None]:
+        """Which batch-valued ints in size lists follow the batch is ambiguous
+        when a feature dim equals it (view(x, [B, B])): all of them, each
+        alone, and none."""
+        if not rec.tainted:
+            return [set()]
+        n = self.n_batch_ints(rec)
+        return [None] + ([{i} for i in range(n)] + [set()] if n else [])
+
+    def best_run(self, rec: Any) -> list[torch.Tensor] | None:
+        """The replayed outputs of rec under the choice whose outputs change
+        only by B -> B + 1, and of those the one that moves the earliest dims
+        (the batch leads in the data); None when no choice does."""
+        best: tuple[tuple[bool, tuple[int, ...]], list[torch.Tensor]] | None = None
+        for chosen in self.choices(rec):
+            try:
+                outs = self.run(rec, chosen)
+            except Exception:  # no meta kernel, or this choice is wrong
+                continue
+            moved = self.changes(rec, outs)
+            if moved is None:
+                continue
+            key = (not moved, moved)
+            if best is None or key < best[0]:
+                best = (key, outs)
+        return None if best is None else best[1]
+
+    def changes(self, rec: Any, outs: list[torch.Tensor]) -> tuple[int, ...] | None:
         """Positions where the replay moved a dim from B to B + 1; None if it
         changed any dim some other way (then this choice, or the replay, is wrong)."""
         if len(outs) != len(rec.outs):
             return None
         found: list[int] = []
         for k, t in enumerate(outs):
-            concrete = _concrete(rec.outs[k].shape, batch)
+            concrete = _concrete(rec.outs[k].shape, self.batch)
             if t.dim() != len(concrete):
                 return None
-            for i, (d, m) in enumerate(zip(concrete, t.shape, strict=True)):
-                if d == m:
-                    continue
-                if d % batch == 0 and m == d // batch * other:
-                    found.append(i)  # the batch, or a dim merged with it (batch x time)
-                else:
-                    return None
+            moved = self._moved(concrete, t.shape)
+            if moved is None:
+                return None
+            found += moved
         return tuple(found)
 
-    with torch.no_grad():
-        for rec in tape.recs:
-            # Which batch-valued ints in size lists follow the batch is ambiguous
-            # when a feature dim equals it (view(x, [B, B])). Try all of them, each
-            # alone, and none; keep the choices whose outputs change only by
-            # B -> B + 1, and of those the one that moves the earliest dims
-            # (the batch leads in the data).
-            choices: list[set[int] | None] = [set()]
-            if rec.tainted:
-                n = n_batch_ints(rec)
-                choices = [None] + ([{i} for i in range(n)] + [set()] if n else [])
-            best: tuple[tuple[bool, tuple[int, ...]], list[torch.Tensor]] | None = None
-            for chosen in choices:
-                try:
-                    outs = run(rec, chosen)
-                except Exception:  # no meta kernel, or this choice is wrong
-                    continue
-                moved = changes(rec, outs)
-                if moved is None:
-                    continue
-                key = (not moved, moved)
-                if best is None or key < best[0]:
-                    best = (key, outs)
-            if best is None:
+    def _moved(self, concrete: tuple[int, ...], shape: torch.Size) -> list[int] | None:
+        """The dims of one output that went from k*B to k*(B + 1): the batch,
+        or a dim merged with it (batch x time); None if any changed otherwise."""
+        found: list[int] = []
+        for i, (d, m) in enumerate(zip(concrete, shape, strict=True)):
+            if d == m:
+                continue
+            if d % self.batch == 0 and m == d // self.batch * self.other:
+                found.append(i)
+            else:
                 return None
-            for k, t in enumerate(best[1]):
-                metas[("o", rec.index, k)] = t
+        return found
 
-    def resym(a: TArg) -> TArg:
+    def resym(self, a: TArg) -> TArg:
+        batch, other = self.batch, self.other
         concrete = _concrete(a.shape, batch)
-        t = metas.get(a.ref)
+        t = self.metas.get(a.ref)
         if t is None or a.ref[0] in ("p", "b", "c"):
             return a._replace(shape=concrete)
         if t.dim() != len(concrete):
@@ -160,5 +190,3 @@ def exact_batch_dims(tape: Tape) -> Tape | None:
             for d, m in zip(concrete, t.shape, strict=True)
         )
         return a._replace(shape=shape)
-
-    return map_targs(tape, resym)
