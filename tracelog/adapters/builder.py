@@ -9,7 +9,7 @@ from typing import Any
 
 import numpy as np
 
-from tracelog.adapters.tape import Tape, TArg
+from tracelog.adapters.tape import Rec, Tape, TArg
 from tracelog.ir import (
     INLINE_CONSTANT_LIMIT,
     ConstData,
@@ -69,7 +69,7 @@ class Builder:
         self._n_helper = 0
         self._n_const = 0
         self._const_cache: dict[tuple[Any, ...], str] = {}
-        self._current: Any = None
+        self._current: Rec | None = None  # the record being converted
 
     # -- values -------------------------------------------------------------------
     def name_of(self, targ: TArg) -> str:
@@ -338,10 +338,10 @@ class Builder:
                     n.source,
                 )
             )
-        outs = [Output(rename.get(o.name, o.name), o.role) for o in outputs]
-        for o in outs:
-            if o.name not in values:
-                values[o.name] = self.values[o.name]
+        outs = [Output(rename.get(out.name, out.name), out.role) for out in outputs]
+        for out in outs:
+            if out.name not in values:
+                values[out.name] = self.values[out.name]
         graph = Graph(kind, _inputs_first(values), nodes, outs)
         graph.validate()
         return graph

@@ -7,6 +7,7 @@ convolution is ONNX's."""
 from __future__ import annotations
 
 from collections.abc import Sequence
+from typing import SupportsInt
 
 from tracelog.adapters.builder import Converter, Ctx, NotSupported
 from tracelog.adapters.tape import TArg
@@ -22,6 +23,28 @@ TO_NHWC = [0, 2, 3, 1]
 
 def attr(ctx: Ctx, name: str, default: object = None) -> object:
     return ctx.rec.kwarg(name, default)
+
+
+def attr_int(ctx: Ctx, name: str, default: int) -> int:
+    """An integer attribute (a bit mask, a count)."""
+    return _as_int(ctx, name, attr(ctx, name, default))
+
+
+def attr_ints(ctx: Ctx, name: str, default: Sequence[int] = ()) -> list[int]:
+    """A list-of-ints attribute (strides, paddings, dims); the op callback
+    reports an empty list as None."""
+    v = attr(ctx, name, default)
+    if v is None:
+        return []
+    if not isinstance(v, (list, tuple)):
+        raise TypeError(f"{ctx.rec.op}: attribute {name} is {v!r}, not a list")
+    return [_as_int(ctx, name, x) for x in v]
+
+
+def _as_int(ctx: Ctx, name: str, v: object) -> int:
+    if not isinstance(v, SupportsInt):
+        raise TypeError(f"{ctx.rec.op}: attribute {name} holds {v!r}, not an integer")
+    return int(v)
 
 
 def _same_dtype(ctx: Ctx, i: int, dtype: str) -> str:
@@ -44,6 +67,20 @@ def _stop_gradient(ctx: Ctx) -> Names:
 
 
 # -- element-wise ----------------------------------------------------------------------
+def _unary(op: str) -> Converter:
+    def rule(ctx: Ctx) -> Names:
+        return ctx.one(op, [ctx.t(0)])
+
+    return rule
+
+
+def _binary(op: str) -> Converter:
+    def rule(ctx: Ctx) -> Names:
+        return ctx.one(op, [ctx.t(0), ctx.t(1)])
+
+    return rule
+
+
 for _tf, _op in {
     "Relu": "Relu",
     "Sigmoid": "Sigmoid",
@@ -58,7 +95,7 @@ for _tf, _op in {
     "Softplus": "Softplus",
     "Floor": "Floor",
 }.items():
-    TF_OPS.add(f"tf.{_tf}", lambda ctx, _op=_op: ctx.one(_op, [ctx.t(0)]))
+    TF_OPS.add(f"tf.{_tf}", _unary(_op))
 
 for _tf, _op in {
     "AddV2": "Add",
@@ -73,7 +110,7 @@ for _tf, _op in {
     "Less": "Less",
     "Greater": "Greater",
 }.items():
-    TF_OPS.add(f"tf.{_tf}", lambda ctx, _op=_op: ctx.one(_op, [ctx.t(0), ctx.t(1)]))
+    TF_OPS.add(f"tf.{_tf}", _binary(_op))
 
 
 @TF_OPS.register("tf.BiasAdd")
@@ -224,23 +261,23 @@ def _padding(ctx: Ctx, k: list[int], s: list[int], d: list[int]) -> list[int]:
     if mode == "SAME":
         return _same_pads(ctx.in_type(0).shape[1:3], k, s, d, ctx.batch)
     if mode == "EXPLICIT":
-        p = list(attr(ctx, "explicit_paddings", ()))  # type: ignore[arg-type]
+        p = attr_ints(ctx, "explicit_paddings")
         return [p[2], p[4], p[3], p[5]]
     raise NotSupported(f"padding {mode}")
 
 
 def _nhwc_attr(ctx: Ctx, name: str) -> list[int]:
-    v = list(attr(ctx, name, (1, 1, 1, 1)))  # type: ignore[arg-type]
+    v = attr_ints(ctx, name, (1, 1, 1, 1))
     if attr(ctx, "data_format", b"NHWC") not in (b"NHWC", "NHWC"):
         raise NotSupported("NCHW data format")
-    return [int(v[1]), int(v[2])]
+    return [v[1], v[2]]
 
 
 @TF_OPS.register("tf.Conv2D")
 def _conv2d(ctx: Ctx) -> Names:
     w = ctx.in_type(1)  # HWIO
     w_oihw = ctx.helper("Transpose", [ctx.t(1)], _perm(w, [3, 2, 0, 1]), perm=[3, 2, 0, 1])
-    groups = int(ctx.in_type(0).shape[3]) // int(w.shape[2])  # type: ignore[arg-type]
+    groups = int(ctx.in_type(0).shape[3]) // int(w.shape[2])
     return _nhwc_conv(ctx, w_oihw, [int(w.shape[0]), int(w.shape[1])], groups)
 
 
@@ -262,7 +299,7 @@ def _nhwc_conv(ctx: Ctx, w_oihw: str, k: list[int], group: int) -> Names:
 @TF_OPS.register("tf.DepthwiseConv2dNative")
 def _depthwise(ctx: Ctx) -> Names:
     w = ctx.in_type(1)  # H W C M
-    kh, kw, c, m = (int(x) for x in w.shape)  # type: ignore[arg-type]
+    kh, kw, c, m = (int(x) for x in w.shape)
     # HWCM -> (C*M) 1 H W
     hw_cm = ctx.helper(
         "Reshape", [ctx.t(1), ctx.ints([kh, kw, 1, c * m])], TensorType(w.dtype, (kh, kw, 1, c * m))
@@ -273,7 +310,7 @@ def _depthwise(ctx: Ctx) -> Names:
     return _nhwc_conv(ctx, w_oihw, [kh, kw], c)
 
 
-def _pool(op: str):  # noqa: ANN202 - a rule factory
+def _pool(op: str) -> Converter:
     def rule(ctx: Ctx) -> Names:
         k = _nhwc_attr(ctx, "ksize")
         s = _nhwc_attr(ctx, "strides")
@@ -297,7 +334,7 @@ def _axes_of(ctx: Ctx, i: int) -> list[int]:
     return [int(x) for x in list(arr.reshape(-1))]
 
 
-def _reduce(op: str):  # noqa: ANN202 - a rule factory
+def _reduce(op: str) -> Converter:
     def rule(ctx: Ctx) -> Names:
         keep = int(bool(attr(ctx, "keep_dims", False)))
         return ctx.one(op, [ctx.t(0), ctx.ints(_axes_of(ctx, 1))], keepdims=keep)
@@ -317,7 +354,7 @@ for _tf, _op in {
 
 @TF_OPS.register("tf.Squeeze")
 def _squeeze(ctx: Ctx) -> Names:
-    dims = list(attr(ctx, "squeeze_dims", None) or ())  # type: ignore[arg-type]
+    dims = attr_ints(ctx, "squeeze_dims")
     if not dims:
         dims = [i for i, d in enumerate(ctx.in_type(0).shape) if d == 1]
     return ctx.one("Squeeze", [ctx.t(0), ctx.ints(dims)])
@@ -414,8 +451,8 @@ def _strided_slice(ctx: Ctx) -> Names:
             [int(x) for x in ctx.b.to_numpy(ctx.b.tape.consts[a.ref[1]].tensor).reshape(-1)]
         )
     begin, end, strides = bounds
-    begin_mask, end_mask = int(attr(ctx, "begin_mask", 0)), int(attr(ctx, "end_mask", 0))
-    shrink = int(attr(ctx, "shrink_axis_mask", 0))
+    begin_mask, end_mask = attr_int(ctx, "begin_mask", 0), attr_int(ctx, "end_mask", 0)
+    shrink = attr_int(ctx, "shrink_axis_mask", 0)
     big = 2**62
     starts, ends, axes = [], [], []
     for ax, (b, e, st) in enumerate(zip(begin, end, strides, strict=True)):

@@ -94,7 +94,7 @@ _UNARY = {
 }
 
 
-def _unary_rule(op: str):  # noqa: ANN202 - a rule factory
+def _unary_rule(op: str) -> Converter:
     def rule(ctx: Ctx) -> Names:
         return ctx.one(op, [ctx.t(0)])
 
@@ -166,7 +166,7 @@ def _clamp_min(ctx: Ctx) -> Names:
 _BINARY = {"add": "Add", "sub": "Sub", "mul": "Mul", "div": "Div"}
 
 
-def _binary_rule(op: str):  # noqa: ANN202 - a rule factory
+def _binary_rule(op: str) -> Converter:
     def rule(ctx: Ctx) -> Names:
         dt = ctx.out_type().dtype
         a = _operand(ctx, 0, "self", dt)
@@ -216,7 +216,7 @@ def _pow(ctx: Ctx) -> Names:
 _COMPARE = {"eq": "Equal", "lt": "Less", "gt": "Greater"}
 
 
-def _compare_rule(op: str):  # noqa: ANN202 - a rule factory
+def _compare_rule(op: str) -> Converter:
     def rule(ctx: Ctx) -> Names:
         dt = ctx.in_type(0).dtype
         return ctx.one(op, [_operand(ctx, 0, "self", dt), _operand(ctx, 1, "other", dt)])
@@ -301,8 +301,10 @@ def _batch_norm(ctx: Ctx) -> Names:
     if not training:
         if not has_stats:
             raise NotSupported("batch norm in eval mode without running statistics")
-        y = ctx.one("BatchNormalization", [ctx.t(0), scale, bias, ctx.t(3), ctx.t(4)], epsilon=eps)
-        return [y[0], None, None]
+        normalized = ctx.one(
+            "BatchNormalization", [ctx.t(0), scale, bias, ctx.t(3), ctx.t(4)], epsilon=eps
+        )
+        return [normalized[0], None, None]
     if not has_stats:
         raise NotSupported("batch norm without running statistics (track_running_stats=False)")
     mean_type, var_type = ctx.in_type(3), ctx.in_type(4)
@@ -410,15 +412,15 @@ def _adaptive_avg_pool2d(ctx: Ctx) -> Names:
 
 
 # -- reductions ------------------------------------------------------------------------
-def _axes(dims: object) -> list[int] | None:
+def _axes(dims: int | Sequence[int] | None) -> list[int] | None:
     if dims is None:
         return None
     if isinstance(dims, int):
         return [dims]
-    return [int(d) for d in dims]  # type: ignore[union-attr]
+    return [int(d) for d in dims]
 
 
-def _reduce_rule(op: str, all_dims_overload: bool):  # noqa: ANN202 - a rule factory
+def _reduce_rule(op: str, all_dims_overload: bool) -> Converter:
     def rule(ctx: Ctx) -> Names:
         if all_dims_overload:
             return ctx.one(op, [ctx.t(0)], keepdims=0)
@@ -441,7 +443,7 @@ ATEN.add("aten.amax.default", _reduce_rule("ReduceMax", False))
 ATEN.add("aten.amin.default", _reduce_rule("ReduceMin", False))
 
 
-def _max_dim_rule(op: str):  # noqa: ANN202 - a rule factory
+def _max_dim_rule(op: str) -> Converter:
     def rule(ctx: Ctx) -> Names:
         dim = int(ctx.arg(1, "dim"))
         keep = int(bool(ctx.arg(2, "keepdim", False)))
@@ -596,14 +598,15 @@ def _split_rule(ctx: Ctx) -> Names:
 def _unbind(ctx: Ctx) -> Names:
     shape = ctx.in_type(0).shape
     dim = int(ctx.arg(1, "dim", 0)) % len(shape)
-    if not isinstance(shape[dim], int):
+    size = shape[dim]
+    if not isinstance(size, int):
         raise NotSupported("unbind along the batch dim")
     kept = list(shape)
     kept[dim] = 1
     parts = ctx.node(
         "Split",
-        [ctx.t(0), ctx.ints([1] * shape[dim])],
-        outs=[TensorType(ctx.in_type(0).dtype, tuple(kept))] * shape[dim],
+        [ctx.t(0), ctx.ints([1] * size)],
+        outs=[TensorType(ctx.in_type(0).dtype, tuple(kept))] * size,
         axis=dim,
     )
     return [
@@ -620,12 +623,13 @@ def _slice(ctx: Ctx) -> Names:
     step = int(ctx.arg(4, "step", 1))
     start = 0 if start is None else int(start)
     end = INT64_MAX if end is None or end >= INT64_MAX else int(end)
-    if is_symbolic(shape[dim]) and (start, end, step) != (0, INT64_MAX, 1):
+    size = shape[dim]
+    if is_symbolic(size) and (start, end, step) != (0, INT64_MAX, 1):
         if ctx.batch is not None and end >= ctx.batch and start == 0 and step == 1:
             return [ctx.t(0)]  # a slice of the whole batch: x[:n] with n >= batch
         raise NotSupported("a slice of part of the batch")
     if (start, end, step) == (0, INT64_MAX, 1) or (
-        isinstance(shape[dim], int) and start == 0 and end >= shape[dim] and step == 1
+        isinstance(size, int) and start == 0 and end >= size and step == 1
     ):
         return [ctx.t(0)]
     return ctx.one(
@@ -649,7 +653,7 @@ def _embedding(ctx: Ctx) -> Names:
 
 
 # -- tensor factories: constants, or ConstantOfShape for a batch-sized shape -----------
-def _fill_rule(value_arg: int | None, fill: float):  # noqa: ANN202 - a rule factory
+def _fill_rule(value_arg: int | None, fill: float) -> Converter:
     def rule(ctx: Ctx) -> Names:
         out = ctx.out_type()
         value = fill if value_arg is None else ctx.arg(value_arg, "fill_value")
