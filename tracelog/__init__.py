@@ -15,7 +15,7 @@ from tracelog.log import TraceLog, load
 __version__ = "0.1.0"
 
 
-def Listener(model: Any, log_dir: str | os.PathLike[str], **options: Any) -> Any:  # noqa: N802
+def Listener(model: Any, log_dir: str | os.PathLike[str], **options: Any) -> Any:
     """A training listener for ``model``, picked by the model's framework.
 
     PyTorch: ``tracelog.Listener(torch_module, "runs/x")`` returns a
@@ -23,11 +23,7 @@ def Listener(model: Any, log_dir: str | os.PathLike[str], **options: Any) -> Any
     backend, eager loop) a :class:`tracelog.adapters.tensorflow.TFListener`.
     """
     module = type(model).__module__
-    try:
-        import torch
-    except ImportError:
-        torch = None  # type: ignore[assignment]
-    if torch is not None and isinstance(model, torch.nn.Module):
+    if _is_torch_module(model):
         from tracelog.adapters.torch import TorchListener
 
         return TorchListener(model, log_dir, **options)
@@ -39,6 +35,15 @@ def Listener(model: Any, log_dir: str | os.PathLike[str], **options: Any) -> Any
         f"tracelog has no listener for {module}.{type(model).__name__}; "
         "it records torch.nn.Module and Keras models"
     )
+
+
+def _is_torch_module(model: Any) -> bool:
+    """Whether model is a torch.nn.Module (False where torch is not installed)."""
+    try:
+        import torch
+    except ImportError:
+        return False
+    return isinstance(model, torch.nn.Module)
 
 
 __all__ = [

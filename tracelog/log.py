@@ -63,7 +63,7 @@ class Usage:
     def from_json(cls, d: dict[str, Any]) -> Usage:
         first = tuple(d["first"]) if d.get("first") is not None else None
         last = tuple(d["last"]) if d.get("last") is not None else None
-        return cls(int(d["batches"]), [int(e) for e in d["epochs"]], first, last)  # type: ignore[arg-type]
+        return cls(int(d["batches"]), [int(e) for e in d["epochs"]], first, last)
 
 
 @dataclass

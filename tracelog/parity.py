@@ -33,7 +33,7 @@ def _module_from_text(text: str, name: str) -> types.ModuleType:
     # Text that tracelog itself generated from a validated log (names sanitised,
     # literals through repr): running it is running the emitted program.
     module = types.ModuleType(name)
-    exec(compile(text, f"<{name}>", "exec"), module.__dict__)  # noqa: S102
+    exec(compile(text, f"<{name}>", "exec"), module.__dict__)
     return module
 
 

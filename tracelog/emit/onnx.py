@@ -3,6 +3,7 @@ one node per IR node, tracelog-domain ops carried as ONNX functions."""
 
 from __future__ import annotations
 
+from types import ModuleType
 from typing import Any
 
 import numpy as np
@@ -19,7 +20,8 @@ from tracelog.ops import (
 )
 
 
-def _onnx():  # noqa: ANN202 - the onnx module, imported on use (an optional extra)
+def _onnx() -> ModuleType:
+    """The onnx module, imported on use (an optional extra)."""
     try:
         import onnx
     except ImportError:  # pragma: no cover - depends on the environment

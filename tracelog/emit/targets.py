@@ -37,19 +37,19 @@ class TargetSpec:
     def program(self) -> Target:
         if self.kind != PROGRAM:
             raise ValueError(f"{self.name} is not a program target")
-        return self.load().TARGET  # type: ignore[no-any-return]
+        return self.load().TARGET
 
     @property
     def table(self) -> Table[Any]:
         module = self.load()
-        return module.TARGET.table if self.kind == PROGRAM else module.TABLE  # type: ignore[no-any-return]
+        return module.TARGET.table if self.kind == PROGRAM else module.TABLE
 
     def emit(self, log_dir: str | os.PathLike[str], out: str | None = None) -> Path:
         if self.kind == PROGRAM:
             from tracelog.emit.program import write_program
 
             return write_program(log_dir, self.program, out)
-        return self.load().write_model(log_dir, out)  # type: ignore[no-any-return]
+        return self.load().write_model(log_dir, out)
 
     def check(
         self, log_dir: str | os.PathLike[str], *, atol: float, rtol: float, grad_atol: float
@@ -58,7 +58,7 @@ class TargetSpec:
             from tracelog.parity import check_program
 
             return check_program(log_dir, self.program, atol=atol, rtol=rtol, grad_atol=grad_atol)
-        return self.load().check_model(log_dir, atol=atol, rtol=rtol)  # type: ignore[no-any-return]
+        return self.load().check_model(log_dir, atol=atol, rtol=rtol)
 
 
 _TARGETS: dict[str, TargetSpec] = {}
