@@ -19,10 +19,10 @@ import time
 
 os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "3")
 
-import keras  # noqa: E402
-import numpy as np  # noqa: E402
+import keras
+import numpy as np
 
-from tracelog.keras import TracelogCallback  # noqa: E402
+from tracelog.keras import TracelogCallback
 
 
 def cnn() -> keras.Model:

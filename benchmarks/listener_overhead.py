@@ -41,9 +41,7 @@ def cnn() -> nn.Module:
     )
 
 
-def run(
-    model: nn.Module, x: torch.Tensor, y: torch.Tensor, batches: int, listener
-) -> float:  # noqa: ANN001
+def run(model: nn.Module, x: torch.Tensor, y: torch.Tensor, batches: int, listener) -> float:
     opt = torch.optim.SGD(model.parameters(), lr=0.01)
     start = time.perf_counter()
     for _ in range(batches):

@@ -19,13 +19,13 @@ from pathlib import Path
 
 os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "3")
 
-import keras  # noqa: E402
-import numpy as np  # noqa: E402
-from sklearn.datasets import load_digits  # noqa: E402
+import keras
+import numpy as np
+from sklearn.datasets import load_digits
 
-import tracelog  # noqa: E402
-from tracelog.cli import show_text  # noqa: E402
-from tracelog.keras import TracelogCallback  # noqa: E402
+import tracelog
+from tracelog.cli import show_text
+from tracelog.keras import TracelogCallback
 
 
 def build_model() -> keras.Model:

@@ -280,7 +280,7 @@ def _samples() -> list[OpSample]:
         )
     )
 
-    def bn_train(a, g, b, m, v):  # noqa: ANN001, ANN202
+    def bn_train(a, g, b, m, v):
         return F.batch_norm(a, m.clone(), v.clone(), g, b, True, 0.1, 1e-5)
 
     s.append(

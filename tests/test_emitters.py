@@ -30,7 +30,7 @@ def target(request: pytest.FixtureRequest) -> str:
     return _needs(request.param)
 
 
-def _table(target: str):  # noqa: ANN202
+def _table(target: str):
     return targets.get(target).table
 
 

@@ -39,7 +39,7 @@ def run_emitted(emitter: str, sample: OpSample) -> tuple[list[np.ndarray], list[
     used = [runtime.functions[h] for h in runtime.helpers_used(text)]
     parts = [import_block(target.pieces), *runtime.statements, *used, text]
     namespace: dict = {}
-    exec(compile("\n\n".join(parts), f"<{sample.id}>", "exec"), namespace)  # noqa: S102
+    exec(compile("\n\n".join(parts), f"<{sample.id}>", "exec"), namespace)
     if emitter == "tensorflow":
         import tensorflow as tf
 
@@ -58,7 +58,7 @@ def run_emitted(emitter: str, sample: OpSample) -> tuple[list[np.ndarray], list[
     return [_numpy(out[o.role]) for o in graph.outputs], ref
 
 
-def _numpy(x) -> np.ndarray:  # noqa: ANN001
+def _numpy(x) -> np.ndarray:
     return x.detach().numpy() if hasattr(x, "detach") else np.asarray(x)
 
 

@@ -61,7 +61,7 @@ def test_check_parity_compares_every_recorded_role(tmp_path) -> None:
     save_file(sample, str(tmp_path / "sample.safetensors"))
     save_file({"w": w, "running": b}, str(tmp_path / "weights.safetensors"))
 
-    def runs(step, params, trainable):  # noqa: ANN001, ANN202 - a NumPy "autodiff"
+    def runs(step, params, trainable):  # a NumPy "autodiff"
         x = sample[sample_format.input_key("x")]
         pred = params["w"] * x
         outputs = {"prediction": pred, "update:running": np.ones(2) * 1.0}
