@@ -15,6 +15,8 @@ from collections.abc import Sequence
 from dataclasses import dataclass, field
 from typing import Any, SupportsIndex
 
+from tracelog.ops import schema_for
+
 BATCH = "batch"
 """The symbolic leading dimension shared by the data inputs."""
 
@@ -296,8 +298,6 @@ class Graph:
     def validate(self) -> None:
         """Raise ValueError unless every value is defined once, before use, and
         every node names an op of the vocabulary (or is an Unsupported marker)."""
-        from tracelog.ops import schema_for
-
         defined = {v.name for v in self.values.values() if v.kind != "node"}
         self._check_kinds()
         for node in self.nodes:

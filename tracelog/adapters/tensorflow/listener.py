@@ -314,8 +314,13 @@ class TFListener(ListenerBase):
             grad_tape.__enter__()
 
         def callback(
-            op_type, inputs, attrs, outputs, op_name=None, graph=None
-        ):  # noqa: ANN001, ANN202
+            op_type: Any,
+            inputs: Any,
+            attrs: Any,
+            outputs: Any,
+            op_name: Any = None,
+            graph: Any = None,
+        ) -> None:
             w.guarded(w.on_op, op_type, inputs, attrs, outputs, graph)
             return None
 

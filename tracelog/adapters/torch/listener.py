@@ -13,7 +13,7 @@ import inspect
 import logging
 import os
 import platform
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from typing import Any
 
 import numpy as np
@@ -81,7 +81,13 @@ class _Mode(TorchDispatchMode):
         super().__init__()
         self.window = window
 
-    def __torch_dispatch__(self, func, types, args=(), kwargs=None):  # type: ignore[no-untyped-def]
+    def __torch_dispatch__(
+        self,
+        func: Any,
+        types: Any,
+        args: tuple[Any, ...] = (),
+        kwargs: dict[str, Any] | None = None,
+    ) -> Any:
         kwargs = kwargs or {}
         out = func(*args, **kwargs)
         w = self.window
@@ -248,7 +254,7 @@ class TorchListener(ListenerBase):
             refs[id(b)] = ("b", name)
         return refs
 
-    def _pre_hook(self, path: str, tname: str, is_root: bool):  # noqa: ANN202
+    def _pre_hook(self, path: str, tname: str, is_root: bool) -> Callable[..., None]:
         def hook(module: torch.nn.Module, args: Any, kwargs: Any) -> None:
             w = self._window
             if w is not None:
@@ -256,7 +262,7 @@ class TorchListener(ListenerBase):
 
         return hook
 
-    def _post_hook(self, is_root: bool):  # noqa: ANN202
+    def _post_hook(self, is_root: bool) -> Callable[..., None]:
         def hook(module: torch.nn.Module, args: Any, kwargs: Any, output: Any) -> None:
             w = self._window
             if w is not None:
@@ -281,7 +287,7 @@ class TorchListener(ListenerBase):
         return exact_batch_dims(w.tape)  # a replay on meta tensors
 
     def _to_numpy(self, t: torch.Tensor) -> np.ndarray:
-        return to_numpy(t)  # type: ignore[no-any-return]
+        return to_numpy(t)
 
     def _graphs(self, w: WindowBase) -> tuple[Graph, Graph | None, list[int]]:
         try:
