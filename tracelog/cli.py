@@ -6,6 +6,7 @@ import argparse
 import json
 import sys
 from collections.abc import Sequence
+from typing import Any
 
 from tracelog.errors import TracelogError
 from tracelog.log import TraceLog
@@ -123,14 +124,22 @@ def _cmd_check(args: argparse.Namespace) -> int:
     return 0 if report.ok else 1
 
 
+def _log_and_target(sub: Any, name: str, help: str) -> argparse.ArgumentParser:
+    """A subcommand on a log directory for one registered target."""
+    from tracelog.emit import TARGETS
+
+    p: argparse.ArgumentParser = sub.add_parser(name, help=help)
+    p.add_argument("log_dir")
+    p.add_argument("--target", choices=TARGETS, required=True)
+    return p
+
+
 def _tolerances(p: argparse.ArgumentParser) -> None:
     p.add_argument("--atol", type=float, default=1e-5)
     p.add_argument("--rtol", type=float, default=1e-4)
 
 
 def build_parser() -> argparse.ArgumentParser:
-    from tracelog.emit import TARGETS
-
     parser = argparse.ArgumentParser(
         prog="tracelog", description="Inspect and check logs written by a tracelog listener."
     )
@@ -147,22 +156,16 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--runtime", choices=("reference", "onnxruntime"), default="reference")
     _tolerances(p)
     p.set_defaults(func=_cmd_verify)
-    p = sub.add_parser(
-        "emit",
-        help="write a program for another framework (exit 2 listing unsupported ops)",
+    p = _log_and_target(
+        sub, "emit", "write a program for another framework (exit 2 listing unsupported ops)"
     )
-    p.add_argument("log_dir")
-    p.add_argument("--target", choices=TARGETS, required=True)
     p.add_argument(
         "--out", help="file to write (default: LOG_DIR/program_<target>.py, or LOG_DIR/model.onnx)"
     )
     p.set_defaults(func=_cmd_emit)
-    p = sub.add_parser(
-        "check",
-        help="emit, run the program on the recorded batch, compare; exit 1 on mismatch",
+    p = _log_and_target(
+        sub, "check", "emit, run the program on the recorded batch, compare; exit 1 on mismatch"
     )
-    p.add_argument("log_dir")
-    p.add_argument("--target", choices=TARGETS, required=True)
     _tolerances(p)
     p.add_argument("--grad-atol", type=float, default=1e-4)
     p.set_defaults(func=_cmd_check)

@@ -11,9 +11,9 @@ from __future__ import annotations
 
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field, replace
-from typing import Any, NamedTuple
+from typing import Any, NamedTuple, Protocol
 
-from tracelog.ir import BATCH, TensorType
+from tracelog.ir import BATCH, TensorType, batch_factor
 
 # Where a tensor came from.
 #   ("p", name) parameter, ("b", name) buffer, ("i", name) data input,
@@ -144,3 +144,33 @@ def map_targs(tape: Tape, fn: Callable[[TArg], TArg]) -> Tape:
     new.inputs = {k: fn(v) for k, v in tape.inputs.items()}
     new.targets = [fn(t) for t in tape.targets]
     return new
+
+
+def concrete_shape(shape: tuple[int | str, ...], batch: int) -> tuple[int, ...]:
+    """A recorded shape with its batch dims (``batch``, ``batch*k``) at size `batch`."""
+    return tuple(batch * batch_factor(d) if isinstance(d, str) else int(d) for d in shape)
+
+
+class Replay(Protocol):
+    """One way of running a tape's records again with another batch size."""
+
+    def run(self, rec: Rec) -> list[Any] | None:
+        """The record's outputs in the replay, or None where it cannot tell."""
+
+    def store(self, ref: Ref, value: Any) -> None:
+        """Keep an output for the records that read it."""
+
+    def resym(self, a: TArg) -> TArg:
+        """The TArg with its dims re-marked by what moved in the replay."""
+
+
+def replay_tape(tape: Tape, replay: Replay) -> Tape | None:
+    """Run every record again through `replay`: the tape with the batch dims
+    the replay found, or None when a record could not be replayed."""
+    for rec in tape.recs:
+        outs = replay.run(rec)
+        if outs is None:
+            return None
+        for k, t in enumerate(outs):
+            replay.store(("o", rec.index, k), t)
+    return map_targs(tape, replay.resym)

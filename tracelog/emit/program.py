@@ -12,7 +12,7 @@ from __future__ import annotations
 
 import os
 from collections.abc import Callable
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from functools import cached_property
 from pathlib import Path
 from typing import Any
@@ -137,12 +137,10 @@ def emit_function(
     constants: dict[str, np.ndarray],
     trace: bool = False,
 ) -> str:
-    ns = _function_namespace(target)
-    names: dict[str, str] = {"": "None"}
-    args = [_bind(ns, names, v.name) for v in graph.inputs]
-    lines = _value_lines(target, graph, ns, names, constants)
-    lines += _node_lines(target, graph, ns, names, constants, trace)
-    ret, sig = _return_and_signature(graph, names, args, trace)
+    body = _Body(target, graph, constants, trace)
+    args = [body.bind(v.name) for v in graph.inputs]
+    lines = body.value_lines() + body.node_lines()
+    ret, sig = _return_and_signature(graph, body.names, args, trace)
     lines.append(ret)
     header = [
         f"# {graph.kind} graph {digest[:12]}, {len(graph.nodes)} ops. {usage_comment(entries)}",
@@ -156,28 +154,52 @@ def emit_function(
     return "\n".join(header + [doc] + ["    " + line for line in lines])
 
 
-def _bind(ns: Namespace, names: dict[str, str], value: str) -> str:
-    """The printed name of a value the function defines (a fresh one in ns)."""
-    names[value] = ns.name(value, ("v", value))
-    return names[value]
+@dataclass
+class _Body:
+    """One graph function being written: its own namespace (seeded with every
+    name the program defines) and the printed name of each value."""
 
+    target: Target
+    graph: Graph
+    constants: dict[str, np.ndarray]
+    trace: bool = False
+    names: dict[str, str] = field(default_factory=lambda: {"": "None"})
 
-def _value_lines(
-    target: Target,
-    graph: Graph,
-    ns: Namespace,
-    names: dict[str, str],
-    constants: dict[str, np.ndarray],
-) -> list[str]:
-    """A line reading each parameter and buffer from params; constants are
-    named by their expression, with no line."""
-    lines: list[str] = []
-    for v in graph.values.values():
-        if v.kind in ("param", "buffer"):
-            lines.append(f"{_bind(ns, names, v.name)} = params[{literal(v.name)}]")
-        elif v.kind == "const":
-            names[v.name] = _const_text(target, v, constants)
-    return lines
+    def __post_init__(self) -> None:
+        self.ns = _function_namespace(self.target)
+
+    def bind(self, value: str) -> str:
+        """The printed name of a value the function defines (a fresh one)."""
+        self.names[value] = self.ns.name(value, ("v", value))
+        return self.names[value]
+
+    def value_lines(self) -> list[str]:
+        """A line reading each parameter and buffer from params; constants are
+        named by their expression, with no line."""
+        lines: list[str] = []
+        for v in self.graph.values.values():
+            if v.kind in ("param", "buffer"):
+                lines.append(f"{self.bind(v.name)} = params[{literal(v.name)}]")
+            elif v.kind == "const":
+                self.names[v.name] = _const_text(self.target, v, self.constants)
+        return lines
+
+    def node_lines(self) -> list[str]:
+        """Per node: a comment saying what it is, its statement, and with trace
+        the lines recording its outputs."""
+        lines: list[str] = []
+        n_random = 0
+        for node in self.graph.nodes:
+            outs = [self.bind(o) if o else "_" for o in node.outputs]
+            ctx = RuleCtx(self.graph, node, self.names, self.constants, outs)
+            if is_random(node):  # takes its recorded mask from rng when replayed
+                ctx.mask_key = sample_format.rng_key(n_random)
+                n_random += 1
+            lines += [_node_comment(self.graph, node), _statement(self.target, ctx)]
+            if self.trace:
+                traced = zip(node.outputs, outs, strict=True)
+                lines += [f"_trace[{literal(o)}] = {p}" for o, p in traced if o]
+        return lines
 
 
 def _const_text(target: Target, v: Value, constants: dict[str, np.ndarray]) -> str:
@@ -187,34 +209,6 @@ def _const_text(target: Target, v: Value, constants: dict[str, np.ndarray]) -> s
         return f"params[{literal('const/' + v.const.digest)}]"
     value = const_array(v, constants)
     return target.const_expr.format(value=literal(value.tolist()), dtype=v.type.dtype)
-
-
-def _node_lines(
-    target: Target,
-    graph: Graph,
-    ns: Namespace,
-    names: dict[str, str],
-    constants: dict[str, np.ndarray],
-    trace: bool,
-) -> list[str]:
-    """Per node: a comment saying what it is, its statement, and with trace
-    the lines recording its outputs."""
-    lines: list[str] = []
-    n_dropout = 0
-    for node in graph.nodes:
-        outs = [_bind(ns, names, o) if o else "_" for o in node.outputs]
-        ctx = RuleCtx(graph, node, names, constants, outs)
-        if is_random(node):  # takes its recorded mask from rng when replayed
-            ctx.mask_key = sample_format.rng_key(n_dropout)
-            n_dropout += 1
-        statement = _statement(target, ctx)
-        lines.append(_node_comment(graph, node))
-        lines.append(statement)
-        if trace:
-            for o, printed in zip(node.outputs, outs, strict=True):
-                if o:
-                    lines.append(f"_trace[{literal(o)}] = {printed}")
-    return lines
 
 
 def _node_comment(graph: Graph, node: Node) -> str:

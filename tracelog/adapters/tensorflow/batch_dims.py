@@ -17,19 +17,8 @@ from __future__ import annotations
 
 from typing import Any
 
-from tracelog.adapters.tape import Ref, Tape, TArg, map_targs
-from tracelog.ir import BATCH, batch_dim
-
-
-def _concrete(shape: tuple[int | str, ...], batch: int) -> tuple[int, ...]:
-    out = []
-    for d in shape:
-        if isinstance(d, str):
-            k = 1 if d == BATCH else int(d.split("*")[1])
-            out.append(batch * k)
-        else:
-            out.append(int(d))
-    return tuple(out)
+from tracelog.adapters.tape import Ref, Tape, TArg, concrete_shape, replay_tape
+from tracelog.ir import batch_dim
 
 
 def exact_batch_dims(tape: Tape, source: dict[Ref, Any]) -> Tape | None:
@@ -40,14 +29,7 @@ def exact_batch_dims(tape: Tape, source: dict[Ref, Any]) -> Tape | None:
     batch = tape.batch_size
     if batch is None or batch < 2:
         return None
-    replay = _Replay(batch, source)
-    for rec in tape.recs:
-        found = replay.grown_run(rec)
-        if found is None:
-            return None
-        for k, t in enumerate(found):
-            replay.values[("o", rec.index, k)] = t
-    return map_targs(tape, replay.resym)
+    return replay_tape(tape, _Replay(batch, source))
 
 
 class _Replay:
@@ -76,7 +58,7 @@ class _Replay:
         if kind == "o":
             return self.values[a.ref]
         if kind == "n":  # the batch size as a number
-            return tf.cast(tf.fill(_concrete(a.shape, batch), self.other), a.dtype)
+            return tf.cast(tf.fill(concrete_shape(a.shape, batch), self.other), a.dtype)
         t = tf.convert_to_tensor(self.source[a.ref])  # a variable: its value
         if kind in ("i", "t") or (kind == "r" and len(t.shape) and t.shape[0] == batch):
             return self.grown(t)
@@ -96,7 +78,10 @@ class _Replay:
             shape=t.shape,
         )
 
-    def grown_run(self, rec: Any) -> list[Any] | None:
+    def store(self, ref: Ref, value: Any) -> None:
+        self.values[ref] = value
+
+    def run(self, rec: Any) -> list[Any] | None:
         """rec's outputs on the grown data: its integer constants as recorded,
         then (for a record whose ints involve the batch) following the batch;
         the first run whose outputs change only by B -> B + 1, else None."""
@@ -122,7 +107,7 @@ class _Replay:
         if len(outs) != len(rec.outs):
             return False
         for k, t in enumerate(outs):
-            concrete = _concrete(rec.outs[k].shape, batch)
+            concrete = concrete_shape(rec.outs[k].shape, batch)
             if len(t.shape) != len(concrete):
                 return False
             for d, m in zip(concrete, t.shape, strict=True):
@@ -132,7 +117,7 @@ class _Replay:
 
     def resym(self, a: TArg) -> TArg:
         batch = self.batch
-        concrete = _concrete(a.shape, batch)
+        concrete = concrete_shape(a.shape, batch)
         if a.ref[0] in ("p", "b", "c", "n"):
             return a._replace(shape=concrete)
         if a.ref[0] == "o":

@@ -7,6 +7,7 @@ convolution is ONNX's."""
 from __future__ import annotations
 
 from collections.abc import Sequence
+from functools import partial
 from typing import SupportsInt
 
 from tracelog.adapters.builder import Converter, Ctx, NotSupported
@@ -67,21 +68,12 @@ def _stop_gradient(ctx: Ctx) -> Names:
 
 
 # -- element-wise ----------------------------------------------------------------------
-def _unary(op: str) -> Converter:
-    def rule(ctx: Ctx) -> Names:
-        return ctx.one(op, [ctx.t(0)])
-
-    return rule
+def _same_op(op: str, arity: int, ctx: Ctx) -> Names:
+    """A TF op that is the IR op `op` on its first `arity` inputs."""
+    return ctx.one(op, [ctx.t(i) for i in range(arity)])
 
 
-def _binary(op: str) -> Converter:
-    def rule(ctx: Ctx) -> Names:
-        return ctx.one(op, [ctx.t(0), ctx.t(1)])
-
-    return rule
-
-
-for _tf, _op in {
+_UNARY = {
     "Relu": "Relu",
     "Sigmoid": "Sigmoid",
     "Tanh": "Tanh",
@@ -94,10 +86,8 @@ for _tf, _op in {
     "Reciprocal": "Reciprocal",
     "Softplus": "Softplus",
     "Floor": "Floor",
-}.items():
-    TF_OPS.add(f"tf.{_tf}", _unary(_op))
-
-for _tf, _op in {
+}
+_BINARY = {
     "AddV2": "Add",
     "Add": "Add",
     "Sub": "Sub",
@@ -109,8 +99,10 @@ for _tf, _op in {
     "Equal": "Equal",
     "Less": "Less",
     "Greater": "Greater",
-}.items():
-    TF_OPS.add(f"tf.{_tf}", _binary(_op))
+}
+for _arity, _ops in ((1, _UNARY), (2, _BINARY)):
+    for _tf, _op in _ops.items():
+        TF_OPS.add(f"tf.{_tf}", partial(_same_op, _op, _arity))
 
 
 @TF_OPS.register("tf.BiasAdd")
@@ -334,12 +326,9 @@ def _axes_of(ctx: Ctx, i: int) -> list[int]:
     return [int(x) for x in list(arr.reshape(-1))]
 
 
-def _reduce(op: str) -> Converter:
-    def rule(ctx: Ctx) -> Names:
-        keep = int(bool(attr(ctx, "keep_dims", False)))
-        return ctx.one(op, [ctx.t(0), ctx.ints(_axes_of(ctx, 1))], keepdims=keep)
-
-    return rule
+def _reduce(op: str, ctx: Ctx) -> Names:
+    keep = int(bool(attr(ctx, "keep_dims", False)))
+    return ctx.one(op, [ctx.t(0), ctx.ints(_axes_of(ctx, 1))], keepdims=keep)
 
 
 for _tf, _op in {
@@ -349,7 +338,7 @@ for _tf, _op in {
     "Min": "ReduceMin",
     "Prod": "ReduceProd",
 }.items():
-    TF_OPS.add(f"tf.{_tf}", _reduce(_op))
+    TF_OPS.add(f"tf.{_tf}", partial(_reduce, _op))
 
 
 @TF_OPS.register("tf.Squeeze")

@@ -16,8 +16,8 @@ from typing import Any
 
 import torch
 
-from tracelog.adapters.tape import Ref, Tape, TArg, map_targs
-from tracelog.ir import BATCH, batch_dim
+from tracelog.adapters.tape import Ref, Tape, TArg, concrete_shape, replay_tape
+from tracelog.ir import batch_dim
 
 from .tensors import flatten_tensors
 
@@ -39,25 +39,14 @@ _TORCH_DTYPES = {
 _RANDOM_INPLACE = {"aten.bernoulli_.float", "aten.uniform_.default", "aten.normal_.default"}
 
 
-def _concrete(shape: tuple[int | str, ...], batch: int) -> tuple[int, ...]:
-    return tuple(batch if d == BATCH else int(d) for d in shape)
-
-
 def exact_batch_dims(tape: Tape) -> Tape | None:
     """A copy of the tape whose shapes mark exactly the batch-derived dims,
     or None when the replay could not tell."""
     batch = tape.batch_size
     if batch is None or batch < 2:
         return None
-    replay = _MetaReplay(batch)
     with torch.no_grad():
-        for rec in tape.recs:
-            outs = replay.best_run(rec)
-            if outs is None:
-                return None
-            for k, t in enumerate(outs):
-                replay.metas[("o", rec.index, k)] = t
-    return map_targs(tape, replay.resym)
+        return replay_tape(tape, _MetaReplay(batch))
 
 
 class _MetaReplay:
@@ -73,7 +62,7 @@ class _MetaReplay:
     def meta_of(self, a: TArg) -> torch.Tensor:
         t = self.metas.get(a.ref)
         if t is None:
-            shape = list(_concrete(a.shape, self.batch))
+            shape = list(concrete_shape(a.shape, self.batch))
             if a.ref[0] in ("i", "t") and shape:
                 shape[0] = self.other  # the data's leading dim is the batch by definition
             t = torch.empty(shape, dtype=_TORCH_DTYPES[a.dtype], device="meta")
@@ -103,7 +92,7 @@ class _MetaReplay:
             return x // batch * self.other if follow else x
         return self.sub(x, chosen, counter)
 
-    def run(self, rec: Any, chosen: set[int] | None) -> list[torch.Tensor]:
+    def run_with(self, rec: Any, chosen: set[int] | None) -> list[torch.Tensor]:
         counter = [0]
         args = [self.sub(a, chosen, counter) for a in rec.args]
         kwargs = {k: self.sub(v, chosen, counter) for k, v in rec.kwargs}
@@ -130,14 +119,17 @@ class _MetaReplay:
         n = self.n_batch_ints(rec)
         return [None] + ([{i} for i in range(n)] + [set()] if n else [])
 
-    def best_run(self, rec: Any) -> list[torch.Tensor] | None:
+    def store(self, ref: Ref, value: Any) -> None:
+        self.metas[ref] = value
+
+    def run(self, rec: Any) -> list[torch.Tensor] | None:
         """The replayed outputs of rec under the choice whose outputs change
         only by B -> B + 1, and of those the one that moves the earliest dims
         (the batch leads in the data); None when no choice does."""
         best: tuple[tuple[bool, tuple[int, ...]], list[torch.Tensor]] | None = None
         for chosen in self.choices(rec):
             try:
-                outs = self.run(rec, chosen)
+                outs = self.run_with(rec, chosen)
             except Exception:  # no meta kernel, or this choice is wrong
                 continue
             moved = self.changes(rec, outs)
@@ -155,7 +147,7 @@ class _MetaReplay:
             return None
         found: list[int] = []
         for k, t in enumerate(outs):
-            concrete = _concrete(rec.outs[k].shape, self.batch)
+            concrete = concrete_shape(rec.outs[k].shape, self.batch)
             if t.dim() != len(concrete):
                 return None
             moved = self._moved(concrete, t.shape)
@@ -179,7 +171,7 @@ class _MetaReplay:
 
     def resym(self, a: TArg) -> TArg:
         batch, other = self.batch, self.other
-        concrete = _concrete(a.shape, batch)
+        concrete = concrete_shape(a.shape, batch)
         t = self.metas.get(a.ref)
         if t is None or a.ref[0] in ("p", "b", "c"):
             return a._replace(shape=concrete)
