@@ -15,8 +15,8 @@ from tracelog.parity import node_comparisons
 
 
 def _needs(target: str) -> str:
-    runtime = targets.get(target).runtime
-    pytest.importorskip(runtime, reason=f"the {target} target needs {runtime} installed")
+    framework = targets.get(target).framework
+    pytest.importorskip(framework, reason=f"the {target} target needs {framework} installed")
     return target
 
 

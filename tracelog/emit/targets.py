@@ -28,7 +28,7 @@ class TargetSpec:
     kind: str
     module: str  # imported on first use: targets cost nothing until asked for
     file_name: str
-    runtime: str  # the package the emitted code runs on
+    framework: str  # the package the emitted code runs on (what a test or user must install)
 
     def load(self) -> ModuleType:
         return importlib.import_module(self.module)
