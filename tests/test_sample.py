@@ -29,7 +29,7 @@ def _parts() -> dict:
     rng = np.random.default_rng(0)
     return {
         "inputs": {"x": rng.random((2, 3), dtype=np.float32)},
-        "targets": [np.array([1, 0]), np.array([0.5, 2.0])],
+        "targets": {"target": np.array([1, 0]), "target_1": np.array([0.5, 2.0])},
         "masks": [np.array([[True, False, True]])],
         "outputs": {"prediction": rng.random((2, 4), dtype=np.float32)},
         "loss": np.array(0.25, dtype=np.float32),

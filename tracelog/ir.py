@@ -11,6 +11,7 @@ from __future__ import annotations
 import hashlib
 import json
 import operator
+import re
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 from typing import Any, SupportsIndex
@@ -21,6 +22,32 @@ BATCH = "batch"
 """The symbolic leading dimension shared by the data inputs."""
 
 Dim = int | str
+
+
+# the element types a graph may hold
+DTYPES = frozenset(
+    (
+        "float16",
+        "bfloat16",
+        "float32",
+        "float64",
+        "int8",
+        "int16",
+        "int32",
+        "int64",
+        "uint8",
+        "bool",
+    )
+)
+_BATCH_DIM = re.compile(r"batch(\*[1-9][0-9]*)?")
+
+
+def _is_dim(d: object) -> bool:
+    if isinstance(d, bool):
+        return False
+    if isinstance(d, int):
+        return d >= 0
+    return isinstance(d, str) and _BATCH_DIM.fullmatch(d) is not None
 
 
 def is_symbolic(d: object) -> bool:
@@ -68,7 +95,14 @@ class TensorType:
 
     @classmethod
     def from_json(cls, d: dict[str, Any]) -> TensorType:
-        return cls(str(d["dtype"]), tuple(d["shape"]))
+        """A type read from a log: a known dtype, dims that are sizes or batch
+        symbols (emitters write dims into programs, so nothing else may pass)."""
+        dtype, shape = d["dtype"], d["shape"]
+        if dtype not in DTYPES:
+            raise ValueError(f"unknown dtype {dtype!r}")
+        if not isinstance(shape, list) or not all(_is_dim(x) for x in shape):
+            raise ValueError(f"malformed shape {shape!r}")
+        return cls(dtype, tuple(shape))
 
     def __str__(self) -> str:
         return f"{self.dtype}[{', '.join(str(d) for d in self.shape)}]"
@@ -342,6 +376,14 @@ class _FirstUseNames:
         self.order: list[str] = []  # the original names, in order of first use
         self.n_const = 0
         self.n_val = 0
+        # names that stay: a parameter called "v0" must not meet a node value renamed v0
+        self.kept = {n for n, v in values.items() if v.kind not in ("node", "const")}
+
+    def _fresh(self, prefix: str, k: int) -> tuple[str, int]:
+        """prefix<k>, or the next k whose name no kept value holds; and the k after it."""
+        while f"{prefix}{k}" in self.kept:
+            k += 1
+        return f"{prefix}{k}", k + 1
 
     def read(self, name: str) -> None:
         """A value read: named on its first use (a node value must be defined first)."""
@@ -349,8 +391,7 @@ class _FirstUseNames:
             return
         v = self.values[name]
         if v.kind == "const":
-            self.rename[name] = f"c{self.n_const}"
-            self.n_const += 1
+            self.rename[name], self.n_const = self._fresh("c", self.n_const)
         elif v.kind == "node":
             raise ValueError(f"value {name!r} is used before it is defined")
         else:
@@ -363,8 +404,7 @@ class _FirstUseNames:
             return
         if name in self.rename:
             raise ValueError(f"value {name!r} is defined twice")
-        self.rename[name] = f"v{self.n_val}"
-        self.n_val += 1
+        self.rename[name], self.n_val = self._fresh("v", self.n_val)
         self.order.append(name)
 
 

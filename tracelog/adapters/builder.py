@@ -25,6 +25,7 @@ from tracelog.ir import (
 from tracelog.ops import TRACELOG_DOMAIN, is_random
 from tracelog.passes.rewrite import Rewrites, rewrite
 from tracelog.registry import Table
+from tracelog.sample import target_name
 
 
 class NotSupported(Exception):
@@ -43,6 +44,46 @@ def use_rewrites(table: Table[Converter], rewrites: Rewrites) -> None:
     if table.name in _REWRITES:
         raise ValueError(f"{table.name}: rewrites are declared twice")
     _REWRITES[table.name] = rewrites
+
+
+def _state_names(tape: Tape) -> set[str]:
+    """The names of the parameters and buffers the tape reads or updates."""
+    names = {name for name, _ref in tape.buffer_updates}
+    for rec in tape.recs:
+        for a in (*rec.tensor_args(), *rec.outs):
+            if isinstance(a, TArg) and a.ref[0] in ("p", "b"):
+                names.add(str(a.ref[1]))
+    return names
+
+
+def input_names(tape: Tape) -> dict[str, str]:
+    """The IR name of each data input: its own, unless a parameter or buffer
+    holds that name (a model with an argument x and a parameter x), then with
+    "_" appended (the sample keys its inputs by these names too)."""
+    state = _state_names(tape)
+    return {name: internal_name(name, state) for name in tape.inputs}
+
+
+def user_names(tape: Tape) -> set[str]:
+    """The names the user chose, which the IR keeps: parameters, buffers and
+    data inputs (whatever text they hold)."""
+    return _state_names(tape) | set(input_names(tape).values())
+
+
+def internal_name(base: str, taken: set[str]) -> str:
+    """A name tracelog makes (targets, constants, helper values): `base`, or
+    `base` with "_" appended until no user name holds it (a parameter may be
+    called "target" or "h1")."""
+    while base in taken:
+        base += "_"
+    return base
+
+
+def target_names(tape: Tape) -> list[str]:
+    """The IR names of the tape's targets, in order: target, target_1, ...
+    (the sample keys its targets by these names too)."""
+    taken = user_names(tape)
+    return [internal_name(target_name(k), taken) for k in range(len(tape.targets))]
 
 
 class Builder:
@@ -70,6 +111,9 @@ class Builder:
         self._n_const = 0
         self._const_cache: dict[tuple[Any, ...], str] = {}
         self._current: Rec | None = None  # the record being converted
+        self._user = user_names(tape)
+        self._inputs = input_names(tape)
+        self._targets = target_names(tape)
 
     # -- values -------------------------------------------------------------------
     def name_of(self, targ: TArg) -> str:
@@ -83,7 +127,7 @@ class Builder:
                 raise NotSupported("uses an output that tracelog does not model")
             return name
         if kind in ("p", "b", "i"):
-            name = ref[1]
+            name = self._inputs[ref[1]] if kind == "i" else ref[1]
             if name not in self.values:
                 vkind = {"p": "param", "b": "buffer", "i": "input"}[kind]
                 self.values[name] = Value(
@@ -91,14 +135,14 @@ class Builder:
                 )
             return name
         if kind == "t":
-            name = "target" if ref[1] == 0 else f"target_{ref[1]}"
+            name = self._targets[ref[1]]
             if name not in self.values:
                 self.values[name] = Value(name, targ.type, "input")
             return name
         if kind == "n":
             return self._batch_scalar(targ)
         if kind == "c":
-            name = f"const{ref[1]}"
+            name = internal_name(f"const{ref[1]}", self._user)
             if name not in self.values:
                 info = self.tape.consts[ref[1]]
                 arr = np.asarray(self.to_numpy(info.tensor))
@@ -112,7 +156,7 @@ class Builder:
         """A constant the adapter saw equal to the batch size (Keras' mean
         reduction divides by it): computed from the data input's shape, so that
         batches of other sizes run the same graph."""
-        name = f"batch_size_{targ.dtype}_{len(targ.shape)}"
+        name = internal_name(f"batch_size_{targ.dtype}_{len(targ.shape)}", self._user)
         if name in self.values:
             return name
         first_name, first = next(iter(self.tape.inputs.items()))
@@ -153,7 +197,7 @@ class Builder:
         key = (dtype, arr.shape, arr.tobytes())
         if key in self._const_cache:
             return self._const_cache[key]
-        name = f"k{self._n_const}"
+        name = internal_name(f"k{self._n_const}", self._user)
         self._n_const += 1
         digest = array_digest(dtype, tuple(arr.shape), np.require(arr, requirements="C").tobytes())
         self.values[name] = Value(
@@ -167,7 +211,7 @@ class Builder:
 
     def helper_name(self) -> str:
         self._n_helper += 1
-        return f"h{self._n_helper}"
+        return internal_name(f"h{self._n_helper}", self._user)
 
     # -- conversion -----------------------------------------------------------------
     def convert(self) -> None:
@@ -234,7 +278,9 @@ class Builder:
         for buf, ref in tape.buffer_updates:
             outputs.append(Output(self._ref_name(ref), f"update:{buf}"))
         keep, _ = self._slice([o.name for o in outputs], producer, region="pred")
-        pred = self._assemble("prediction", keep, outputs, data_inputs=list(tape.inputs))
+        pred = self._assemble(
+            "prediction", keep, outputs, data_inputs=[self._inputs[n] for n in tape.inputs]
+        )
         # the sample's masks, one per random node in node order (tracelog.sample.mask_key)
         random = [self.nodes[i] for i in keep if is_random(self.nodes[i])]
         masks = [self.random_recs[n.outputs[0]] for n in random]
@@ -270,8 +316,9 @@ class Builder:
             if name is None:
                 raise NotSupported("an output of the batch comes from an unmodelled op")
             return name
-        kind = {"i": "i", "p": "p", "b": "b"}.get(ref[0])
-        if kind is None:
+        if ref[0] == "i":
+            return self._inputs[ref[1]]
+        if ref[0] not in ("p", "b"):
             raise NotSupported(f"an output of the batch has origin {ref}")
         return str(ref[1])
 
@@ -308,10 +355,11 @@ class Builder:
     ) -> Graph:
         rename = rename or {}
         values: dict[str, Value] = {}
+        tape_names = {ir: name for name, ir in self._inputs.items()}
         for name in data_inputs or []:
             v = self.values.get(name)
             if v is None:  # an input the forward never used
-                arg = self.tape.inputs[name]
+                arg = self.tape.inputs[tape_names[name]]
                 v = Value(name, arg.type, "input")
             values[name] = v
         for old, new in rename.items():

@@ -27,12 +27,19 @@ class Namespace:
         self._used: set[str] = set(keyword.kwlist) | set(dir(builtins)) | set(reserved)
         self._names: dict[Any, str] = {}
 
+    def child(self) -> Namespace:
+        """A namespace for one function: every name taken here stays taken."""
+        ns = Namespace()
+        ns._used = set(self._used)
+        return ns
+
+    def free(self, name: str) -> bool:
+        return name not in self._used
+
     def name(self, candidate: str, obj: Any = None) -> str:
         if obj is not None and obj in self._names:
             return self._names[obj]
-        base = _ILLEGAL.sub("_", candidate).strip("_") or "_unnamed"
-        if base[0].isdigit():
-            base = f"_{base}"
+        base = identifier(candidate)
         name, n = base, 0
         while name in self._used:
             n += 1
@@ -41,6 +48,21 @@ class Namespace:
         if obj is not None:
             self._names[obj] = name
         return name
+
+
+def comment_text(text: str) -> str:
+    """Text for a comment that cannot end the comment line: every character
+    that is not printable (each line end Python or a tool recognises: \\n,
+    \\r, \\x0b, \\x0c, \\x1c-\\x1e, \\x85, \\u2028, \\u2029; NUL; lone
+    surrogates) written as its escape."""
+    return "".join(ch if ch.isprintable() else ascii(ch)[1:-1] for ch in text)
+
+
+def identifier(candidate: str) -> str:
+    """A Python identifier made from any text, as Namespace makes them (no
+    uniqueness): characters outside [0-9A-Za-z_] become _."""
+    base = _ILLEGAL.sub("_", candidate).strip("_") or "_unnamed"
+    return f"_{base}" if base[0].isdigit() else base
 
 
 def literal(value: Any) -> str:

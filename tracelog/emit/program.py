@@ -25,7 +25,9 @@ from tracelog.emit import targets
 from tracelog.emit.common import (
     Namespace,
     check_supported,
+    comment_text,
     format_source,
+    identifier,
     literal,
     shape_text,
     usage_comment,
@@ -37,6 +39,7 @@ from tracelog.errors import LogError, UnsupportedOpError
 from tracelog.ir import Graph, Node, Value
 from tracelog.log import GraphEntry, TraceLog
 from tracelog.ops import is_random
+from tracelog.sample import target_key
 
 
 @dataclass(frozen=True)
@@ -88,31 +91,37 @@ PARITY_RUNTIME = "tracelog.emit.runtime.parity"
 PROGRAM_NAMES = ("PARAMETERS", "sample_step", "params", "rng", "_trace", "_traces")
 
 
-def _function_names(log: TraceLog) -> dict[str, str]:
-    """One name per unique graph, from its kind and the phase it first ran in."""
+def _function_names(log: TraceLog, ns: Namespace | None = None) -> dict[str, str]:
+    """One name per unique graph, from its kind and the phase it first ran in
+    (predict_train, loss_eval, predict_train_2, ...), taken in `ns`: the
+    phase comes from the log, so it passes the sanitiser like any name."""
+    ns = ns or Namespace()
     names: dict[str, str] = {}
-    used: set[str] = set()
     for e in log.entries_sorted():
         if e.hash in names:
             continue
-        base = ("predict_" if e.kind == "prediction" else "loss_") + e.phase
+        base = identifier(("predict_" if e.kind == "prediction" else "loss_") + e.phase)
         name, n = base, 1
-        while name in used:
+        while not ns.free(name):
             n += 1
             name = f"{base}_{n}"
-        used.add(name)
-        names[e.hash] = name
+        names[e.hash] = ns.name(name)
     return names
 
 
-def _function_namespace(target: Target) -> Namespace:
-    return Namespace(target.reserved)
+def _program_namespace(target: Target, log: TraceLog) -> tuple[Namespace, dict[str, str]]:
+    """The program's one namespace: every name it defines at module level
+    (imports, inlined code, generated names, one function per graph). Each
+    graph function names its values in a child of it, so no user name can
+    take a name the program uses."""
+    ns = Namespace(target.reserved)
+    return ns, _function_names(log, ns)
 
 
-def _arg_names(target: Target, graph: Graph) -> list[str]:
+def _arg_names(program: Namespace, graph: Graph) -> list[str]:
     """The printed names of a graph function's data arguments (as emit_function
-    names them: first, in order, in a fresh namespace)."""
-    ns = _function_namespace(target)
+    names them: first, in order, in a fresh child of the program namespace)."""
+    ns = program.child()
     return [ns.name(v.name, ("v", v.name)) for v in graph.inputs]
 
 
@@ -136,14 +145,17 @@ def emit_function(
     digest: str,
     constants: dict[str, np.ndarray],
     trace: bool = False,
+    program: Namespace | None = None,
 ) -> str:
-    body = _Body(target, graph, constants, trace)
+    body = _Body(target, graph, constants, program or Namespace(target.reserved), trace)
     args = [body.bind(v.name) for v in graph.inputs]
     lines = body.value_lines() + body.node_lines()
     ret, sig = _return_and_signature(graph, body.names, args, trace)
     lines.append(ret)
     header = [
-        f"# {graph.kind} graph {digest[:12]}, {len(graph.nodes)} ops. {usage_comment(entries)}",
+        comment_text(
+            f"# {graph.kind} graph {digest[:12]}, {len(graph.nodes)} ops. {usage_comment(entries)}"
+        ),
         f"def {fname}({sig}):",
     ]
     doc = (
@@ -162,11 +174,12 @@ class _Body:
     target: Target
     graph: Graph
     constants: dict[str, np.ndarray]
+    program: Namespace
     trace: bool = False
     names: dict[str, str] = field(default_factory=lambda: {"": "None"})
 
     def __post_init__(self) -> None:
-        self.ns = _function_namespace(self.target)
+        self.ns = self.program.child()
 
     def bind(self, value: str) -> str:
         """The printed name of a value the function defines (a fresh one)."""
@@ -216,7 +229,7 @@ def _node_comment(graph: Graph, node: Node) -> str:
     attrs = ", ".join(f"{k}={v}" for k, v in sorted(node.attrs.items()))
     where = f"{node.module or '<root>'} ({node.module_type})" if node.module_type else "<loss>"
     shapes = ", ".join(shape_text(graph.values[o].type) for o in node.outputs if o)
-    return f"# {node.qualified_op}({attrs}) {where} -> {shapes}"
+    return comment_text(f"# {node.qualified_op}({attrs}) {where} -> {shapes}")
 
 
 def _return_and_signature(
@@ -238,7 +251,7 @@ def _lowered(target: Target, graph: Graph, fname: str, notes: list[str]) -> Grap
         graph, report = rewrite(graph)
         kept = getattr(report, "kept", None)
         if kept is not None and graph is not before and (report.changed or kept):
-            notes.append(f"  {fname}: {report.summary()}")
+            notes.append(comment_text(f"  {fname}: {report.summary()}"))
     return graph
 
 
@@ -251,13 +264,15 @@ def build_program(log: TraceLog, target: Target, trace: bool = False) -> str:
     # live in the weights file.
     stored = any(v.const and v.const.digest for g in log.graphs.values() for v in g.constants)
     constants = log.weights() if stored else {}
-    fnames = _function_names(log)
+    program, fnames = _program_namespace(target, log)
     functions = []
     layout_lines: list[str] = []
     for digest, fname in fnames.items():
         entries = [e for e in log.entries_sorted() if e.hash == digest]
         graph = _lowered(target, log.graphs[digest], fname, layout_lines)
-        functions.append(emit_function(target, graph, fname, entries, digest, constants, trace))
+        functions.append(
+            emit_function(target, graph, fname, entries, digest, constants, trace, program)
+        )
     parameters = [(p["name"], bool(p["trainable"])) for p in log.model.get("params", [])]
     parameters += [(b["name"], False) for b in log.model.get("buffers", [])]
     pred, loss = log.graph(info["prediction"]), log.graph(info["loss"])
@@ -265,13 +280,12 @@ def build_program(log: TraceLog, target: Target, trace: bool = False) -> str:
     helpers = runtime.helpers_used("\n".join(functions))
     fw = log.framework
     model_class = literal(str(log.model.get("class", "a model")))
-    layout = (
-        target.layout_note.format(layout="\n".join(layout_lines)) + "\n\n" if layout_lines else ""
-    )
+    # the header's notes are comments: layout notes name modules, and no
+    # docstring holds text from the log
+    layout = target.layout_note.format(layout="\n".join(layout_lines)) if layout_lines else ""
     description = (
-        f"Emitted by tracelog from a training log ({log.recorded} batches recorded):\n"
+        f"Emitted by tracelog from a training log ({int(log.recorded)} batches recorded):\n"
         f"{len(log.graphs)} unique graphs, one function each, with their usage counts.\n\n"
-        f"{layout}"
         "Run it as a script beside weights.safetensors and sample.safetensors (or pass\n"
         "the log directory) to replay the recorded batch and print the parity table."
     )
@@ -279,8 +293,11 @@ def build_program(log: TraceLog, target: Target, trace: bool = False) -> str:
         title=f"{targets.get(target.name).title} program generated by tracelog.",
         description=description,
         imports=import_block(target.pieces),
-        source=f"# Recorded from {literal(str(fw.get('name')))} "
-        f"{literal(str(fw.get('version')))}, model class {model_class}.",
+        notes=[
+            f"# Recorded from {literal(str(fw.get('name')))} "
+            f"{literal(str(fw.get('version')))}, model class {model_class}.",
+            *(f"# {line}" for line in layout.splitlines()),
+        ],
         prelude=[*runtime.statements, *parity.statements],
         parameters=literal([list(p) for p in parameters])
         .replace("[[", "[\n    [")
@@ -290,7 +307,12 @@ def build_program(log: TraceLog, target: Target, trace: bool = False) -> str:
         functions=functions,
         keys=target.keys,
         sample_step=_sample_step(
-            target, pred, loss, fnames[info["prediction"]], fnames[info["loss"]], trace
+            program,
+            pred,
+            loss,
+            (fnames[info["prediction"]], fnames[info["loss"]]),
+            set(log.sample()),
+            trace,
         ),
         # a target's runtime may replace a parity default (_runs: JAX runs twice)
         parity=[parity.functions[n] for n in parity.inlined if n not in runtime.functions],
@@ -309,24 +331,34 @@ def _template() -> jinja2.Template:
 
 
 def _sample_step(
-    target: Target, pred: Graph, loss: Graph, pname: str, lname: str, trace: bool = False
+    program: Namespace,
+    pred: Graph,
+    loss: Graph,
+    functions: tuple[str, str],
+    sample_keys: set[str],
+    trace: bool = False,
 ) -> str:
+    """sample_step(params, sample): the recorded batch through its prediction
+    graph, then its loss graph, whose inputs are predictions, targets (by
+    their sample keys) or data inputs."""
+    pname, lname = functions
+
     def from_sample(key: str) -> str:
         return f"_as_const(sample[{key}])"
 
     pargs = ", ".join(
         f"{n}={from_sample(f'input_key({literal(v.name)})')}"
-        for n, v in zip(_arg_names(target, pred), pred.inputs, strict=True)
+        for n, v in zip(_arg_names(program, pred), pred.inputs, strict=True)
     )
     largs = []
     for v in loss.inputs:
         if any(o.role == v.name for o in pred.outputs):
             largs.append("outputs[" + literal(v.name) + "]")
-        elif v.name.startswith("target"):
+        elif target_key(v.name) in sample_keys:
             largs.append(from_sample(f"target_key({literal(v.name)})"))
         else:
             largs.append(from_sample(f"input_key({literal(v.name)})"))
-    names = _arg_names(target, loss)
+    names = _arg_names(program, loss)
     lcall = ", ".join(f"{n}={a}" for n, a in zip(names, largs, strict=True))
     ptrace = ", _trace=_traces['prediction']" if trace else ""
     ltrace = ", _trace=_traces['loss']" if trace else ""

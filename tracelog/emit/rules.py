@@ -22,13 +22,14 @@ from typing import Any
 import numpy as np
 
 from tracelog.emit.common import literal
+from tracelog.errors import LogError
+from tracelog.ir import DTYPES as IR_DTYPES
 from tracelog.ir import Graph, Node, TensorType
 from tracelog.ops import schema_for
 from tracelog.registry import Table
 
-DTYPES = frozenset(
-    "float16 bfloat16 float32 float64 int8 int16 int32 int64 uint8 bool".split()
-)  # the dtype names a program may spell as framework attributes (tf.float32, ...)
+# the dtype names a program may spell as framework attributes (tf.float32, ...)
+DTYPES = IR_DTYPES
 
 
 @dataclass
@@ -158,7 +159,11 @@ def write(spellings: Spellings, c: RuleCtx) -> str | list[str]:
     apply it. NotImplementedError names a form no target writes yet."""
     key = c.node.qualified_op
     rule = OPS.rule(key)
-    c.f = rule.bind(c)
+    try:
+        c.f = rule.bind(c)
+    except (TypeError, ValueError) as e:  # attributes of the wrong kind: a log edited by hand
+        where = c.node.module or "<root>"
+        raise LogError(f"{key} at {where!r} has malformed attributes ({e})") from None
     variant = rule.variant(c) if rule.variant is not None else ""
     if variant and f"{key}/{variant}" in spellings:  # a form the target spells apart
         key = f"{key}/{variant}"
@@ -252,27 +257,28 @@ def scaled_gemm(c: RuleCtx, product: str) -> str:
 # -- convolution and pooling --------------------------------------------------------------
 @OPS.op("Conv")
 def _conv(c: RuleCtx) -> dict[str, Any]:
-    n = c.rank() - 2
+    n, a = c.rank() - 2, c.node
     return {
-        "pads": list(c.attr("pads", [0] * 2 * n)),
-        "strides": list(c.attr("strides", [1] * n)),
-        "dilations": list(c.attr("dilations", [1] * n)),
-        "group": int(c.attr("group", 1)),
-        "channels_last": bool(int(c.attr("channels_last", 0))),
+        "pads": a.ints_attr("pads", [0] * 2 * n),
+        "strides": a.ints_attr("strides", [1] * n),
+        "dilations": a.ints_attr("dilations", [1] * n),
+        "group": a.int_attr("group", 1),
+        "channels_last": bool(a.int_attr("channels_last", 0)),
     }
 
 
 @OPS.op("MaxPool", "AveragePool")
 def _pool(c: RuleCtx) -> dict[str, Any]:
-    k = list(c.attr("kernel_shape"))
+    a = c.node
+    k = a.ints_attr("kernel_shape")
     return {
         "kernel": k,
-        "strides": list(c.attr("strides", [1] * len(k))),
-        "pads": list(c.attr("pads", [0] * 2 * len(k))),
-        "dilations": list(c.attr("dilations", [1] * len(k))),
-        "ceil": bool(int(c.attr("ceil_mode", 0))),
-        "include_pad": bool(int(c.attr("count_include_pad", 0))),
-        "channels_last": bool(int(c.attr("channels_last", 0))),
+        "strides": a.ints_attr("strides", [1] * len(k)),
+        "pads": a.ints_attr("pads", [0] * 2 * len(k)),
+        "dilations": a.ints_attr("dilations", [1] * len(k)),
+        "ceil": bool(a.int_attr("ceil_mode", 0)),
+        "include_pad": bool(a.int_attr("count_include_pad", 0)),
+        "channels_last": bool(a.int_attr("channels_last", 0)),
     }
 
 
@@ -488,8 +494,9 @@ OPS.add("Pad", OpRule(_pad, variant=lambda c: "valued" if c.has(2) else ""))
 
 
 def _shape(c: RuleCtx) -> dict[str, Any]:
-    start, end = c.attr("start"), c.attr("end")
-    return {"range": f"[{'' if start is None else start}:{'' if end is None else end}]"}
+    start = "" if c.attr("start") is None else c.node.int_attr("start")
+    end = "" if c.attr("end") is None else c.node.int_attr("end")
+    return {"range": f"[{start}:{end}]"}
 
 
 def _whole(c: RuleCtx) -> str:
