@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import shutil
 import subprocess
 import sys
 
@@ -101,12 +102,17 @@ def log_dir(tmp_path_factory):
 
 def test_log_directory_contents(log_dir) -> None:
     assert sorted(p.name for p in log_dir.iterdir()) == [
+        "graphs",
         "sample.safetensors",
         "trace.json",
         "weights.safetensors",
     ]
     d = json.loads((log_dir / "trace.json").read_text())
     assert d["format"] == "tracelog" and d["version"] == FORMAT_VERSION
+    assert d["run"]["state"] == "complete"
+    assert sorted(p.name for p in (log_dir / "graphs").iterdir()) == [
+        f"{h}.json" for h in d["graphs"]
+    ]
     assert d["framework"]["name"] == "torch" and d["framework"]["device"] == "cpu"
     log = tracelog.load(log_dir)
     w = log.weights()
@@ -118,9 +124,7 @@ def test_log_directory_contents(log_dir) -> None:
 
 
 def _copy(src, dst):
-    dst.mkdir()
-    for p in src.iterdir():
-        (dst / p.name).write_bytes(p.read_bytes())
+    shutil.copytree(src, dst)
     return dst
 
 
@@ -130,8 +134,8 @@ def _copy(src, dst):
         (lambda d: (d / "trace.json").write_text((d / "trace.json").read_text()[:800]), "corrupt or truncated"),
         (lambda d: (d / "weights.safetensors").write_bytes((d / "weights.safetensors").read_bytes()[:100]), "corrupt or truncated"),
         (lambda d: (d / "sample.safetensors").unlink(), "is missing"),
-        (lambda d: (d / "trace.json").write_text((d / "trace.json").read_text().replace('"version": 1', '"version": 99')), "newer than this tracelog"),
-        (lambda d: (d / "trace.json").write_text((d / "trace.json").read_text().replace('"Relu"', '"Tanh"', 1)), "does not match its hash"),
+        (lambda d: (d / "trace.json").write_text((d / "trace.json").read_text().replace('"version": 2', '"version": 99')), "newer than this tracelog"),
+        (lambda d: [g.write_text(g.read_text().replace('"Relu"', '"Tanh"', 1)) for g in (d / "graphs").iterdir()], "does not match its hash"),
         (lambda d: (d / "trace.json").unlink(), "not a tracelog log"),
     ],
     ids=["truncated-json", "truncated-weights", "missing-sample", "future-version", "edited-graph", "no-trace"],
@@ -139,13 +143,13 @@ def _copy(src, dst):
 def test_damaged_logs_give_one_line_and_exit_2(log_dir, tmp_path, capsys, damage, message) -> None:
     d = _copy(log_dir, tmp_path / "damaged")
     damage(d)
-    before = {p.name: p.read_bytes() for p in d.iterdir()}
+    before = {p: p.read_bytes() for p in d.rglob("*") if p.is_file()}
     with pytest.raises(tracelog.LogError, match=message):
         tracelog.load(d)
     assert main(["show", str(d)]) == 2
     err = capsys.readouterr().err
     assert err.count("\n") == 1 and message in err and "Traceback" not in err
-    assert {p.name: p.read_bytes() for p in d.iterdir()} == before  # nothing overwritten
+    assert {p: p.read_bytes() for p in d.rglob("*") if p.is_file()} == before  # nothing overwritten
 
 
 def test_show_lists_each_unique_graph(log_dir, capsys) -> None:

@@ -8,7 +8,7 @@ import os
 from typing import Any
 
 from tracelog import emit  # callable: tracelog.emit(log_dir, target=...)
-from tracelog.errors import LogError, TracelogError, UnsupportedOpError
+from tracelog.errors import LogError, LogExistsError, TracelogError, UnsupportedOpError
 from tracelog.ir import BATCH, Graph, Node, TensorType, Value
 from tracelog.log import TraceLog, load
 
@@ -53,6 +53,7 @@ __all__ = [
     "Graph",
     "Listener",
     "LogError",
+    "LogExistsError",
     "Node",
     "TensorType",
     "TraceLog",

@@ -11,6 +11,10 @@ class LogError(TracelogError):
     """A log directory is missing, corrupt, truncated or from a newer tracelog."""
 
 
+class LogExistsError(TracelogError, FileExistsError):
+    """A listener was pointed at a directory that already holds a log."""
+
+
 class UnsupportedOpError(TracelogError):
     """A graph holds ops that a target has no rule for.
 

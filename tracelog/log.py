@@ -1,35 +1,84 @@
 """TraceLog: unique graphs with usage counts, and the log directory on disk.
 
 A log directory holds
-- trace.json: format version, framework facts, the unique graphs in canonical
-  form, their usage counts, and the sha256 of the two tensor files;
-- weights.safetensors: final parameters and buffers (and large constants);
+- trace.json: format version, framework facts, the hashes of the unique
+  graphs, their usage counts, the run's state (complete, or interrupted with
+  the time of its last checkpoint), and the sha256 of the two tensor files;
+- graphs/<sha256>.json: each unique graph in canonical form, in a file of its
+  own named by its hash;
+- weights.safetensors: parameters and buffers (final at close, else as of the
+  last time they were written) and large constants;
 - sample.safetensors: one recorded training batch (inputs, targets, dropout
   masks, outputs, loss, parameter gradients, parameters and buffers of that
   moment, and the buffers after it).
+
+Crash safety (format version 2). A listener writes the log as training goes
+(``LogWriter``): a new unique graph, and the sample, when first recorded;
+the counts at checkpoints (every ``checkpoint_every_s`` seconds or
+``checkpoint_every_batches`` batches, whichever comes first). Why graphs in
+files of their own: a graph is immutable and named by its hash, so it is
+written once and verified by its name, and a checkpoint rewrites only the
+small trace.json (counts), however many graphs the run has. One trace.json
+holding every graph would make each checkpoint cost the size of all graphs.
+Every file is written atomically (a temp file in the same directory, fsync,
+rename, fsync of the directory), and in an order that keeps the directory
+whole at every instant: graph files, the sample and the weights first,
+trace.json (which names them) last. trace.json says ``"state":
+"interrupted"`` until ``close()`` writes ``"complete"``, so a log whose run
+was killed reads as interrupted, its counts as of its last checkpoint.
+
+The weights are rewritten when a new graph brings constants, at close, on the
+interrupted paths (atexit, a Keras ``fit`` that raises) and, with
+``checkpoint_weights=True``, at every checkpoint. A kill between writing the
+weights and writing trace.json leaves weights newer than trace.json's sha256
+of them: an interrupted log accepts them when their safetensors header is
+whole and names the same run.
+
+Version 1 logs (every graph inline in trace.json) are still read.
 """
 
 from __future__ import annotations
 
+import contextlib
 import hashlib
 import json
+import logging
 import os
+import re
+import secrets
+import struct
+import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
+from datetime import datetime, timezone
 from pathlib import Path
 from typing import Any
 
 import numpy as np
 
-from tracelog.errors import LogError
+from tracelog.errors import LogError, LogExistsError
 from tracelog.ir import Graph
-from tracelog.sample import SAMPLE_FILE, SampleInfo, decode_sample, encode_sample
+from tracelog.sample import (
+    SAMPLE_FILE,
+    SampleInfo,
+    decode_sample,
+    decode_tensors,
+    encode_sample,
+    encode_tensors,
+)
+
+logger = logging.getLogger("tracelog")
 
 FORMAT = "tracelog"
-FORMAT_VERSION = 1
+FORMAT_VERSION = 2
 TRACE_FILE = "trace.json"
 WEIGHTS_FILE = "weights.safetensors"
+GRAPHS_DIR = "graphs"
 MAX_FAILURE_DETAILS = 20
+COMPLETE = "complete"
+INTERRUPTED = "interrupted"
+RUN_KEY = "tracelog_run"  # weights.safetensors metadata: the run that wrote it
+_HASH = re.compile(r"[0-9a-f]{64}")
 
 Position = tuple[int, int]  # (epoch, batch index within the epoch and phase)
 
@@ -98,7 +147,14 @@ class TraceLog:
         self.failures: list[dict[str, Any]] = []
         self.sample_info: SampleInfo | None = None
         self.constants: dict[str, np.ndarray] = {}
+        # the run's state on disk: complete, or interrupted (with its last checkpoint)
+        self.run: dict[str, Any] = {"state": COMPLETE}
         self._dir: Path | None = None
+
+    @property
+    def interrupted(self) -> bool:
+        """Did the run that wrote this log not close (killed, raised, never closed)?"""
+        return self.run.get("state") != COMPLETE
 
     # -- building ---------------------------------------------------------------
     def add_graph(self, graph: Graph) -> str:
@@ -155,7 +211,7 @@ class TraceLog:
             raise LogError(f"no graph with hash {digest} in this log") from None
 
     def weights(self) -> dict[str, np.ndarray]:
-        return self._load_tensors(WEIGHTS_FILE, _decode_tensors)
+        return self._load_tensors(WEIGHTS_FILE, decode_tensors)
 
     def sample(self) -> dict[str, np.ndarray]:
         return self._load_tensors(SAMPLE_FILE, decode_sample)
@@ -173,9 +229,11 @@ class TraceLog:
 
     # -- serialisation ------------------------------------------------------------
     def to_json(self, files: dict[str, str]) -> dict[str, Any]:
+        """trace.json: graphs by hash only (each one is graphs/<hash>.json)."""
         return {
             "format": FORMAT,
             "version": FORMAT_VERSION,
+            "run": self.run,
             "framework": self.framework,
             "model": self.model,
             "batches": {
@@ -183,7 +241,7 @@ class TraceLog:
                 "unrecorded": self.unrecorded,
                 "failures": self.failures,
             },
-            "graphs": {h: self.graphs[h].to_json() for h in sorted(self.graphs)},
+            "graphs": sorted(self.graphs),
             "entries": [
                 {"hash": e.hash, "kind": e.kind, "phase": e.phase, **e.usage.to_json()}
                 for e in self.entries_sorted()
@@ -206,27 +264,13 @@ class TraceLog:
         sample: dict[str, np.ndarray] | None,
         sample_metadata: dict[str, str] | None = None,
     ) -> Path:
-        """Write the log directory. Each file is replaced atomically, trace.json
-        last, and trace.json carries the sha256 of the others, so a reader never
-        takes a half-written directory for a whole one."""
-        from safetensors.numpy import save
-
-        path = Path(log_dir)
-        path.mkdir(parents=True, exist_ok=True)
-        tensors = {k: _contiguous(v) for k, v in weights.items()}
-        for digest, arr in self.constants.items():
-            tensors[f"const/{digest}"] = _contiguous(arr)
-        blobs = {WEIGHTS_FILE: save(tensors)}
+        """Write the whole log directory as a complete log (see the module's
+        docstring for the order of the writes). Raises OSError on failure."""
+        writer = LogWriter(self, log_dir, lambda: weights)
         if sample is not None:
-            blobs[SAMPLE_FILE] = encode_sample(sample, sample_metadata)
-        files = {}
-        for name, blob in blobs.items():
-            _atomic_write(path / name, blob)
-            files[name] = hashlib.sha256(blob).hexdigest()
-        text = json.dumps(self.to_json(files), indent=1, sort_keys=True) + "\n"
-        _atomic_write(path / TRACE_FILE, text.encode())
-        self._dir = path
-        return path
+            writer.set_sample(sample, sample_metadata)
+        writer.write(weights=True, state=COMPLETE)
+        return Path(log_dir)
 
     @classmethod
     def load(cls, log_dir: str | os.PathLike[str]) -> TraceLog:
@@ -242,33 +286,36 @@ class TraceLog:
         if not isinstance(d, dict) or d.get("format") != FORMAT:
             raise LogError(f"{trace} is not a tracelog log (no 'format': '{FORMAT}')")
         version = d.get("version")
-        if not isinstance(version, int):
+        if not isinstance(version, int) or isinstance(version, bool):
             raise LogError(f"{trace} is corrupt: its format version is {version!r}")
         if version > FORMAT_VERSION:
             raise LogError(
                 f"{trace} has format version {version}, newer than this tracelog reads "
                 f"({FORMAT_VERSION}); upgrade tracelog"
             )
+        files = _checked_files(trace, d.get("files"))
         try:
-            log = cls._from_json(d)
+            log = cls._from_json(d, path)
         except LogError:
             raise
         except (KeyError, TypeError, ValueError, AttributeError) as e:
             raise LogError(f"{trace} is corrupt: {type(e).__name__} {_one_line(e)}") from None
-        for name, expected in d["files"].items():
-            f = path / name
-            if not f.is_file():
-                raise LogError(f"{path} is incomplete: {name} is missing")
-            if hashlib.sha256(f.read_bytes()).hexdigest() != expected:
-                raise LogError(f"{f} is corrupt or truncated: its sha256 differs from {TRACE_FILE}")
+        for name, expected in files.items():
+            _check_file(path, name, expected, log.interrupted and name == WEIGHTS_FILE, log.run)
         log._dir = path
         return log
 
     @classmethod
-    def _from_json(cls, d: dict[str, Any]) -> TraceLog:
+    def _from_json(cls, d: dict[str, Any], path: Path) -> TraceLog:
         log = cls(d["framework"])
         log.model = dict(d.get("model", {}))
-        for h, g in d["graphs"].items():
+        run = d.get("run", {"state": COMPLETE})  # version 1: written only at close
+        if not isinstance(run, dict):
+            raise LogError(f"{path / TRACE_FILE} is corrupt: its 'run' is {type(run).__name__}")
+        log.run = dict(run)
+        graphs = d["graphs"]
+        found = graphs.items() if isinstance(graphs, dict) else _graph_files(path, graphs)
+        for h, g in found:
             graph = Graph.from_json(g)
             if graph.digest() != h:
                 raise LogError(f"graph {h[:12]} does not match its hash: the log is corrupt")
@@ -290,15 +337,94 @@ class TraceLog:
         return log
 
 
+def _graph_files(path: Path, hashes: Any) -> list[tuple[str, Any]]:
+    """Version 2: each graph read from graphs/<hash>.json."""
+    if not isinstance(hashes, list):
+        raise LogError(f"{path / TRACE_FILE} is corrupt: its 'graphs' is {type(hashes).__name__}")
+    found = []
+    for h in hashes:
+        if not isinstance(h, str) or not _HASH.fullmatch(h):
+            raise LogError(f"{path / TRACE_FILE} is corrupt: {h!r} is not a graph hash")
+        f = path / GRAPHS_DIR / f"{h}.json"
+        try:
+            found.append((h, json.loads(f.read_text(encoding="utf-8"))))
+        except FileNotFoundError:
+            raise LogError(f"{path} is incomplete: {GRAPHS_DIR}/{h}.json is missing") from None
+        except (OSError, UnicodeDecodeError, json.JSONDecodeError) as e:
+            raise LogError(f"{f} is corrupt or truncated: {_one_line(e)}") from None
+    return found
+
+
+def _checked_files(trace: Path, files: Any) -> dict[str, str]:
+    """trace.json's ``files``: a mapping of plain file names inside the log
+    directory to sha256 digests; anything else is refused."""
+    if not isinstance(files, dict):
+        raise LogError(
+            f"{trace} is corrupt: its 'files' is {type(files).__name__}, not a mapping of "
+            "file names to sha256"
+        )
+    for name, digest in files.items():
+        parts = Path(name).parts
+        if (
+            not name
+            or os.path.isabs(name)
+            or len(parts) != 1
+            or parts[0] in (".", "..")
+            or "\\" in name
+            or "\0" in name
+        ):
+            raise LogError(
+                f"{trace} is corrupt: 'files' names {name!r}, which is not a file in the "
+                "log directory; refused"
+            )
+        if not isinstance(digest, str):
+            raise LogError(f"{trace} is corrupt: the sha256 of {name!r} is {digest!r}")
+    return files
+
+
+def _check_file(path: Path, name: str, expected: str, newer_ok: bool, run: dict[str, Any]) -> None:
+    f = path / name
+    if f.is_symlink() or not f.is_file():
+        raise LogError(f"{path} is incomplete: {name} is missing")
+    data = f.read_bytes()
+    if hashlib.sha256(data).hexdigest() == expected:
+        return
+    if newer_ok and run.get("id") and _whole_and_from(data, run["id"]):
+        return  # weights written after the run's last checkpoint (see the module docstring)
+    raise LogError(f"{f} is corrupt or truncated: its sha256 differs from {TRACE_FILE}")
+
+
+def stored_dtypes(log_dir: str | os.PathLike[str]) -> set[str]:
+    """The safetensors dtypes (``F32``, ``BF16``, ...) of the log's tensor
+    files, read from their headers only; files missing or unreadable add none."""
+    found: set[str] = set()
+    for name in (WEIGHTS_FILE, SAMPLE_FILE):
+        try:
+            with open(Path(log_dir) / name, "rb") as f:
+                (n,) = struct.unpack("<Q", f.read(8))
+                header = json.loads(f.read(n))
+            found.update(v["dtype"] for k, v in header.items() if k != "__metadata__")
+        except (OSError, struct.error, ValueError, TypeError, KeyError, AttributeError):
+            continue
+    return found
+
+
+def _whole_and_from(data: bytes, run_id: str) -> bool:
+    """Is this safetensors file whole (its header's offsets reach its end) and
+    written by the run ``run_id``?"""
+    try:
+        (n,) = struct.unpack("<Q", data[:8])
+        header = json.loads(data[8 : 8 + n])
+        ends = [int(v["data_offsets"][1]) for k, v in header.items() if k != "__metadata__"]
+        meta = header.get("__metadata__") or {}
+    except (struct.error, ValueError, TypeError, KeyError, IndexError, AttributeError):
+        return False
+    return 8 + n + max(ends, default=0) == len(data) and meta.get(RUN_KEY) == run_id
+
+
 def load(log_dir: str | os.PathLike[str]) -> TraceLog:
     """Read a log directory written by a listener."""
     return TraceLog.load(log_dir)
-
-
-def _decode_tensors(data: bytes) -> dict[str, np.ndarray]:
-    from safetensors.numpy import load
-
-    return dict(load(data))
 
 
 def _contiguous(a: np.ndarray) -> np.ndarray:
@@ -306,14 +432,236 @@ def _contiguous(a: np.ndarray) -> np.ndarray:
     return np.require(a, requirements="C")
 
 
-def _atomic_write(path: Path, data: bytes) -> None:
-    tmp = path.with_name(f".{path.name}.tmp{os.getpid()}")
-    with open(tmp, "wb") as f:
-        f.write(data)
-        f.flush()
-        os.fsync(f.fileno())
-    os.replace(tmp, path)
-
-
 def _one_line(e: BaseException) -> str:
     return " ".join(str(e).split())[:300]
+
+
+# -- writing as training goes ---------------------------------------------------------------------
+@dataclass(frozen=True)
+class CheckpointPolicy:
+    """When a listener writes the counts (trace.json) between new graphs:
+    after ``every_s`` seconds or ``every_batches`` batches, whichever comes
+    first (checked at the end of each batch); ``weights`` rewrites the
+    weights at every checkpoint too (else at new constants, close and the
+    interrupted paths)."""
+
+    every_s: float = 5.0
+    every_batches: int = 200
+    weights: bool = False
+
+    def __post_init__(self) -> None:
+        if not self.every_s > 0 or self.every_batches < 1:
+            raise ValueError(
+                "checkpoint_every_s must be > 0 and checkpoint_every_batches >= 1, got "
+                f"{self.every_s!r} and {self.every_batches!r}"
+            )
+
+
+class LogWriter:
+    """Writes one run's log directory as it grows. ``write`` raises OSError
+    (or a serialisation error); ``checkpoint`` catches, warns once per
+    reason and returns False: training goes on."""
+
+    def __init__(
+        self,
+        log: TraceLog,
+        log_dir: str | os.PathLike[str],
+        weights: Callable[[], dict[str, np.ndarray]],
+        policy: CheckpointPolicy | None = None,
+        model_facts: Callable[[], dict[str, Any]] | None = None,
+    ) -> None:
+        self.log = log
+        self.model_facts = model_facts
+        self.path = Path(log_dir)
+        self.weights = weights
+        self.policy = policy or CheckpointPolicy()
+        self.run_id = secrets.token_hex(8)
+        self.files: dict[str, str] = {}  # written tensor files and their sha256
+        self._graphs_written: set[str] = set()
+        self._constants_written: set[str] = set()
+        self._sample: tuple[dict[str, np.ndarray], dict[str, str] | None] | None = None
+        self._since = 0
+        self._last = time.monotonic()
+        self._warned: set[str] = set()
+        self.last_checkpoint: str | None = None  # UTC time of the last trace.json written
+
+    def set_sample(
+        self, sample: dict[str, np.ndarray], metadata: dict[str, str] | None = None
+    ) -> None:
+        """The sample, written with the next write (and retried until it is)."""
+        self._sample = (sample, metadata)
+
+    def batch_done(self) -> bool:
+        """A batch was counted: checkpoint if one is due, or a new graph or the
+        sample waits to be written."""
+        self._since += 1
+        due = (
+            self._since >= self.policy.every_batches
+            or time.monotonic() - self._last >= self.policy.every_s
+            or not self._graphs_written.issuperset(self.log.graphs)
+            or self._sample is not None
+        )
+        return self.checkpoint() if due else True
+
+    def checkpoint(self, *, weights: bool = False, state: str = INTERRUPTED) -> bool:
+        """Write what changed; on failure warn (once per reason) and go on."""
+        try:
+            self.write(weights=weights or self.policy.weights, state=state)
+        except Exception as e:  # fail open: OSError, a dtype safetensors can't take, ...
+            self.warn(e, state)
+            return False
+        return True
+
+    def write(self, *, weights: bool, state: str) -> None:
+        self._since, self._last = 0, time.monotonic()
+        if self.model_facts is not None:
+            self.log.model = self.model_facts()
+        self.path.mkdir(parents=True, exist_ok=True)
+        for h in sorted(set(self.log.graphs) - self._graphs_written):
+            text = json.dumps(self.log.graphs[h].to_json(), indent=1, sort_keys=True) + "\n"
+            _atomic_write(self.path / GRAPHS_DIR / f"{h}.json", text.encode())
+            self._graphs_written.add(h)
+        if self._sample is not None:
+            self._write_sample(*self._sample)
+        new_constants = not self._constants_written.issuperset(self.log.constants)
+        if weights or new_constants or WEIGHTS_FILE not in self.files:
+            self._write_weights(final=state == COMPLETE)
+        at = datetime.now(timezone.utc).isoformat(timespec="seconds")
+        # a complete log names no run or time: a seeded run gives byte-identical files
+        self.log.run = (
+            {"state": state}
+            if state == COMPLETE
+            else {"state": state, "id": self.run_id, "checkpoint": at}
+        )
+        if SAMPLE_FILE not in self.files:
+            self.log.sample_info = None  # taken but not on disk: not in this trace.json
+        text = json.dumps(self.log.to_json(dict(self.files)), indent=1, sort_keys=True) + "\n"
+        _atomic_write(self.path / TRACE_FILE, text.encode())
+        self.last_checkpoint = at
+        self.log._dir = self.path
+
+    def _write_sample(self, sample: dict[str, np.ndarray], metadata: dict[str, str] | None) -> None:
+        try:
+            blob = encode_sample(sample, metadata)
+        except Exception as e:  # a dtype safetensors cannot take: no retry would help
+            self._sample = None
+            self.log.sample_info = None
+            self._sample_lost(f"{type(e).__name__}: {_one_line(e)}")
+            return
+        _atomic_write(self.path / SAMPLE_FILE, blob)  # OSError: retried at the next write
+        self.files[SAMPLE_FILE] = hashlib.sha256(blob).hexdigest()
+        self._sample = None
+
+    def _sample_lost(self, reason: str) -> None:
+        logger.warning(
+            "tracelog: the sample batch could not be stored (%s); the log at %s has no sample "
+            "(emit works; check needs a sample)",
+            reason,
+            self.path,
+        )
+
+    def _write_weights(self, final: bool) -> None:
+        tensors = {k: _contiguous(v) for k, v in self.weights().items()}
+        constants = dict(self.log.constants)
+        for digest, arr in constants.items():
+            tensors[f"const/{digest}"] = _contiguous(arr)
+        blob = encode_tensors(tensors, None if final else {RUN_KEY: self.run_id})
+        _atomic_write(self.path / WEIGHTS_FILE, blob)
+        self.files[WEIGHTS_FILE] = hashlib.sha256(blob).hexdigest()
+        self._constants_written.update(constants)
+
+    def warn(self, e: BaseException, state: str) -> None:
+        reason = f"{type(e).__name__}: {_one_line(e)}"
+        if reason in self._warned:
+            return
+        self._warned.add(reason)
+        kept = (
+            f"the log there is as of its checkpoint at {self.last_checkpoint}"
+            if self.last_checkpoint
+            else "no log was written there"
+        )
+        what = "the final log (close)" if state == COMPLETE else "a checkpoint"
+        logger.warning(
+            "tracelog: could not write %s to %s (%s); %s; training goes on",
+            what,
+            self.path,
+            reason,
+            kept,
+        )
+
+
+def holds_log(log_dir: str | os.PathLike[str]) -> bool:
+    """Does this directory hold a tracelog log (whole, interrupted or partial)?"""
+    path = Path(log_dir)
+    return any((path / n).exists() for n in (TRACE_FILE, GRAPHS_DIR, WEIGHTS_FILE, SAMPLE_FILE))
+
+
+def claim_log_dir(log_dir: str | os.PathLike[str], overwrite: bool) -> None:
+    """Before recording into ``log_dir``: refuse a directory that holds a log,
+    or (``overwrite=True``) remove that log and every program emitted from it."""
+    if not holds_log(log_dir):
+        return
+    if not overwrite:
+        raise LogExistsError(
+            f"{log_dir} already holds a tracelog log; pass overwrite=True to replace it "
+            "(its emitted programs are removed too) or record into another directory"
+        )
+    remove_log(log_dir)
+
+
+def remove_log(log_dir: str | os.PathLike[str]) -> None:
+    """Remove a log's files and the programs emitted from it (trace.json first,
+    so a half-removed directory is no log). Other files are left alone."""
+    from tracelog.emit import targets
+
+    path = Path(log_dir)
+    names = [TRACE_FILE, WEIGHTS_FILE, SAMPLE_FILE]
+    names += [targets.file_name(t) for t in targets.names()]
+    for name in names:
+        with contextlib.suppress(FileNotFoundError):
+            (path / name).unlink()
+    graphs = path / GRAPHS_DIR
+    if graphs.is_dir():
+        for f in graphs.iterdir():
+            if _HASH.fullmatch(f.stem) or f.name.startswith("."):
+                f.unlink()
+        with contextlib.suppress(OSError):  # not empty: files that are not ours stay
+            graphs.rmdir()
+    for f in path.glob(".*.tmp*"):  # temp files of a run killed mid-write
+        f.unlink()
+
+
+def _atomic_write(path: Path, data: bytes) -> None:
+    """Replace ``path`` by ``data`` all at once: a temp file in the same
+    directory, fsync, rename, fsync of the directory. On any error the temp
+    file is removed and the old file (if any) stays."""
+    path.parent.mkdir(parents=True, exist_ok=True)
+    tmp = path.with_name(f".{path.name}.tmp{os.getpid()}")
+    try:
+        with open(tmp, "wb") as f:
+            _fill(f, data)
+            f.flush()
+            os.fsync(f.fileno())
+        os.replace(tmp, path)
+    except BaseException:
+        with contextlib.suppress(OSError):
+            tmp.unlink()
+        raise
+    _fsync_dir(path.parent)
+
+
+def _fill(f: Any, data: bytes) -> None:
+    f.write(data)
+
+
+def _fsync_dir(path: Path) -> None:
+    try:
+        fd = os.open(path, os.O_RDONLY)
+    except OSError:  # a platform that cannot open directories
+        return
+    try:
+        os.fsync(fd)
+    except OSError:
+        pass
+    finally:
+        os.close(fd)

@@ -108,7 +108,7 @@ class SampleInfo(TypedDict):
 def build_sample(
     *,
     inputs: Arrays,
-    targets: Sequence[np.ndarray],
+    targets: Arrays,
     masks: Sequence[np.ndarray],
     outputs: Arrays,
     loss: np.ndarray,
@@ -117,11 +117,12 @@ def build_sample(
     buffers: Arrays,
     updates: Arrays,
 ) -> dict[str, np.ndarray]:
-    """The sample of one batch, keyed as the file holds it. ``targets`` and
-    ``masks`` are in recording order; the rest are keyed by name or role."""
+    """The sample of one batch, keyed as the file holds it. ``masks`` are in
+    recording order; targets are keyed by their names in the loss graph
+    (``tracelog.adapters.builder.target_names``), the rest by name or role."""
     sample: dict[str, np.ndarray] = {}
     sample.update((input_key(n), a) for n, a in inputs.items())
-    sample.update((target_key(target_name(k)), a) for k, a in enumerate(targets))
+    sample.update((target_key(n), a) for n, a in targets.items())
     sample.update((mask_key(k), a) for k, a in enumerate(masks))
     sample.update((output_key(role), a) for role, a in outputs.items())
     sample[LOSS_KEY] = loss
@@ -153,19 +154,63 @@ def sample_info(
     }
 
 
-def encode_sample(sample: Arrays, metadata: dict[str, str] | None = None) -> bytes:
-    """The bytes of ``sample.safetensors``."""
+def encode_tensors(tensors: Arrays, metadata: dict[str, str] | None = None) -> bytes:
+    """The bytes of a safetensors file. bfloat16 arrays (``ml_dtypes.bfloat16``,
+    numpy has none of its own) are stored as safetensors' BF16."""
     from safetensors.numpy import save
 
     # np.require, not np.ascontiguousarray: that one makes a 0-d array (the loss) 1-d
-    return save({k: np.require(a, requirements="C") for k, a in sample.items()}, metadata=metadata)
+    return save({k: np.require(a, requirements="C") for k, a in tensors.items()}, metadata=metadata)
+
+
+def decode_tensors(data: bytes) -> dict[str, np.ndarray]:
+    """The arrays of a safetensors file's bytes, BF16 as ``ml_dtypes.bfloat16``
+    (safetensors.numpy itself reads no BF16)."""
+    from safetensors import deserialize
+
+    arrays = {}
+    for name, view in deserialize(data):
+        dtype = _SAFETENSORS_DTYPES.get(view["dtype"])
+        if dtype is None:
+            dtype = _extra_dtype(view["dtype"])
+        arrays[name] = np.frombuffer(view["data"], dtype=dtype).reshape(view["shape"])
+    return arrays
+
+
+_SAFETENSORS_DTYPES: dict[str, Any] = {
+    "F64": np.float64,
+    "F32": np.float32,
+    "F16": np.float16,
+    "I64": np.int64,
+    "U64": np.uint64,
+    "I32": np.int32,
+    "U32": np.uint32,
+    "I16": np.int16,
+    "U16": np.uint16,
+    "I8": np.int8,
+    "U8": np.uint8,
+    "BOOL": np.bool_,
+}
+
+
+def _extra_dtype(name: str) -> Any:
+    if name == "BF16":
+        try:
+            import ml_dtypes
+        except ImportError:
+            raise ValueError("a BF16 tensor needs the ml_dtypes package to be read") from None
+        return ml_dtypes.bfloat16
+    raise ValueError(f"safetensors dtype {name} is not supported")
+
+
+def encode_sample(sample: Arrays, metadata: dict[str, str] | None = None) -> bytes:
+    """The bytes of ``sample.safetensors``."""
+    return encode_tensors(sample, metadata)
 
 
 def decode_sample(data: bytes) -> dict[str, np.ndarray]:
     """The sample from the bytes of ``sample.safetensors``."""
-    from safetensors.numpy import load
-
-    return dict(load(data))
+    return decode_tensors(data)
 
 
 def sample_feeds(sample: Arrays) -> dict[str, np.ndarray]:

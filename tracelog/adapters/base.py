@@ -17,9 +17,12 @@ and how it takes gradients for the sample.
 
 from __future__ import annotations
 
+import atexit
 import contextlib
+import functools
 import logging
 import os
+import weakref
 from abc import ABC, abstractmethod
 from collections.abc import Callable, Iterable, Iterator
 from contextlib import AbstractContextManager
@@ -28,10 +31,10 @@ from typing import Any
 
 import numpy as np
 
-from tracelog.adapters.builder import Builder, Converter
+from tracelog.adapters.builder import Builder, Converter, input_names, target_names
 from tracelog.adapters.tape import ConstInfo, Rec, Ref, Tape, TArg, symbolic_shape
 from tracelog.ir import Graph
-from tracelog.log import TraceLog
+from tracelog.log import COMPLETE, CheckpointPolicy, LogWriter, TraceLog, claim_log_dir
 from tracelog.registry import Table
 from tracelog.sample import build_sample, sample_info
 
@@ -312,12 +315,25 @@ class ListenerBase(ABC):
     raised_reason = "the batch raised {}"
 
     def __init__(
-        self, log: TraceLog, model: Any, log_dir: str | os.PathLike[str], strict: bool
+        self,
+        log: TraceLog,
+        model: Any,
+        log_dir: str | os.PathLike[str],
+        strict: bool,
+        *,
+        overwrite: bool = False,
+        checkpoint_every_s: float = 5.0,
+        checkpoint_every_batches: int = 200,
+        checkpoint_weights: bool = False,
     ) -> None:
+        policy = CheckpointPolicy(checkpoint_every_s, checkpoint_every_batches, checkpoint_weights)
+        claim_log_dir(log_dir, overwrite)  # before training: never a silent overwrite
         self.log = log
         self.model = model
         self.log_dir = log_dir
         self.strict = strict  # raise recording errors instead of failing open (for tests)
+        self.writer = LogWriter(log, log_dir, self._weights, policy, self._model_facts)
+        self._sample_failed = False
         self.epoch = 0
         self._window: Any = None
         self._counters: dict[tuple[int, str], int] = {}
@@ -327,6 +343,9 @@ class ListenerBase(ABC):
         self._sample: dict[str, np.ndarray] | None = None
         # what the last window counted: (prediction hash, loss hash) or the reason it was not
         self.last_counted: Counted | str | None = None
+        # a listener never closed still leaves its log, marked interrupted, at interpreter exit
+        self._at_exit = functools.partial(_flush_at_exit, weakref.ref(self))
+        atexit.register(self._at_exit)
 
     # -- public API ----------------------------------------------------------------------
     def epochs(self, n: int) -> Iterator[int]:
@@ -348,7 +367,8 @@ class ListenerBase(ABC):
         """The window of one batch: the forward, the loss and (optionally) the backward."""
         self._open_batch(epoch)
         w = self._new_window()
-        before = self._state_before(w) if self._sample is None else None
+        wants_sample = self._sample is None and not self._sample_failed
+        before = self._state_before(w) if wants_sample else None
         self._window = w
         raised: BaseException | None = None
         try:
@@ -377,13 +397,25 @@ class ListenerBase(ABC):
         return t
 
     def close(self) -> TraceLog:
-        """Write the log directory and detach from the model. Idempotent."""
+        """Write the final log (marked complete) and detach from the model.
+        Idempotent and fail-open: a write that fails warns once, saying what
+        is on disk, and returns."""
+        return self._end(COMPLETE)
+
+    def abandon(self) -> TraceLog:
+        """End an unfinished run (atexit, a Keras ``fit`` that raised): write a
+        last checkpoint with the weights, leave the log marked interrupted."""
+        return self._end("interrupted")
+
+    def _end(self, state: str) -> TraceLog:
         if self._closed:
             return self.log
         self._closed = True
-        self._detach()
-        self.log.model = self._model_facts()
-        self.log.write(self.log_dir, self._weights(), self._sample)
+        atexit.unregister(self._at_exit)
+        try:
+            self._detach()
+        finally:
+            self.writer.checkpoint(weights=True, state=state)
         return self.log
 
     def __enter__(self) -> Any:
@@ -482,6 +514,17 @@ class ListenerBase(ABC):
         if not w.recording:
             self.last_counted = w.error or "unknown error"
             self._count_unrecorded(w.phase, w.epoch, w.batch, w.error)
+        self._batch_counted()
+
+    def _batch_counted(self) -> None:
+        """A batch was counted (once): checkpoint when one is due."""
+        if self.strict:
+            self.writer.batch_done()
+            return
+        try:
+            self.writer.batch_done()  # fail-open inside; this guards the guard
+        except Exception as e:
+            logger.warning("tracelog: checkpoint failed: %s", describe(e))
 
     def _record(self, w: WindowBase, before: StateBefore | None) -> None:
         if w.root_calls == 0:
@@ -498,7 +541,28 @@ class ListenerBase(ABC):
         self.log.count(w.phase, ph, lh, w.epoch, w.batch)
         self.last_counted = (ph, lh)
         if before is not None and lh is not None and w.phase == "train":
+            self._sample_guarded(w, before, ph, lh, masks)
+
+    def _sample_guarded(
+        self, w: WindowBase, before: StateBefore, ph: str, lh: str, masks: list[int]
+    ) -> None:
+        """Take the sample; the batch is counted already, so a failure here only
+        loses the sample (one warning, no retry: the next batch would fail alike)."""
+        try:
             self._take_sample(w, before, ph, lh, masks)
+        except Exception as e:
+            if self.strict:
+                raise
+            self._sample, self.log.sample_info = None, None
+            self._sample_failed = True
+            logger.warning(
+                "tracelog: the sample batch could not be taken (%s); the log will have no "
+                "sample (emit works; check needs a sample)",
+                describe(e),
+            )
+            return
+        assert self._sample is not None
+        self.writer.set_sample(self._sample)
 
     def _graphs(self, w: WindowBase) -> tuple[Graph, Graph | None, list[int]]:
         """The batch's prediction and loss graphs (exact batch dims from a
@@ -515,9 +579,10 @@ class ListenerBase(ABC):
         assert w.tape.loss is not None
         loss_t = w.tensor(w.tape.loss)
         array = self._to_array
+        ir = input_names(w.tape)  # the IR's name of each data input
         self._sample = build_sample(
-            inputs={name: array(t) for name, t in w.input_tensors.items()},
-            targets=[array(t) for t in w.target_tensors],
+            inputs={ir[name]: array(t) for name, t in w.input_tensors.items()},
+            targets=dict(zip(target_names(w.tape), map(array, w.target_tensors), strict=True)),
             masks=[w.mask(rec_index) for rec_index in masks],
             outputs={role: array(t) for role, t in w.output_tensors.items()},
             loss=array(loss_t),
@@ -544,3 +609,10 @@ class ListenerBase(ABC):
     def _grads_from(self, w: Any) -> str:
         """How the sample's gradients were taken, for trace.json."""
         raise NotImplementedError
+
+
+def _flush_at_exit(ref: weakref.ref[ListenerBase]) -> None:
+    """atexit: a listener still open leaves its log, marked interrupted."""
+    listener = ref()
+    if listener is not None and not listener.closed:
+        listener.abandon()

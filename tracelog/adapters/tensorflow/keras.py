@@ -18,10 +18,23 @@ Two ways a Keras step runs, both recorded:
 ``jit_compile=True`` steps are compiled by XLA, which cannot call back into
 Python: their batches are counted unrecorded with that reason. The log
 records ``run_eagerly`` and ``jit_compile`` either way.
+
+Options are the listener's (``tracelog.adapters.torch.TorchListener`` lists
+them): ``overwrite`` (a ``log_dir`` holding a log raises
+``tracelog.LogExistsError`` when the callback is made, unless True),
+``checkpoint_every_s``, ``checkpoint_every_batches``, ``checkpoint_weights``,
+``strict``. The log reaches disk as ``fit`` goes. Keras calls no callback
+when ``fit`` raises, so the callback wraps the model's train and test
+functions for the length of the run: an error in a step closes the open
+batch window (counted unrecorded), writes a last checkpoint and leaves the
+log marked interrupted, then propagates. An error raised elsewhere (another
+callback) leaves the log as of its last checkpoint, flushed at interpreter
+exit.
 """
 
 from __future__ import annotations
 
+import contextlib
 import logging
 import os
 from typing import Any
@@ -29,6 +42,7 @@ from typing import Any
 import keras
 
 from tracelog.adapters.tensorflow import TFListener
+from tracelog.log import claim_log_dir, holds_log
 
 logger = logging.getLogger("tracelog")
 
@@ -49,8 +63,11 @@ class _TracedStep:
 class TracelogCallback(keras.callbacks.Callback):
     def __init__(self, log_dir: str | os.PathLike[str], **options: Any) -> None:
         super().__init__()
+        if not options.get("overwrite") and holds_log(log_dir):
+            claim_log_dir(log_dir, False)  # raises LogExistsError before fit starts
         self.log_dir = log_dir
         self.options = options
+        self._guarded: list[tuple[str, Any]] = []  # (attribute, original function)
         self.listener: TFListener | None = None
         self._open: Any = None
         self._wrapped: list[tuple[str, Any]] = []
@@ -102,8 +119,13 @@ class TracelogCallback(keras.callbacks.Callback):
     def on_train_begin(self, logs: dict | None = None) -> None:
         self._in_fit = True
         self._ensure_listener()
+        self._guard("train_function")
         if self._jit():
             logger.warning("tracelog: %s", _JIT_REASON)
+
+    def on_test_begin(self, logs: dict | None = None) -> None:
+        if not self._in_fit:  # model.evaluate on its own
+            self._guard("test_function")
 
     def on_train_end(self, logs: dict | None = None) -> None:
         self._in_fit = False
@@ -115,9 +137,50 @@ class TracelogCallback(keras.callbacks.Callback):
 
     def _finish_run(self) -> None:
         self._close_window()
+        self._unguard()
         self._unwrap_steps()
         if self.listener is not None:
             self.listener.close()
+
+    # -- a run that raises --------------------------------------------------------------
+    def _guard(self, name: str) -> None:
+        """Wrap the model's step function (made before on_*_begin) so that an
+        error in a step ends the run's log as interrupted before it propagates."""
+        original = getattr(self.model, name, None)
+        if original is None or any(n == name for n, _ in self._guarded):
+            return
+
+        def guarded(*args: Any, **kwargs: Any) -> Any:
+            try:
+                return original(*args, **kwargs)
+            except BaseException as e:
+                self._interrupted(e)
+                raise
+
+        setattr(self.model, name, guarded)
+        self._guarded.append((name, original))
+
+    def _unguard(self) -> None:
+        for name, original in self._guarded:
+            if getattr(self.model, name, None) is not None:
+                setattr(self.model, name, original)
+        self._guarded.clear()
+
+    def _interrupted(self, e: BaseException) -> None:
+        """The step raised: count the open batch unrecorded, write a last
+        checkpoint, leave the log interrupted. Never raises over ``e``."""
+        try:
+            if self._open is not None:
+                ctx, self._open = self._open, None
+                with contextlib.suppress(BaseException):
+                    ctx.__exit__(type(e), e, e.__traceback__)
+            self._unguard()
+            self._unwrap_steps()
+            self._in_fit = False
+            if self.listener is not None:
+                self.listener.abandon()
+        except Exception as inner:  # fail open: the user's error is the one that matters
+            logger.warning("tracelog: could not end the interrupted run's log: %s", inner)
 
     def on_epoch_begin(self, epoch: int, logs: dict | None = None) -> None:
         if self.listener is not None:

@@ -228,8 +228,17 @@ class TFListener(ListenerBase):
     rules = TF_OPS
 
     def __init__(
-        self, model: Any, log_dir: str | os.PathLike[str], *, strict: bool = False
+        self,
+        model: Any,
+        log_dir: str | os.PathLike[str],
+        *,
+        strict: bool = False,
+        overwrite: bool = False,
+        checkpoint_every_s: float = 5.0,
+        checkpoint_every_batches: int = 200,
+        checkpoint_weights: bool = False,
     ) -> None:
+        """Options as for :class:`tracelog.adapters.torch.TorchListener`."""
         import tensorflow as tf
         from tensorflow.python.framework import op_callbacks
 
@@ -246,7 +255,16 @@ class TFListener(ListenerBase):
                 "notes": "Keras 3 layers as TensorFlow ops; NHWC ops recorded as NCHW ONNX ops between transposes",
             }
         )
-        super().__init__(log, model, log_dir, strict)
+        super().__init__(
+            log,
+            model,
+            log_dir,
+            strict,
+            overwrite=overwrite,
+            checkpoint_every_s=checkpoint_every_s,
+            checkpoint_every_batches=checkpoint_every_batches,
+            checkpoint_weights=checkpoint_weights,
+        )
         self._variables = {v.path: v for v in model.variables}
         self._paths = {id(v.value.handle): v.path for v in model.variables}  # by handle
         self._window: _Window | None = None
@@ -299,6 +317,7 @@ class TFListener(ListenerBase):
             self._count_unrecorded(phase, self.epoch, batch, counted)
         else:
             self.log.count(phase, counted[0], counted[1], self.epoch, batch)
+        self._batch_counted()
 
     # -- the window ------------------------------------------------------------------------
     def _new_window(self) -> _Window:

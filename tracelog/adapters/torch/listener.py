@@ -208,7 +208,28 @@ class TorchListener(ListenerBase):
 
     Use ``with listener.batch():`` around the forward pass, the loss and
     (optionally) ``loss.backward()``; call ``close()`` (or use the listener as
-    a context manager) to write the log directory.
+    a context manager) to complete the log directory.
+
+    The log reaches disk as training goes: each new unique graph and the
+    sample when first recorded, the counts at checkpoints. Options:
+
+    - ``overwrite`` (False): a ``log_dir`` that already holds a log raises
+      ``tracelog.LogExistsError`` here, before training; True removes that
+      log and the programs emitted from it (``program_*.py``, ``model.onnx``).
+    - ``checkpoint_every_s`` (5.0) and ``checkpoint_every_batches`` (200):
+      the counts are written after that many seconds or batches, whichever
+      comes first (checked as each batch ends).
+    - ``checkpoint_weights`` (False): rewrite weights.safetensors at every
+      checkpoint (else when a new graph brings constants, at close, and on
+      the interrupted paths below).
+    - ``strict`` (False): raise recording errors instead of failing open.
+
+    A listener never closed writes a last checkpoint (weights included) at
+    interpreter exit (atexit: a normal exit or ``SystemExit``), marked
+    interrupted. SIGTERM's default action ends Python without atexit: the
+    log is as of its last checkpoint, as after SIGKILL; to flush on SIGTERM,
+    turn it into ``SystemExit`` (``signal.signal(signal.SIGTERM, lambda *_:
+    sys.exit(143))``).
     """
 
     model: torch.nn.Module
@@ -217,11 +238,28 @@ class TorchListener(ListenerBase):
     raised_reason = "_UserError: the batch raised {}"
 
     def __init__(
-        self, model: torch.nn.Module, log_dir: str | os.PathLike[str], *, strict: bool = False
+        self,
+        model: torch.nn.Module,
+        log_dir: str | os.PathLike[str],
+        *,
+        strict: bool = False,
+        overwrite: bool = False,
+        checkpoint_every_s: float = 5.0,
+        checkpoint_every_batches: int = 200,
+        checkpoint_weights: bool = False,
     ) -> None:
         if not isinstance(model, torch.nn.Module):
             raise TypeError(f"TorchListener needs a torch.nn.Module, got {type(model).__name__}")
-        super().__init__(TraceLog(_framework_facts(model)), model, log_dir, strict)
+        super().__init__(
+            TraceLog(_framework_facts(model)),
+            model,
+            log_dir,
+            strict,
+            overwrite=overwrite,
+            checkpoint_every_s=checkpoint_every_s,
+            checkpoint_every_batches=checkpoint_every_batches,
+            checkpoint_weights=checkpoint_weights,
+        )
         self._window: _Window | None = None
         self._handles = []
         for path, mod in model.named_modules():

@@ -48,9 +48,21 @@ def flatten_tensors(out: Any, found: list[torch.Tensor]) -> None:
 
 def to_numpy(t: torch.Tensor) -> Any:
     """A view of the tensor's data (for constants the Builder copies anyway)."""
-    return t.detach().cpu().numpy()
+    t = t.detach().cpu()
+    return _bfloat16(t) if t.dtype == torch.bfloat16 else t.numpy()
 
 
 def to_array(t: torch.Tensor) -> np.ndarray:
     """A contiguous copy of the tensor's data that the log owns (sample, weights)."""
-    return t.detach().cpu().contiguous().numpy().copy()
+    t = t.detach().cpu().contiguous()
+    return (_bfloat16(t) if t.dtype == torch.bfloat16 else t.numpy()).copy()
+
+
+def _bfloat16(t: torch.Tensor) -> np.ndarray:
+    """numpy has no bfloat16: the same bits as ``ml_dtypes.bfloat16`` (which
+    safetensors stores as BF16), or, without ml_dtypes, the exact float32 values."""
+    try:
+        import ml_dtypes
+    except ImportError:
+        return t.float().numpy()
+    return t.contiguous().view(torch.int16).numpy().view(ml_dtypes.bfloat16)
