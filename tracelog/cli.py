@@ -4,8 +4,10 @@ from __future__ import annotations
 
 import argparse
 import json
+import os
 import sys
 from collections.abc import Sequence
+from pathlib import Path
 from typing import Any
 
 from tracelog.errors import TracelogError
@@ -28,9 +30,19 @@ def _ops(hist: dict[str, int]) -> str:
     return ", ".join(op if n == 1 else f"{op} x{n}" for op, n in hist.items())
 
 
+def interrupted_line(log: TraceLog) -> str | None:
+    """The first line ``show`` prints for a log whose run did not close."""
+    if not log.interrupted:
+        return None
+    at = log.run.get("checkpoint") or "an unknown time"
+    return f"interrupted: the run did not close; counts as of the last checkpoint at {at}"
+
+
 def show_text(log: TraceLog, where: str) -> str:
     fw = log.framework
-    lines = [
+    first = interrupted_line(log)
+    lines = [first] if first else []
+    lines += [
         f"{where}: {fw.get('name', '?')} {fw.get('version', '')} on {fw.get('device', '?')}, "
         f"model {log.model.get('class', '?')}; {log.recorded} batches recorded, "
         f"{log.unrecorded} unrecorded"
@@ -83,6 +95,8 @@ def show_json(log: TraceLog) -> str:
         )
     return json.dumps(
         {
+            "state": log.run.get("state"),
+            "checkpoint": log.run.get("checkpoint"),
             "framework": log.framework,
             "recorded": log.recorded,
             "unrecorded": log.unrecorded,
@@ -109,6 +123,14 @@ def _cmd_verify(args: argparse.Namespace) -> int:
 def _cmd_emit(args: argparse.Namespace) -> int:
     from tracelog.emit import emit
 
+    if args.out:
+        parent = Path(args.out).parent
+        try:
+            parent.mkdir(parents=True, exist_ok=True)
+        except OSError as e:
+            raise TracelogError(
+                f"cannot create {parent} for --out: {e.strerror or e} ({e.filename or parent})"
+            ) from None
     path = emit(args.log_dir, args.target, args.out)
     print(path)
     return 0
@@ -175,13 +197,30 @@ def build_parser() -> argparse.ArgumentParser:
 def main(argv: Sequence[str] | None = None) -> int:
     args = build_parser().parse_args(argv)
     try:
-        return int(args.func(args))
-    except TracelogError as e:
+        code = int(args.func(args))
+        sys.stdout.flush()  # a closed pipe shows here, not at interpreter exit
+        return code
+    except BrokenPipeError:
+        return _closed_pipe()
+    except (TracelogError, ImportError) as e:
         print(f"tracelog: error: {e}", file=sys.stderr)
         return 2
-    except ImportError as e:
-        print(f"tracelog: error: {e}", file=sys.stderr)
+    except OSError as e:  # a file the command writes or reads: one line, no traceback
+        print(
+            f"tracelog: error: {e.strerror or e}: {e.filename or ''}".rstrip(": "), file=sys.stderr
+        )
         return 2
+
+
+def _closed_pipe() -> int:
+    """The reader went away (``tracelog show | head -1``): end quietly, with
+    the conventional status of a process killed by SIGPIPE."""
+    try:  # what is still buffered cannot be written: send it nowhere at exit
+        devnull = os.open(os.devnull, os.O_WRONLY)
+        os.dup2(devnull, sys.stdout.fileno())
+    except (OSError, ValueError, AttributeError):
+        pass
+    return 141
 
 
 if __name__ == "__main__":  # pragma: no cover
