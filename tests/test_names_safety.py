@@ -115,13 +115,17 @@ def _model(class_name: str, layer: str, scale: str, arg: str = "x") -> torch.nn.
 _RUNS = itertools.count()  # a fresh log directory per generated model
 
 
-def _record(model: torch.nn.Module, log_dir: Path) -> None:
+def _record(model: torch.nn.Module, log_dir: Path, penalised: str | None = None) -> None:
+    """One training batch; with `penalised`, the loss also reads that
+    parameter (so the loss graph holds a user name beside its own inputs)."""
     from tracelog.adapters.torch import TorchListener
 
     torch.manual_seed(0)
     listener = TorchListener(model, log_dir, strict=True)
     with listener.batch():
         loss = torch.nn.functional.mse_loss(model(torch.randn(4, 3)), torch.randn(4, 2))
+        if penalised is not None:
+            loss = loss + 0.1 * (model.__dict__["_parameters"][penalised] ** 2).sum()
         loss.backward()
     log = listener.close()
     assert log.recorded == 1 and log.unrecorded == 0, log.failures
@@ -158,7 +162,7 @@ def test_models_named_by_any_text_emit_safe_programs(tmp_path: Path, data: st.Da
     layer = data.draw(names.filter(_attr_name), "submodule name")
     scale = data.draw(names.filter(_attr_name).filter(lambda n: n != layer), "parameter name")
     log_dir = tmp_path / f"log{next(_RUNS)}"
-    _record(_model(class_name, layer, scale), log_dir)
+    _record(_model(class_name, layer, scale), log_dir, scale)
     _emit_and_run_all(log_dir)
     assert not Path(sentinel).exists(), "text from a name ran as code"
 
@@ -167,6 +171,7 @@ def test_models_named_by_any_text_emit_safe_programs(tmp_path: Path, data: st.Da
 INTERNAL = sorted(
     {n for n in RESERVED if n.isidentifier() and not keyword.iskeyword(n)}
     | {"x", "target", "v0", "v1", "c0", "h1", "k0", "predict_train", "loss_train", "rng"}
+    | {"prediction", "loss", "target_1", "const0", "batch_size_float32_0"}
     | set(get_target("jax").reserved)
 )
 
@@ -186,7 +191,7 @@ def test_names_equal_to_internal_names_keep_parity(tmp_path: Path, data: st.Data
         "data argument",
     )
     log_dir = tmp_path / f"log{next(_RUNS)}"
-    _record(_model(data.draw(internal, "class name"), layer, scale, arg), log_dir)
+    _record(_model(data.draw(internal, "class name"), layer, scale, arg), log_dir, scale)
     _emit_and_run_all(log_dir)
 
 

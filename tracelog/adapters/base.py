@@ -31,7 +31,13 @@ from typing import Any
 
 import numpy as np
 
-from tracelog.adapters.builder import Builder, Converter, input_names, target_names
+from tracelog.adapters.builder import (
+    Builder,
+    Converter,
+    input_names,
+    output_roles,
+    target_names,
+)
 from tracelog.adapters.tape import ConstInfo, Rec, Ref, Tape, TArg, symbolic_shape
 from tracelog.ir import Graph
 from tracelog.log import COMPLETE, CheckpointPolicy, LogWriter, TraceLog, claim_log_dir
@@ -580,11 +586,12 @@ class ListenerBase(ABC):
         loss_t = w.tensor(w.tape.loss)
         array = self._to_array
         ir = input_names(w.tape)  # the IR's name of each data input
+        roles = output_roles(w.tape)  # and of each prediction output
         self._sample = build_sample(
             inputs={ir[name]: array(t) for name, t in w.input_tensors.items()},
             targets=dict(zip(target_names(w.tape), map(array, w.target_tensors), strict=True)),
             masks=[w.mask(rec_index) for rec_index in masks],
-            outputs={role: array(t) for role, t in w.output_tensors.items()},
+            outputs={roles[role]: array(t) for role, t in w.output_tensors.items()},
             loss=array(loss_t),
             grads=self._gradients(w, before, loss_t),
             params=before.params,

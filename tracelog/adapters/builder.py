@@ -79,6 +79,14 @@ def internal_name(base: str, taken: set[str]) -> str:
     return base
 
 
+def output_roles(tape: Tape) -> dict[str, str]:
+    """The IR role of each prediction output: its own (prediction, ...),
+    unless a user name holds it (the loss graph reads a prediction as an
+    input named by its role, beside the parameters it reads)."""
+    taken = user_names(tape)
+    return {role: internal_name(role, taken) for role, _ref in tape.outputs}
+
+
 def target_names(tape: Tape) -> list[str]:
     """The IR names of the tape's targets, in order: target, target_1, ...
     (the sample keys its targets by these names too)."""
@@ -259,21 +267,23 @@ class Builder:
         # prediction region become its inputs ("features").
         loss_graph = None
         feature_names: dict[str, str] = {}
-        output_roles = {self._ref_name(ref): role for role, ref in tape.outputs}
+        roles = output_roles(tape)
+        output_roles_of = {self._ref_name(ref): roles[role] for role, ref in tape.outputs}
         if tape.loss is not None:
             loss_name = self._ref_name(tape.loss)
             keep, leaves = self._slice([loss_name], producer, region="post")
             for leaf in leaves:
                 v = self.values[leaf]
                 if v.kind == "node":
-                    feature_names[leaf] = output_roles.get(leaf) or f"feature.{len(feature_names)}"
+                    feature = internal_name(f"feature.{len(feature_names)}", self._user)
+                    feature_names[leaf] = output_roles_of.get(leaf) or feature
             loss_graph = self._assemble(
                 "loss", keep, [Output(loss_name, "loss")], rename=feature_names
             )
 
-        outputs = [Output(self._ref_name(ref), role) for role, ref in tape.outputs]
+        outputs = [Output(self._ref_name(ref), roles[role]) for role, ref in tape.outputs]
         for name, role in feature_names.items():
-            if role.startswith("feature."):
+            if name not in output_roles_of:  # a feature, not a prediction
                 outputs.append(Output(name, role))
         for buf, ref in tape.buffer_updates:
             outputs.append(Output(self._ref_name(ref), f"update:{buf}"))
