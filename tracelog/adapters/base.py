@@ -325,13 +325,23 @@ class ListenerBase(ABC):
         log: TraceLog,
         model: Any,
         log_dir: str | os.PathLike[str],
-        strict: bool,
         *,
+        strict: bool = False,
         overwrite: bool = False,
         checkpoint_every_s: float = 5.0,
         checkpoint_every_batches: int = 200,
         checkpoint_weights: bool = False,
     ) -> None:
+        """The options every listener takes (``TorchListener(model, log_dir,
+        **options)``, ``TFListener``, ``tracelog.Listener``):
+
+        - ``overwrite``: replace a log already in ``log_dir`` (and the programs
+          emitted from it); without it such a directory raises LogExistsError;
+        - ``checkpoint_every_s``, ``checkpoint_every_batches``: how often the
+          counts reach disk (new graphs and the sample always do at once);
+        - ``checkpoint_weights``: rewrite the weights at every checkpoint too;
+        - ``strict``: raise recording errors instead of failing open (tests).
+        """
         policy = CheckpointPolicy(checkpoint_every_s, checkpoint_every_batches, checkpoint_weights)
         claim_log_dir(log_dir, overwrite)  # before training: never a silent overwrite
         self.log = log

@@ -231,12 +231,7 @@ class TFListener(ListenerBase):
         self,
         model: Any,
         log_dir: str | os.PathLike[str],
-        *,
-        strict: bool = False,
-        overwrite: bool = False,
-        checkpoint_every_s: float = 5.0,
-        checkpoint_every_batches: int = 200,
-        checkpoint_weights: bool = False,
+        **options: Any,
     ) -> None:
         """Options as for :class:`tracelog.adapters.torch.TorchListener`."""
         import tensorflow as tf
@@ -259,11 +254,7 @@ class TFListener(ListenerBase):
             log,
             model,
             log_dir,
-            strict,
-            overwrite=overwrite,
-            checkpoint_every_s=checkpoint_every_s,
-            checkpoint_every_batches=checkpoint_every_batches,
-            checkpoint_weights=checkpoint_weights,
+            **options,
         )
         self._variables = {v.path: v for v in model.variables}
         self._paths = {id(v.value.handle): v.path for v in model.variables}  # by handle

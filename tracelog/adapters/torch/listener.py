@@ -241,12 +241,7 @@ class TorchListener(ListenerBase):
         self,
         model: torch.nn.Module,
         log_dir: str | os.PathLike[str],
-        *,
-        strict: bool = False,
-        overwrite: bool = False,
-        checkpoint_every_s: float = 5.0,
-        checkpoint_every_batches: int = 200,
-        checkpoint_weights: bool = False,
+        **options: Any,
     ) -> None:
         if not isinstance(model, torch.nn.Module):
             raise TypeError(f"TorchListener needs a torch.nn.Module, got {type(model).__name__}")
@@ -254,11 +249,7 @@ class TorchListener(ListenerBase):
             TraceLog(_framework_facts(model)),
             model,
             log_dir,
-            strict,
-            overwrite=overwrite,
-            checkpoint_every_s=checkpoint_every_s,
-            checkpoint_every_batches=checkpoint_every_batches,
-            checkpoint_weights=checkpoint_weights,
+            **options,
         )
         self._window: _Window | None = None
         self._handles = []
