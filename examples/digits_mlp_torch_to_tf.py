@@ -51,7 +51,8 @@ def record(log_dir: Path, epochs: int = 3, batch_size: int = 64) -> tracelog.Tra
     model = MLP()
     x_tr, y_tr, x_te, y_te = digits()
     opt = torch.optim.Adam(model.parameters(), lr=1e-2)
-    with tracelog.Listener(model, log_dir) as listener:
+    # overwrite: each run of the example records into the same directory again
+    with tracelog.Listener(model, log_dir, overwrite=True) as listener:
         for epoch in listener.epochs(epochs):
             model.train()
             for i in range(0, len(y_tr), batch_size):

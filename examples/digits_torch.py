@@ -66,7 +66,8 @@ def digits(seed: int = 0) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, tor
 def train(model: nn.Module, log_dir: Path, epochs: int, batch_size: int) -> tracelog.TraceLog:
     x_tr, y_tr, x_te, y_te = digits()
     opt = torch.optim.Adam(model.parameters(), lr=1e-2)
-    with tracelog.Listener(model, log_dir) as listener:
+    # overwrite: each run of the example records into the same directory again
+    with tracelog.Listener(model, log_dir, overwrite=True) as listener:
         for epoch in listener.epochs(epochs):
             model.train()
             order = torch.randperm(len(y_tr))

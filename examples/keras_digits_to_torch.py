@@ -72,7 +72,8 @@ def record(
         batch_size=batch_size,
         validation_split=0.2,
         verbose=0,
-        callbacks=[TracelogCallback(log_dir)],
+        # overwrite: each run of the example records into the same directory again
+        callbacks=[TracelogCallback(log_dir, overwrite=True)],
     )
     for epoch in range(epochs):
         h = {k: v[epoch] for k, v in history.history.items()}

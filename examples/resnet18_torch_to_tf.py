@@ -107,7 +107,8 @@ def main(argv: list[str] | None = None) -> int:
     n_train = int(0.8 * len(y))
     model = ResNet()
     opt = torch.optim.SGD(model.parameters(), lr=0.05, momentum=0.9)
-    with tracelog.Listener(model, args.out) as listener:
+    # overwrite: each run of the example records into the same directory again
+    with tracelog.Listener(model, args.out, overwrite=True) as listener:
         for epoch in listener.epochs(args.epochs):
             model.train()
             for i in range(0, n_train, args.batch_size):
