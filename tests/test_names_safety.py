@@ -27,7 +27,26 @@ from tracelog.ir import Graph, Node, TensorType, Value
 from tracelog.log import GraphEntry, Usage
 
 LINE_ENDS = ["\n", "\r", "\r\n", "\x0b", "\x0c", "\x1c", "\x1d", "\x1e", "\x85", "\u2028", "\u2029"]
-TRICKY = [*LINE_ENDS, "'", '"', "'''", '"""', "\\", "#", "\x00", "é", "λ", "𝔘", " ", "\t", "{", "}"]
+TRICKY = [
+    *LINE_ENDS,
+    "'",
+    '"',
+    "'''",
+    '"""',
+    "\\",
+    "#",
+    "\x00",
+    "é",
+    "λ",
+    "𝔘",
+    " ",
+    "\t",
+    "{",
+    "}",
+    "[[",
+    "]]",
+    "],",
+]
 
 
 def _payload(sentinel: str) -> st.SearchStrategy[str]:
@@ -205,4 +224,11 @@ def test_a_parameter_named_like_a_canonical_value_keeps_its_graph(tmp_path: Path
     (graph,) = [log.graphs[e.hash] for e in log.entries_sorted() if e.kind == "prediction"]
     assert graph.values["v0"].kind == "param" and graph.values["c0.weight"].kind == "param"
     assert any(n.op == "Mul" and "v0" in n.inputs for n in graph.nodes)
+    _emit_and_run_all(tmp_path / "log")
+
+
+def test_brackets_in_a_name_stay_inside_its_literal(tmp_path: Path) -> None:
+    """PARAMETERS was laid out by replacing "[[" and "]]" in its literal's
+    text, which broke a name holding them out of its string."""
+    _record(_model("M", "a[[b", "c]]d"), tmp_path / "log", "c]]d")
     _emit_and_run_all(tmp_path / "log")

@@ -299,9 +299,9 @@ def build_program(log: TraceLog, target: Target, trace: bool = False) -> str:
             *(f"# {line}" for line in layout.splitlines()),
         ],
         prelude=[*runtime.statements, *parity.statements],
-        parameters=literal([list(p) for p in parameters])
-        .replace("[[", "[\n    [")
-        .replace("]]", "],\n]"),
+        # one row a line (black keeps a trailing comma's explosion); never a
+        # textual edit of the literal, which may hold any text in its strings
+        parameters="[\n" + "".join(f"    {literal(list(p))},\n" for p in parameters) + "]",
         runtime=[runtime.functions[n] for n in runtime.inlined],
         helpers=[runtime.functions[n] for n in helpers],
         functions=functions,
