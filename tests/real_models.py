@@ -1,0 +1,308 @@
+"""Real PyTorch models people train, built from small configs with random
+weights: Hugging Face ``transformers`` models and ``torch.nn`` recurrent,
+attention and vision models. Each case says how to build the model, how to
+make a training batch, and how one training step computes its loss, so the
+models matrix (``benchmarks/models_matrix.py``) and the slow tests drive them
+the same way.
+
+A case's ``step(model, batch)`` returns the loss tensor. Hugging Face models
+get ``labels=`` and compute the loss inside ``forward``; the ``torch.nn``
+models compute it after the forward, as a plain loop does.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from dataclasses import dataclass
+from typing import Any
+
+import torch
+import torch.nn.functional as F
+from torch import nn
+
+Batch = dict[str, torch.Tensor]
+
+VOCAB = 97
+
+
+@dataclass(frozen=True)
+class ModelCase:
+    name: str
+    build: Callable[[], nn.Module]
+    batch: Callable[[torch.Generator, int], Batch]  # (generator, batch index) -> batch
+    step: Callable[[nn.Module, Batch], torch.Tensor]
+    needs: str = ""  # an extra package the case imports ("transformers")
+
+
+def _tokens(g: torch.Generator, b: int, t: int, pad_last: int = 0) -> Batch:
+    """Token ids and an attention mask; the last `pad_last` tokens of the second
+    sequence are padding (mask 0)."""
+    ids = torch.randint(1, VOCAB, (b, t), generator=g)
+    mask = torch.ones(b, t, dtype=torch.int64)
+    if pad_last:
+        mask[1, t - pad_last :] = 0
+        ids[1, t - pad_last :] = 0
+    return {"input_ids": ids, "attention_mask": mask}
+
+
+def _hf_step(model: nn.Module, batch: Batch) -> torch.Tensor:
+    return model(**batch).loss
+
+
+# -- Hugging Face transformers ---------------------------------------------------------------
+def _gpt2() -> nn.Module:
+    from transformers import GPT2Config, GPT2LMHeadModel
+
+    cfg = GPT2Config(vocab_size=VOCAB, n_positions=32, n_embd=32, n_layer=2, n_head=2)
+    return GPT2LMHeadModel(cfg)
+
+
+def _lm_batch(g: torch.Generator, i: int) -> Batch:
+    batch = _tokens(g, 4, 12, pad_last=3)
+    labels = batch["input_ids"].clone()
+    labels[batch["attention_mask"] == 0] = -100
+    return {**batch, "labels": labels}
+
+
+def _bert() -> nn.Module:
+    from transformers import BertConfig, BertForSequenceClassification
+
+    cfg = BertConfig(
+        vocab_size=VOCAB,
+        hidden_size=32,
+        num_hidden_layers=2,
+        num_attention_heads=2,
+        intermediate_size=64,
+        max_position_embeddings=32,
+        num_labels=3,
+    )
+    return BertForSequenceClassification(cfg)
+
+
+def _classify_batch(g: torch.Generator, i: int) -> Batch:
+    batch = _tokens(g, 4, 12, pad_last=4)
+    return {**batch, "labels": torch.randint(0, 3, (4,), generator=g)}
+
+
+def _t5() -> nn.Module:
+    from transformers import T5Config, T5ForConditionalGeneration
+
+    cfg = T5Config(
+        vocab_size=VOCAB,
+        d_model=32,
+        d_kv=16,
+        d_ff=64,
+        num_layers=2,
+        num_decoder_layers=2,
+        num_heads=2,
+        decoder_start_token_id=0,
+        pad_token_id=0,
+    )
+    return T5ForConditionalGeneration(cfg)
+
+
+def _seq2seq_batch(g: torch.Generator, i: int) -> Batch:
+    batch = _tokens(g, 4, 10, pad_last=2)
+    labels = torch.randint(1, VOCAB, (4, 6), generator=g)
+    labels[2, 4:] = -100
+    return {**batch, "labels": labels}
+
+
+def _vit() -> nn.Module:
+    from transformers import ViTConfig, ViTForImageClassification
+
+    cfg = ViTConfig(
+        image_size=16,
+        patch_size=4,
+        num_channels=3,
+        hidden_size=32,
+        num_hidden_layers=2,
+        num_attention_heads=2,
+        intermediate_size=64,
+        num_labels=5,
+    )
+    return ViTForImageClassification(cfg)
+
+
+def _image_batch(size: int) -> Callable[[torch.Generator, int], Batch]:
+    def batch(g: torch.Generator, i: int) -> Batch:
+        return {
+            "pixel_values": torch.randn(4, 3, size, size, generator=g),
+            "labels": torch.randint(0, 5, (4,), generator=g),
+        }
+
+    return batch
+
+
+def _resnet() -> nn.Module:
+    from transformers import ResNetConfig, ResNetForImageClassification
+
+    cfg = ResNetConfig(embedding_size=8, hidden_sizes=[8, 16], depths=[1, 1], num_labels=5)
+    return ResNetForImageClassification(cfg)
+
+
+def _convnext() -> nn.Module:
+    from transformers import ConvNextConfig, ConvNextForImageClassification
+
+    cfg = ConvNextConfig(hidden_sizes=[8, 16], depths=[1, 1], num_labels=5, image_size=32)
+    return ConvNextForImageClassification(cfg)
+
+
+def _llama() -> nn.Module:
+    from transformers import LlamaConfig, LlamaForCausalLM
+
+    cfg = LlamaConfig(
+        vocab_size=VOCAB,
+        hidden_size=32,
+        intermediate_size=64,
+        num_hidden_layers=2,
+        num_attention_heads=4,
+        num_key_value_heads=2,
+        max_position_embeddings=32,
+    )
+    return LlamaForCausalLM(cfg)
+
+
+# -- torch.nn models ----------------------------------------------------------------------------
+class LSTMClassifier(nn.Module):
+    def __init__(self) -> None:
+        super().__init__()
+        self.embed = nn.Embedding(VOCAB, 16)
+        self.lstm = nn.LSTM(16, 24, num_layers=2, batch_first=True, dropout=0.1)
+        self.head = nn.Linear(24, 3)
+
+    def forward(self, input_ids: torch.Tensor) -> torch.Tensor:
+        out, _ = self.lstm(self.embed(input_ids))
+        return self.head(out[:, -1])
+
+
+class GRUTagger(nn.Module):
+    def __init__(self) -> None:
+        super().__init__()
+        self.embed = nn.Embedding(VOCAB, 16)
+        self.gru = nn.GRU(16, 12, bidirectional=True)  # sequence first
+        self.head = nn.Linear(24, 5)
+
+    def forward(self, input_ids: torch.Tensor) -> torch.Tensor:
+        out, _ = self.gru(self.embed(input_ids).transpose(0, 1))
+        return self.head(out.transpose(0, 1))
+
+
+class TransformerClassifier(nn.Module):
+    def __init__(self) -> None:
+        super().__init__()
+        self.embed = nn.Embedding(VOCAB, 32)
+        layer = nn.TransformerEncoderLayer(32, 4, 64, dropout=0.1, batch_first=True)
+        self.encoder = nn.TransformerEncoder(layer, 2, enable_nested_tensor=False)
+        self.head = nn.Linear(32, 3)
+
+    def forward(self, input_ids: torch.Tensor, padding_mask: torch.Tensor) -> torch.Tensor:
+        h = self.encoder(self.embed(input_ids), src_key_padding_mask=padding_mask)
+        return self.head(h.mean(dim=1))
+
+
+class AttentionPool(nn.Module):
+    def __init__(self) -> None:
+        super().__init__()
+        self.embed = nn.Embedding(VOCAB, 24)
+        self.attn = nn.MultiheadAttention(24, 3, dropout=0.1, batch_first=True)
+        self.head = nn.Linear(24, 3)
+
+    def forward(self, input_ids: torch.Tensor, padding_mask: torch.Tensor) -> torch.Tensor:
+        h = self.embed(input_ids)
+        out, _ = self.attn(h, h, h, key_padding_mask=padding_mask)
+        return self.head(out[:, 0])
+
+
+class ConvAutoencoder(nn.Module):
+    def __init__(self) -> None:
+        super().__init__()
+        self.enc = nn.Sequential(
+            nn.Conv2d(3, 8, 3, padding=1),
+            nn.GroupNorm(2, 8),
+            nn.ReLU(),
+            nn.Conv2d(8, 16, 3, stride=2, padding=1),
+            nn.GroupNorm(4, 16),
+            nn.ReLU(),
+        )
+        self.up = nn.ConvTranspose2d(16, 8, 4, stride=2, padding=1)
+        self.refine = nn.Sequential(
+            nn.Upsample(scale_factor=2, mode="nearest"),
+            nn.Conv2d(8, 8, 3, padding=1),
+            nn.ReLU(),
+            nn.Upsample(size=(16, 16), mode="bilinear", align_corners=False),
+            nn.Conv2d(8, 3, 3, padding=1),
+        )
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return self.refine(self.up(self.enc(x)))
+
+
+def _sequence_batch(labels_per_token: bool) -> Callable[[torch.Generator, int], Batch]:
+    def batch(g: torch.Generator, i: int) -> Batch:
+        ids = torch.randint(1, VOCAB, (4, 10), generator=g)
+        shape = (4, 10) if labels_per_token else (4,)
+        return {"input_ids": ids, "y": torch.randint(0, 5 if labels_per_token else 3, shape)}
+
+    return batch
+
+
+def _padded_batch(g: torch.Generator, i: int) -> Batch:
+    ids = torch.randint(1, VOCAB, (4, 10), generator=g)
+    padding = torch.zeros(4, 10, dtype=torch.bool)
+    padding[1, 7:] = True
+    padding[3, 5:] = True
+    return {"input_ids": ids, "padding_mask": padding, "y": torch.randint(0, 3, (4,))}
+
+
+def _ce_step(model: nn.Module, batch: Batch) -> torch.Tensor:
+    inputs = {k: v for k, v in batch.items() if k != "y"}
+    logits = model(**inputs)
+    return F.cross_entropy(logits.reshape(-1, logits.shape[-1]), batch["y"].reshape(-1))
+
+
+def _autoencoder_batch(g: torch.Generator, i: int) -> Batch:
+    return {"x": torch.randn(4, 3, 16, 16, generator=g)}
+
+
+def _mse_step(model: nn.Module, batch: Batch) -> torch.Tensor:
+    return F.mse_loss(model(batch["x"]), batch["x"])
+
+
+CASES: list[ModelCase] = [
+    ModelCase("gpt2", _gpt2, _lm_batch, _hf_step, "transformers"),
+    ModelCase("bert", _bert, _classify_batch, _hf_step, "transformers"),
+    ModelCase("t5", _t5, _seq2seq_batch, _hf_step, "transformers"),
+    ModelCase("vit", _vit, _image_batch(16), _hf_step, "transformers"),
+    ModelCase("resnet", _resnet, _image_batch(32), _hf_step, "transformers"),
+    ModelCase("convnext", _convnext, _image_batch(32), _hf_step, "transformers"),
+    ModelCase("llama", _llama, _lm_batch, _hf_step, "transformers"),
+    ModelCase("lstm_classifier", LSTMClassifier, _sequence_batch(False), _ce_step),
+    ModelCase("gru_tagger", GRUTagger, _sequence_batch(True), _ce_step),
+    ModelCase("transformer_encoder", TransformerClassifier, _padded_batch, _ce_step),
+    ModelCase("multihead_attention", AttentionPool, _padded_batch, _ce_step),
+    ModelCase("conv_autoencoder", ConvAutoencoder, _autoencoder_batch, _mse_step),
+]
+
+BY_NAME = {c.name: c for c in CASES}
+
+
+def train(case: ModelCase, log_dir: Any, batches: int = 2, seed: int = 0, **options: Any) -> Any:
+    """Build the case's model and train it for `batches` SGD steps under a
+    listener writing to `log_dir`; returns the closed listener's log."""
+    import tracelog
+
+    torch.manual_seed(seed)
+    model = case.build()
+    model.train()
+    opt = torch.optim.SGD(model.parameters(), lr=0.01)
+    g = torch.Generator().manual_seed(seed)
+    with tracelog.Listener(model, log_dir, overwrite=True, **options) as listener:
+        for i in range(batches):
+            batch = case.batch(g, i)
+            with listener.batch():
+                loss = case.step(model, batch)
+                loss.backward()
+            opt.step()
+            opt.zero_grad()
+    return listener.log
