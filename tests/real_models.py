@@ -144,7 +144,9 @@ def _resnet() -> nn.Module:
 def _convnext() -> nn.Module:
     from transformers import ConvNextConfig, ConvNextForImageClassification
 
-    cfg = ConvNextConfig(hidden_sizes=[8, 16], depths=[1, 1], num_labels=5, image_size=32)
+    cfg = ConvNextConfig(
+        num_stages=2, hidden_sizes=[8, 16], depths=[1, 1], num_labels=5, image_size=32
+    )
     return ConvNextForImageClassification(cfg)
 
 
