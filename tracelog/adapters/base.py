@@ -293,6 +293,28 @@ class WindowBase(ABC):
     def loss_ref(self) -> Ref | None:
         return self.explicit_loss or self.last_scalar
 
+    def named_loss_output(self) -> Ref | None:
+        """A float scalar the root returned under the name ``loss`` (a Hugging
+        Face model given ``labels=``): the loss of a batch that runs no backward."""
+        for role, ref in self.tape.outputs:
+            if role.rpartition(".")[2] == "loss" and self.is_float_scalar(
+                self.output_tensors[role]
+            ):
+                return ref
+        return None
+
+    def take_loss_output(self, loss: Ref) -> bool:
+        """The loss is one of the root's outputs (computed inside the forward):
+        it leaves the predictions, and the tape's loss is that output."""
+        roles = [role for role, ref in self.tape.outputs if ref == loss]
+        if not roles:
+            return False
+        self.tape.outputs = [(role, ref) for role, ref in self.tape.outputs if ref != loss]
+        for role in roles:
+            self.output_tensors.pop(role, None)
+        self.tape.loss = loss
+        return True
+
     def tensor(self, ref: Ref) -> Any:
         if ref[0] == "o":
             return self.rec_out[ref[1]][ref[2]]

@@ -4,6 +4,7 @@ Framework-neutral: the adapter gives the table and how to read a tensor."""
 
 from __future__ import annotations
 
+import contextlib
 from collections.abc import Callable, Sequence
 from typing import Any
 
@@ -262,6 +263,7 @@ class Builder:
         self._rewrite()
         producer = {o: i for i, n in enumerate(self.nodes) for o in n.outputs if o}
         tape = self.tape
+        loss_only_inputs = self._split_loss_in_forward(producer)
 
         # The loss graph: post-region nodes the loss depends on. Values from the
         # prediction region become its inputs ("features").
@@ -288,13 +290,46 @@ class Builder:
         for buf, ref in tape.buffer_updates:
             outputs.append(Output(self._ref_name(ref), f"update:{buf}"))
         keep, _ = self._slice([o.name for o in outputs], producer, region="pred")
+        data_inputs = [self._inputs[n] for n in tape.inputs]
         pred = self._assemble(
-            "prediction", keep, outputs, data_inputs=[self._inputs[n] for n in tape.inputs]
+            "prediction",
+            keep,
+            outputs,
+            data_inputs=[n for n in data_inputs if n not in loss_only_inputs],
         )
         # the sample's masks, one per random node in node order (tracelog.sample.mask_key)
         random = [self.nodes[i] for i in keep if is_random(self.nodes[i])]
         masks = [self.random_recs[n.outputs[0]] for n in random]
         return pred, loss_graph, masks
+
+    def _split_loss_in_forward(self, producer: dict[str, int]) -> set[str]:
+        """A loss computed inside the root's forward (a Hugging Face model
+        given ``labels=``): the split follows the data. The forward's nodes
+        that its other outputs (and buffer updates) need stay in the
+        prediction graph; those only the loss needs move to the loss graph,
+        which then reads the predictions and the data inputs only it uses
+        (the labels). Returns those data inputs' IR names."""
+        tape = self.tape
+        if tape.loss is None:
+            return set()
+        loss_node = producer.get(self._ref_name(tape.loss))
+        if loss_node is None or self.node_region[loss_node] != "pred":
+            return set()
+        roots = []
+        for ref in [ref for _, ref in tape.outputs] + [ref for _, ref in tape.buffer_updates]:
+            with contextlib.suppress(NotSupported):
+                roots.append(self._ref_name(ref))
+        needed, _ = self._slice(roots, producer, region="pred")
+        for i in self._slice([self._ref_name(tape.loss)], producer, region="pred")[0]:
+            if i not in set(needed):
+                self.node_region[i] = "post"
+        needed_set = set(needed)
+        read_by_pred = {x for i in needed_set for x in self.nodes[i].inputs}
+        read_by_loss = {
+            x for i, n in enumerate(self.nodes) if self.node_region[i] == "post" for x in n.inputs
+        }
+        inputs = set(self._inputs.values())
+        return (read_by_loss - read_by_pred) & inputs
 
     def _rewrite(self) -> None:
         """The adapter's fusions over every converted node, before the graphs

@@ -302,8 +302,11 @@ class TorchListener(ListenerBase):
     # -- the graphs ------------------------------------------------------------------------
     def _close_tape(self, w: _Window) -> None:
         tape = w.tape
-        loss = w.loss_ref()
-        tape.loss = loss if loss is not None and loss[0] == "o" and _is_post(w, loss) else None
+        loss = w.loss_ref() or w.named_loss_output()
+        tape.loss = None
+        if loss is not None and loss[0] == "o" and not w.take_loss_output(loss):
+            # a loss computed after the forward; one inside it is a root output
+            tape.loss = loss if _is_post(w, loss) else None
         for name, buf in self.model.named_buffers():
             ref = w.refs.get(id(buf))
             if ref is not None and ref != ("b", name):
@@ -381,7 +384,12 @@ class TorchListener(ListenerBase):
         return _model_facts(self.model)
 
     def _weights(self) -> dict[str, np.ndarray]:
-        return {n: to_array(t) for n, t in self.model.state_dict(keep_vars=True).items()}
+        # state_dict leaves out non-persistent buffers (position_ids, rotary
+        # tables), which graphs read like any other buffer: they are written too
+        weights = {n: to_array(t) for n, t in self.model.state_dict(keep_vars=True).items()}
+        for n, b in self.model.named_buffers():
+            weights.setdefault(n, to_array(b))
+        return weights
 
 
 _PLAIN = (bool, int, float, str, torch.dtype, torch.device, torch.layout, torch.memory_format)

@@ -191,6 +191,13 @@ ATEN.not_yet(
 )
 
 
+@ATEN.register("aten.minimum.default", "aten.maximum.default")
+def _min_max(ctx: Ctx) -> Names:
+    dt = ctx.out_type().dtype
+    op = "Min" if ctx.rec.op == "aten.minimum.default" else "Max"
+    return ctx.one(op, [_operand(ctx, 0, "self", dt), _operand(ctx, 1, "other", dt)])
+
+
 @ATEN.register("aten.rsub.Scalar", "aten.rsub.Tensor")
 def _rsub(ctx: Ctx) -> Names:
     dt = ctx.out_type().dtype

@@ -1,0 +1,135 @@
+"""The models matrix: train two batches of each real model under a listener,
+emit every target, run its parity check, and print one row per (model,
+target): recorded, emitted, check verdict and worst error.
+
+    python benchmarks/models_matrix.py                  # every model, every target
+    python benchmarks/models_matrix.py gpt2 bert --targets tensorflow onnx
+
+The models are tests/real_models.py's (Hugging Face models from small
+configs with random weights, and torch.nn recurrent, attention and vision
+models); the slow tests (tests/test_real_models.py) run the same cases.
+Exit status 1 when any row fails.
+"""
+
+from __future__ import annotations
+
+import argparse
+import logging
+import sys
+import tempfile
+import time
+from collections import Counter
+from dataclasses import dataclass
+from pathlib import Path
+
+sys.path.insert(0, str(Path(__file__).resolve().parent.parent / "tests"))
+
+import real_models
+
+import tracelog
+
+TARGETS = ("tensorflow", "jax", "onnx", "torch")
+
+
+@dataclass
+class Row:
+    model: str
+    target: str
+    recorded: str
+    emitted: str
+    verdict: str
+    worst: str
+    seconds: float
+
+    @property
+    def ok(self) -> bool:
+        return self.verdict == "ok"
+
+
+def recorded_summary(log_dir: Path) -> tuple[str, list[str]]:
+    """'N graphs, B batches' and the unsupported source ops, or why nothing was recorded."""
+    log = tracelog.load(log_dir)
+    unsupported: Counter[str] = Counter()
+    for entry in log.entries_sorted():
+        for node in log.graph(entry.hash).nodes:
+            if node.op == "Unsupported":
+                unsupported[str(node.attrs.get("source"))] += 1
+    pairs = sum(p.usage.batches for p in log.pairs.values())
+    text = f"{len(log.entries_sorted())} graphs"
+    if pairs:
+        text += f", {pairs} batches"
+    if log.failures:
+        text += f", {len(log.failures)} unrecorded ({log.failures[0]['error'][:60]})"
+    return text, [f"{op} x{n}" for op, n in unsupported.most_common()]
+
+
+def worst_error(report: object) -> str:
+    rows = getattr(report, "comparisons", [])
+    if not rows:
+        return "-"
+    worst = max(rows, key=lambda c: c.max_abs)
+    return f"{worst.max_abs:.1e} ({worst.name})"
+
+
+def run_target(name: str, log_dir: Path, target: str, started: float) -> Row:
+    recorded, unsupported = recorded_summary(log_dir)
+    if unsupported:
+        return Row(name, target, recorded, "no", "unsupported: " + ", ".join(unsupported), "-", 0)
+    t0 = time.perf_counter()
+    try:
+        tracelog.emit(log_dir, target=target)
+    except Exception as e:
+        return Row(name, target, recorded, f"no: {str(e)[:80]}", "-", "-", 0)
+    try:
+        report = tracelog.check(log_dir, target)
+    except Exception as e:
+        verdict = f"error: {type(e).__name__}: {str(e)[:80]}"
+        return Row(name, target, recorded, "yes", verdict, "-", time.perf_counter() - t0)
+    verdict = "ok" if report.ok else f"MISMATCH {getattr(report, 'divergence', '') or ''}"[:120]
+    return Row(
+        name, target, recorded, "yes", verdict, worst_error(report), time.perf_counter() - t0
+    )
+
+
+def run_model(case: real_models.ModelCase, targets: list[str], root: Path) -> list[Row]:
+    log_dir = root / case.name
+    t0 = time.perf_counter()
+    try:
+        real_models.train(case, log_dir)
+    except Exception as e:
+        return [
+            Row(case.name, t, f"no: {type(e).__name__}: {e}"[:90], "-", "-", "-", 0)
+            for t in targets
+        ]
+    return [run_target(case.name, log_dir, t, t0) for t in targets]
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("models", nargs="*", help="model names (default: all)")
+    parser.add_argument("--targets", nargs="+", default=list(TARGETS), choices=TARGETS)
+    parser.add_argument("--keep", metavar="DIR", help="write the logs here instead of a temp dir")
+    args = parser.parse_args(argv)
+    logging.getLogger("tracelog").setLevel(logging.ERROR)
+    unknown = [m for m in args.models if m not in real_models.BY_NAME]
+    if unknown:
+        parser.error(f"unknown model(s) {unknown}; known: {sorted(real_models.BY_NAME)}")
+    cases = [real_models.BY_NAME[m] for m in args.models] or real_models.CASES
+    rows: list[Row] = []
+    with tempfile.TemporaryDirectory() as tmp:
+        root = Path(args.keep or tmp)
+        for case in cases:
+            for row in run_model(case, args.targets, root):
+                rows.append(row)
+                print(
+                    f"{row.model:<20} {row.target:<10} {row.recorded:<22} "
+                    f"{row.emitted:<4} {row.verdict:<10} {row.worst:<28} {row.seconds:5.1f}s",
+                    flush=True,
+                )
+    passed = sum(r.ok for r in rows)
+    print(f"\n{passed} of {len(rows)} (model, target) pairs pass")
+    return 0 if passed == len(rows) else 1
+
+
+if __name__ == "__main__":
+    sys.exit(main())

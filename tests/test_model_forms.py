@@ -1,0 +1,149 @@
+"""What real models hold and do that toy models don't: a loss computed inside
+``forward`` (Hugging Face models given ``labels=``), 0-dim tensors of every
+dtype, non-persistent buffers, tied weights and parameters shared across
+modules. Each is recorded for real and checked on every target."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+import torch
+import torch.nn.functional as F
+from torch import nn
+
+import tracelog
+from tracelog.adapters.torch import TorchListener
+
+TARGETS = ["torch", "tensorflow", "jax", "onnx"]
+
+
+class TinyLM(nn.Module):
+    """A causal LM whose forward computes the shifted LM loss when given
+    labels, as Hugging Face models do, returning a dict with loss and logits."""
+
+    def __init__(self, vocab: int = 11, width: int = 8) -> None:
+        super().__init__()
+        self.embed = nn.Embedding(vocab, width)
+        self.mix = nn.Linear(width, width)
+        self.head = nn.Linear(width, vocab, bias=False)
+        self.head.weight = self.embed.weight  # tied, as GPT-2 ties wte and lm_head
+        self.register_buffer("scale", torch.tensor(0.5), persistent=False)
+        self.register_buffer("step", torch.tensor(3))  # a 0-dim int buffer
+
+    def forward(
+        self, input_ids: torch.Tensor, labels: torch.Tensor | None = None
+    ) -> dict[str, torch.Tensor]:
+        h = torch.tanh(self.mix(self.embed(input_ids))) * self.scale
+        logits = self.head(h)
+        out = {"logits": logits}
+        if labels is not None:
+            shift_logits = logits[:, :-1, :].reshape(-1, logits.shape[-1])
+            shift_labels = labels[:, 1:].reshape(-1)
+            out["loss"] = F.cross_entropy(shift_logits, shift_labels, ignore_index=-100)
+        return out
+
+
+def _train_lm(log_dir: Path, batches: int = 2, eval_batch: bool = True) -> TorchListener:
+    torch.manual_seed(0)
+    model = TinyLM()
+    opt = torch.optim.SGD(model.parameters(), lr=0.1)
+    g = torch.Generator().manual_seed(1)
+    listener = TorchListener(model, log_dir, strict=True)
+    for _ in range(batches):
+        ids = torch.randint(0, 11, (3, 6), generator=g)
+        labels = ids.clone()
+        labels[0, 4:] = -100
+        with listener.batch():
+            loss = model(input_ids=ids, labels=labels)["loss"]
+            loss.backward()
+        opt.step()
+        opt.zero_grad()
+    if eval_batch:
+        model.eval()
+        with torch.no_grad(), listener.batch():
+            model(input_ids=ids, labels=labels)
+        model.train()
+    listener.close()
+    return listener
+
+
+@pytest.fixture(scope="module")
+def lm_log(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    log_dir = tmp_path_factory.mktemp("lm") / "run"
+    _train_lm(log_dir)
+    return log_dir
+
+
+def test_loss_inside_forward_splits_by_data(lm_log: Path) -> None:
+    log = tracelog.load(lm_log)
+    train = [p for p in log.pairs.values() if p.phase == "train"]
+    assert len(train) == 1 and train[0].loss is not None
+    assert train[0].usage.batches == 2  # other labels, same graphs: labels are data
+    pred, loss = log.graph(train[0].prediction), log.graph(train[0].loss)
+    # the prediction graph ends at the logits and does not read the labels
+    assert [o.role for o in pred.outputs] == ["prediction.logits"]
+    assert [v.name for v in pred.inputs] == ["input_ids"]
+    # the loss graph reads the logits and the labels, and the shift of the labels is recorded
+    loss_inputs = {v.name for v in loss.inputs}
+    assert {"prediction.logits", "labels"} <= loss_inputs
+    assert "NegativeLogLikelihoodLoss" in {n.op for n in loss.nodes}
+    assert "Slice" in {n.op for n in loss.nodes}
+    # labels are never baked in as constants: no int64 tensor constant in the loss graph
+    assert not [v.name for v in loss.values.values() if v.kind == "const" and v.type.shape[1:]]
+    # the eval batch (no backward) finds its loss by the output's name
+    evals = [p for p in log.pairs.values() if p.phase == "eval"]
+    assert len(evals) == 1 and evals[0].loss == train[0].loss
+
+
+@pytest.mark.parametrize("target", TARGETS)
+def test_loss_inside_forward_checks_on_every_target(lm_log: Path, target: str) -> None:
+    pytest.importorskip(
+        {"torch": "torch", "tensorflow": "tensorflow", "jax": "jax", "onnx": "onnxruntime"}[target],
+        reason=f"the {target} target needs its framework installed",
+    )
+    report = tracelog.check(lm_log, target)
+    assert report.ok, report
+
+
+def test_tied_and_non_persistent_state(lm_log: Path) -> None:
+    log = tracelog.load(lm_log)
+    weights = log.weights()
+    assert "scale" in weights  # non-persistent: not in state_dict, but graphs read it
+    params = [p["name"] for p in log.model["params"]]
+    assert params.count("embed.weight") + params.count("head.weight") == 1  # one, tied
+    sample = log.sample()
+    assert "grad/embed.weight" in sample  # both uses' gradients in one
+
+
+class ZeroDim(nn.Module):
+    """0-dim tensors of every dtype on the recorded path."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.lin = nn.Linear(4, 3)
+        self.register_buffer("offset", torch.tensor(2, dtype=torch.int64))
+        self.register_buffer("flag", torch.tensor(True))
+        self.register_buffer("gain", torch.tensor(1.5, dtype=torch.float64))
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        y = self.lin(x) * self.gain.float()
+        y = y + self.offset.float() * self.flag.float()
+        return y * torch.tensor(0.25)
+
+
+def test_zero_dim_tensors_of_every_dtype_record(tmp_path: Path) -> None:
+    torch.manual_seed(0)
+    model = ZeroDim()
+    opt = torch.optim.SGD(model.parameters(), lr=0.1)
+    with TorchListener(model, tmp_path / "run", strict=True) as listener:
+        for _ in range(2):
+            x, y = torch.randn(5, 4), torch.randint(0, 3, (5,))
+            with listener.batch():
+                F.cross_entropy(model(x), y).backward()
+            opt.step()
+            opt.zero_grad()
+    log = tracelog.load(tmp_path / "run")
+    assert not log.failures
+    report = tracelog.check(tmp_path / "run", "torch")
+    assert report.ok, report
