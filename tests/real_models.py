@@ -32,6 +32,9 @@ class ModelCase:
     batch: Callable[[torch.Generator, int], Batch]  # (generator, batch index) -> batch
     step: Callable[[nn.Module, Batch], torch.Tensor]
     needs: str = ""  # an extra package the case imports ("transformers")
+    # its batches are padded to their longest sequence, so their lengths differ:
+    # one graph must serve them all (a symbolic sequence length)
+    varies: bool = False
 
 
 def _tokens(g: torch.Generator, b: int, t: int, pad_last: int = 0) -> Batch:
@@ -58,7 +61,7 @@ def _gpt2() -> nn.Module:
 
 
 def _lm_batch(g: torch.Generator, i: int) -> Batch:
-    batch = _tokens(g, 4, 12, pad_last=3)
+    batch = _tokens(g, 4, 12 - 3 * i, pad_last=3)
     labels = batch["input_ids"].clone()
     labels[batch["attention_mask"] == 0] = -100
     return {**batch, "labels": labels}
@@ -80,7 +83,7 @@ def _bert() -> nn.Module:
 
 
 def _classify_batch(g: torch.Generator, i: int) -> Batch:
-    batch = _tokens(g, 4, 12, pad_last=4)
+    batch = _tokens(g, 4, 12 - 3 * i, pad_last=4)
     return {**batch, "labels": torch.randint(0, 3, (4,), generator=g)}
 
 
@@ -102,8 +105,8 @@ def _t5() -> nn.Module:
 
 
 def _seq2seq_batch(g: torch.Generator, i: int) -> Batch:
-    batch = _tokens(g, 4, 10, pad_last=2)
-    labels = torch.randint(1, VOCAB, (4, 6), generator=g)
+    batch = _tokens(g, 4, 10 - 2 * i, pad_last=2)
+    labels = torch.randint(1, VOCAB, (4, 6 - i), generator=g)
     labels[2, 4:] = -100
     return {**batch, "labels": labels}
 
@@ -242,18 +245,20 @@ class ConvAutoencoder(nn.Module):
 
 def _sequence_batch(labels_per_token: bool) -> Callable[[torch.Generator, int], Batch]:
     def batch(g: torch.Generator, i: int) -> Batch:
-        ids = torch.randint(1, VOCAB, (4, 10), generator=g)
-        shape = (4, 10) if labels_per_token else (4,)
+        t = 10 - 2 * i
+        ids = torch.randint(1, VOCAB, (4, t), generator=g)
+        shape = (4, t) if labels_per_token else (4,)
         return {"input_ids": ids, "y": torch.randint(0, 5 if labels_per_token else 3, shape)}
 
     return batch
 
 
 def _padded_batch(g: torch.Generator, i: int) -> Batch:
-    ids = torch.randint(1, VOCAB, (4, 10), generator=g)
-    padding = torch.zeros(4, 10, dtype=torch.bool)
-    padding[1, 7:] = True
-    padding[3, 5:] = True
+    t = 10 - 2 * i
+    ids = torch.randint(1, VOCAB, (4, t), generator=g)
+    padding = torch.zeros(4, t, dtype=torch.bool)
+    padding[1, t - 3 :] = True
+    padding[3, t - 4 :] = True
     return {"input_ids": ids, "padding_mask": padding, "y": torch.randint(0, 3, (4,))}
 
 
@@ -272,17 +277,17 @@ def _mse_step(model: nn.Module, batch: Batch) -> torch.Tensor:
 
 
 CASES: list[ModelCase] = [
-    ModelCase("gpt2", _gpt2, _lm_batch, _hf_step, "transformers"),
-    ModelCase("bert", _bert, _classify_batch, _hf_step, "transformers"),
-    ModelCase("t5", _t5, _seq2seq_batch, _hf_step, "transformers"),
+    ModelCase("gpt2", _gpt2, _lm_batch, _hf_step, "transformers", varies=True),
+    ModelCase("bert", _bert, _classify_batch, _hf_step, "transformers", varies=True),
+    ModelCase("t5", _t5, _seq2seq_batch, _hf_step, "transformers", varies=True),
     ModelCase("vit", _vit, _image_batch(16), _hf_step, "transformers"),
     ModelCase("resnet", _resnet, _image_batch(32), _hf_step, "transformers"),
     ModelCase("convnext", _convnext, _image_batch(32), _hf_step, "transformers"),
-    ModelCase("llama", _llama, _lm_batch, _hf_step, "transformers"),
-    ModelCase("lstm_classifier", LSTMClassifier, _sequence_batch(False), _ce_step),
-    ModelCase("gru_tagger", GRUTagger, _sequence_batch(True), _ce_step),
-    ModelCase("transformer_encoder", TransformerClassifier, _padded_batch, _ce_step),
-    ModelCase("multihead_attention", AttentionPool, _padded_batch, _ce_step),
+    ModelCase("llama", _llama, _lm_batch, _hf_step, "transformers", varies=True),
+    ModelCase("lstm_classifier", LSTMClassifier, _sequence_batch(False), _ce_step, varies=True),
+    ModelCase("gru_tagger", GRUTagger, _sequence_batch(True), _ce_step, varies=True),
+    ModelCase("transformer_encoder", TransformerClassifier, _padded_batch, _ce_step, varies=True),
+    ModelCase("multihead_attention", AttentionPool, _padded_batch, _ce_step, varies=True),
     ModelCase("conv_autoencoder", ConvAutoencoder, _autoencoder_batch, _mse_step),
 ]
 

@@ -39,7 +39,13 @@ DTYPES = frozenset(
         "bool",
     )
 )
-_BATCH_DIM = re.compile(r"batch(\*[1-9][0-9]*)?")
+_SYMBOL = r"(?:batch|seq[2-9]?)"
+_TERM = rf"(?:{_SYMBOL}(?:\*{_SYMBOL})*(?:\*[1-9][0-9]*)?|[1-9][0-9]*)"
+_DIM = re.compile(rf"-?{_TERM}(?:[+-]{_TERM})*")
+
+# A symbolic dim is a polynomial over the symbols with integer coefficients:
+# monomial (a sorted tuple of symbols; () for the constant) -> coefficient.
+Poly = dict[tuple[str, ...], int]
 
 
 def _is_dim(d: object) -> bool:
@@ -47,21 +53,73 @@ def _is_dim(d: object) -> bool:
         return False
     if isinstance(d, int):
         return d >= 0
-    return isinstance(d, str) and _BATCH_DIM.fullmatch(d) is not None
+    return isinstance(d, str) and _DIM.fullmatch(d) is not None and format_dim(parse_dim(d)) == d
 
 
 def is_symbolic(d: object) -> bool:
-    """True for "batch" and for a batch-derived dim written "batch*k"."""
+    """True for a dim that depends on a symbol: "batch", "batch*4", "seq-1", ..."""
     return isinstance(d, str)
+
+
+def symbol_key(symbol: str) -> tuple[int, int]:
+    """The order of symbols in a dim's text: batch, then seq, seq2, ..."""
+    if symbol == BATCH:
+        return (0, 0)
+    return (1, int(symbol[3:] or 1))
+
+
+def parse_dim(d: Dim) -> Poly:
+    """A dim as a polynomial: 4 -> {(): 4}; "batch*seq-batch" ->
+    {("batch", "seq"): 1, ("batch",): -1}."""
+    if isinstance(d, int):
+        return {(): d} if d else {}
+    poly: Poly = {}
+    for sign, term in re.findall(r"([+-]?)([^+-]+)", d):
+        parts = term.split("*")
+        coef = int(parts[-1]) if parts[-1].isdigit() else 1
+        symbols = tuple(sorted((p for p in parts if not p.isdigit()), key=symbol_key))
+        poly[symbols] = poly.get(symbols, 0) + (-coef if sign == "-" else coef)
+    return {m: c for m, c in poly.items() if c}
+
+
+def format_dim(poly: Poly) -> Dim:
+    """The canonical text of a polynomial dim (an int when it is constant):
+    higher degree first, symbols in symbol_key order, the constant last."""
+    terms = sorted(
+        ((m, c) for m, c in poly.items() if c),
+        key=lambda mc: (-len(mc[0]), [symbol_key(s) for s in mc[0]]),
+    )
+    if all(not m for m, _ in terms):
+        return sum(c for _, c in terms)
+    text = ""
+    for m, c in terms:
+        body = "*".join(m) + (f"*{abs(c)}" if abs(c) != 1 else "") if m else str(abs(c))
+        text += ("-" if c < 0 else ("+" if text else "")) + body
+    return text
+
+
+def dim_value(d: Dim, env: dict[str, int]) -> int:
+    """The size of a dim when each symbol has the size `env` gives it."""
+    total = 0
+    for m, c in parse_dim(d).items():
+        term = c
+        for s in m:
+            term *= env[s]
+        total += term
+    return total
+
+
+def dim_scale(d: Dim, k: int) -> Dim:
+    """k times a dim (a dim merged with k elements of others)."""
+    return format_dim({m: c * k for m, c in parse_dim(d).items()})
 
 
 def batch_factor(d: object) -> int:
     """k of "batch*k" (1 for "batch"); a merged dim such as batch x time."""
-    if d == BATCH:
-        return 1
-    if isinstance(d, str) and d.startswith(BATCH + "*") and d[len(BATCH) + 1 :].isdigit():
-        return int(d[len(BATCH) + 1 :])
-    raise ValueError(f"not a batch dim: {d!r}")
+    poly = parse_dim(d) if isinstance(d, str) else {}
+    if len(poly) != 1 or (BATCH,) not in poly:
+        raise ValueError(f"not a batch dim: {d!r}")
+    return poly[(BATCH,)]
 
 
 def batch_dim(k: int) -> str:

@@ -164,6 +164,10 @@ class WindowBase(ABC):
     def bind_inputs(self, named: list[tuple[str, Any]]) -> None:
         """Data inputs: the batch size is the leading dim of the first one that has a dim."""
         for name, t in named:
+            if id(t) in self.refs:
+                # one tensor passed twice (model(ids, labels=ids)): ops cannot
+                # tell the two apart, so it is one input, under its first name
+                continue
             shape = self.shape_of(t)
             if self.tape.batch_size is None and len(shape) >= 1:
                 self.tape.batch_size = int(shape[0])

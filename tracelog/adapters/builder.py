@@ -12,6 +12,7 @@ import numpy as np
 
 from tracelog.adapters.tape import Rec, Tape, TArg
 from tracelog.ir import (
+    BATCH,
     INLINE_CONSTANT_LIMIT,
     ConstData,
     Graph,
@@ -20,8 +21,8 @@ from tracelog.ir import (
     TensorType,
     Value,
     array_digest,
-    batch_factor,
     is_symbolic,
+    parse_dim,
 )
 from tracelog.ops import TRACELOG_DOMAIN, is_random
 from tracelog.passes.rewrite import Rewrites, rewrite
@@ -565,24 +566,57 @@ class Ctx:
         return self.dynamic_shape(dims)
 
     def dynamic_shape(self, dims: Sequence[int | str]) -> str:
-        """Concat of Shape(first data input)[0:1] (times k for batch*k) for
-        symbolic dims and constants for the others."""
+        """A shape computed at run time: constants for numeric dims, and each
+        symbolic dim from the sizes of the data it follows (Shape of the first
+        data input for the batch, of the symbol's source for the others)."""
         if not self.b.tape.inputs:
             raise NotSupported("a batch-sized shape with no data input")
-        first_name, first = next(iter(self.b.tape.inputs.items()))
-        self.b.name_of(first)
-        one = TensorType("int64", (1,))
-        bdim = self.helper("Shape", [first_name], one, start=0, end=1)
-        parts = []
-        for d in dims:
-            if not is_symbolic(d):
-                parts.append(self.ints([int(d)]))
-                continue
-            k = batch_factor(d)
-            parts.append(bdim if k == 1 else self.helper("Mul", [bdim, self.ints([k])], one))
+        sizes: dict[str, str] = {}  # one Shape node per symbol and shape
+        parts = [self.dim_tensor(d, sizes) if is_symbolic(d) else self.ints([int(d)]) for d in dims]
         if len(parts) == 1:
             return parts[0]
         return self.helper("Concat", parts, TensorType("int64", (len(dims),)), axis=0)
+
+    def b_dim(self, d: int | str) -> str:
+        """A dim's size as an int64 tensor of shape [1] (computed if symbolic)."""
+        return self.dim_tensor(d) if is_symbolic(d) else self.ints([int(d)])
+
+    def dim_tensor(self, d: int | str, sizes: dict[str, str] | None = None) -> str:
+        """A symbolic dim's size as an int64 tensor of shape [1]: its
+        polynomial written with Mul and Add over the symbols' sizes."""
+        one = TensorType("int64", (1,))
+        sizes = {} if sizes is None else sizes
+        total: str | None = None
+        constant = 0
+        for monomial, coef in parse_dim(d).items():
+            if not monomial:
+                constant = coef
+                continue
+            term = self._symbol_size(monomial[0], sizes)
+            for symbol in monomial[1:]:
+                term = self.helper("Mul", [term, self._symbol_size(symbol, sizes)], one)
+            if coef != 1:
+                term = self.helper("Mul", [term, self.ints([coef])], one)
+            total = term if total is None else self.helper("Add", [total, term], one)
+        if total is None:
+            return self.ints([constant])
+        if constant:
+            total = self.helper("Add", [total, self.ints([constant])], one)
+        return total
+
+    def _symbol_size(self, symbol: str, sizes: dict[str, str]) -> str:
+        if symbol not in sizes:
+            tape = self.b.tape
+            if symbol == BATCH:
+                source, axis = next(iter(tape.inputs.values())), 0
+            else:
+                ref, axis = tape.symbols[symbol]
+                source = tape.inputs[ref[1]] if ref[0] == "i" else tape.targets[ref[1]]
+            name = self.b.name_of(source)
+            sizes[symbol] = self.helper(
+                "Shape", [name], TensorType("int64", (1,)), start=axis, end=axis + 1
+            )
+        return sizes[symbol]
 
 
 def _np_dtype(dtype: str) -> np.dtype:

@@ -13,7 +13,7 @@ from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field, replace
 from typing import Any, NamedTuple, Protocol
 
-from tracelog.ir import BATCH, TensorType, batch_factor
+from tracelog.ir import BATCH, TensorType, dim_value
 
 # Where a tensor came from.
 #   ("p", name) parameter, ("b", name) buffer, ("i", name) data input,
@@ -92,6 +92,9 @@ class Tape:
     consts: list[ConstInfo] = field(default_factory=list)
     buffer_updates: list[tuple[str, Ref]] = field(default_factory=list)
     loss: Ref | None = None
+    # each symbol of the shapes but the batch ("seq", ...): the data input or
+    # target, and its axis, whose size it is (graphs compute sizes from them)
+    symbols: dict[str, tuple[Ref, int]] = field(default_factory=dict)
 
     def fingerprint(self) -> tuple[Any, ...]:
         return (
@@ -146,9 +149,11 @@ def map_targs(tape: Tape, fn: Callable[[TArg], TArg]) -> Tape:
     return new
 
 
-def concrete_shape(shape: tuple[int | str, ...], batch: int) -> tuple[int, ...]:
-    """A recorded shape with its batch dims (``batch``, ``batch*k``) at size `batch`."""
-    return tuple(batch * batch_factor(d) if isinstance(d, str) else int(d) for d in shape)
+def concrete_shape(shape: tuple[int | str, ...], sizes: int | dict[str, int]) -> tuple[int, ...]:
+    """A recorded shape with its symbolic dims at the given sizes (an int: the
+    batch size, for shapes whose only symbol is the batch)."""
+    env = {BATCH: sizes} if isinstance(sizes, int) else sizes
+    return tuple(dim_value(d, env) if isinstance(d, str) else int(d) for d in shape)
 
 
 class Replay(Protocol):

@@ -415,22 +415,24 @@ OPS.add("Split", OpRule(_split, variant=lambda c: "even" if c.f["sizes"] is None
 
 
 def _slice(c: RuleCtx) -> dict[str, Any]:
-    starts, ends = c.ints(1), c.ints(2)
+    starts, const_ends = c.ints(1), c.ints(2)
     axes = c.ints(3) if c.has(3) else None
     steps = c.ints(4) if c.has(4) else None
-    if (
-        starts is None
-        or ends is None
-        or (c.has(3) and axes is None)
-        or (c.has(4) and steps is None)
-    ):
-        raise NotImplementedError("Slice with computed bounds")
+    if starts is None or (c.has(3) and axes is None) or (c.has(4) and steps is None):
+        raise NotImplementedError("Slice with computed starts, axes or steps")
+    # ends computed at run time (a slice as long as a sequence): element k of
+    # the ends vector, which every Python target's subscripts accept
+    ends: list[int | str] = (
+        list(const_ends)
+        if const_ends is not None
+        else [f"{c.i(2)}[{k}]" for k in range(len(starts))]
+    )
     axes = axes or list(range(len(starts)))
     steps = steps or [1] * len(starts)
     rank = c.rank()
     index = [":"] * rank
     for a, s, e, st in zip(axes, starts, ends, steps, strict=True):
-        end = "" if e >= 2**62 else str(e)
+        end = "" if isinstance(e, int) and e >= 2**62 else str(e)
         step = "" if st == 1 else f":{st}"
         index[a % rank] = f"{s if s else ''}:{end}{step}"
     while index and index[-1] == ":":

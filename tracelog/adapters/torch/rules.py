@@ -16,7 +16,7 @@ import numpy as np
 
 from tracelog.adapters.builder import Converter, Ctx, NotSupported, use_rewrites
 from tracelog.adapters.tape import TArg
-from tracelog.ir import TensorType, batch_dim, batch_factor, is_symbolic
+from tracelog.ir import BATCH, TensorType, dim_scale, is_symbolic
 from tracelog.ops import TRACELOG_DOMAIN
 from tracelog.passes.fusions import GEMM_TRANSPOSES
 from tracelog.registry import Table
@@ -482,7 +482,7 @@ def _argmax(ctx: Ctx) -> Names:
     if len(symbolic) > 1:
         raise NotSupported("argmax over all dims of a tensor with two batch dims")
     size = math.prod(int(d) for d in x.shape if not is_symbolic(d))
-    n: int | str = batch_dim(batch_factor(symbolic[0]) * size) if symbolic else size
+    n: int | str = dim_scale(symbolic[0], size) if symbolic else size
     flat = ctx.helper("Reshape", [ctx.t(0), ctx.ints([-1])], TensorType(x.dtype, (n,)))
     if not keep:
         return ctx.one("ArgMax", [flat], axis=0, keepdims=0)
@@ -631,7 +631,7 @@ def _slice(ctx: Ctx) -> Names:
     start = 0 if start is None else int(start)
     end = INT64_MAX if end is None or end >= INT64_MAX else int(end)
     size = shape[dim]
-    if is_symbolic(size) and (start, end, step) != (0, INT64_MAX, 1):
+    if is_symbolic(size) and BATCH in str(size) and (start, end, step) != (0, INT64_MAX, 1):
         if ctx.batch is not None and end >= ctx.batch and start == 0 and step == 1:
             return [ctx.t(0)]  # a slice of the whole batch: x[:n] with n >= batch
         raise NotSupported("a slice of part of the batch")
@@ -639,17 +639,22 @@ def _slice(ctx: Ctx) -> Names:
         isinstance(size, int) and start == 0 and end >= size and step == 1
     ):
         return [ctx.t(0)]
-    return ctx.one(
-        "Slice",
-        [ctx.t(0), ctx.ints([start]), ctx.ints([end]), ctx.ints([dim]), ctx.ints([step])],
-    )
+    length = ctx.out_type().shape[dim]
+    ends = ctx.ints([end])
+    if is_symbolic(length) and 0 <= end < INT64_MAX:
+        # a slice as long as a sequence (position_ids[:, :T], x[:, 1:T]): its end
+        # follows that length, start + length, not the recorded number
+        if step != 1 or start < 0:
+            raise NotSupported("a strided or negative-start slice of a sequence-long length")
+        ends = ctx.helper("Add", [ctx.ints([start]), ctx.b_dim(length)], TensorType("int64", (1,)))
+    return ctx.one("Slice", [ctx.t(0), ctx.ints([start]), ends, ctx.ints([dim]), ctx.ints([step])])
 
 
 @ATEN.register("aten.select.int")
 def _select(ctx: Ctx) -> Names:
     shape = ctx.in_type(0).shape
     dim = int(ctx.arg(1, "dim")) % len(shape)
-    if is_symbolic(shape[dim]):
+    if is_symbolic(shape[dim]) and BATCH in str(shape[dim]):
         raise NotSupported("selecting one sample of the batch")
     return ctx.one("Gather", [ctx.t(0), ctx.const(int(ctx.arg(2, "index")), "int64")], axis=dim)
 

@@ -1,0 +1,156 @@
+"""Symbols beside the batch: sizes of the data (a sequence length, the length
+of a second sequence) that other batches of the same model may have at other
+values, so that a loader padding each batch to its longest sequence gives one
+graph, not one per length.
+
+A candidate is a size that non-leading dims of the data inputs and targets
+share (input_ids, attention_mask and labels all [B, T]: T). The tape is
+replayed (by the adapter, on shapes only) with that size one larger, alone
+and together with the batch; each data-derived dim is then fitted as a
+polynomial over the symbols (monomials 1, batch, seq, batch*seq), and the
+fit is checked by one more replay at sizes far from the recorded ones (about
+twice the recorded size: a strided convolution's floor shows there). A
+candidate whose replays fail or whose fit does not hold is not a symbol (an
+image size behind a strided convolution, a sequence into a fixed-size
+position table): its dims stay numbers, as before.
+
+Whatever the replays choose, the graph evaluated at the recorded sizes is the
+recorded batch (every polynomial is fitted through them); the symbols only
+decide which other batches share the graph, and each batch's own graph is
+built from its own ops.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+
+from tracelog.adapters.tape import Ref, Tape, TArg, concrete_shape, map_targs
+from tracelog.ir import BATCH, Dim, dim_value, format_dim
+
+# symbol -> (its size in the recorded batch, the (data ref, axis) pairs that have it)
+Sources = dict[str, tuple[int, list[tuple[Ref, int]]]]
+# ref -> its shape in one replay
+Shapes = dict[Ref, tuple[int, ...]]
+# (sizes of the symbols that differ from the recording, sources) -> shapes, or None
+Replay = Callable[[dict[str, int], Sources], Shapes | None]
+
+SYMBOLS = ("seq", "seq2", "seq3")  # at most three sizes beside the batch
+_DATA = ("i", "t", "o")  # refs whose dims may follow a symbol
+
+
+def candidates(tape: Tape) -> list[tuple[int, list[tuple[Ref, int]]]]:
+    """Sizes that non-leading dims of the data share, in order of first
+    appearance, with the places that have them. Sizes below 2 and the batch
+    size itself are no candidates."""
+    batch = tape.batch_size
+    found: dict[int, list[tuple[Ref, int]]] = {}
+    for a in (*tape.inputs.values(), *tape.targets):
+        for axis, d in enumerate(a.shape):
+            if axis == 0 or not isinstance(d, int) or d < 2 or d == batch:
+                continue
+            found.setdefault(d, []).append((a.ref, axis))
+    return list(found.items())
+
+
+def _shapes_of(tape: Tape) -> dict[Ref, TArg]:
+    """Every data-derived TArg of the tape, by ref."""
+    found: dict[Ref, TArg] = {}
+    for a in (*tape.inputs.values(), *tape.targets):
+        found[a.ref] = a
+    for rec in tape.recs:
+        for a in (*rec.tensor_args(), *rec.outs):
+            if a.ref[0] in _DATA:
+                found.setdefault(a.ref, a)
+    return found
+
+
+def with_symbols(tape: Tape, batch_tape: Tape, replay: Replay) -> Tape:
+    """`batch_tape` (the tape with exact batch dims) with the dims that follow
+    a candidate size written over its symbols; `batch_tape` itself when no
+    candidate is a symbol."""
+    batch = tape.batch_size
+    assert batch is not None
+    base = {ref: concrete_shape(a.shape, batch) for ref, a in _shapes_of(tape).items()}
+    batched = _shapes_of(batch_tape)
+    bumped_batch = {ref: concrete_shape(a.shape, batch + 1) for ref, a in batched.items()}
+    accepted: Sources = {}
+    runs: dict[str, tuple[Shapes, Shapes]] = {}  # symbol -> (alone, with the batch)
+    fitted: dict[Ref, tuple[Dim, ...]] | None = None
+    for size, places in candidates(tape):
+        if len(accepted) == len(SYMBOLS):
+            break
+        symbol = SYMBOLS[len(accepted)]
+        trial = {**accepted, symbol: (size, places)}
+        alone = replay({symbol: size + 1}, trial)
+        joint = replay({BATCH: batch + 1, symbol: size + 1}, trial) if alone else None
+        if alone is None or joint is None:
+            continue
+        trial_runs = {**runs, symbol: (alone, joint)}
+        polys = _fit(base, bumped_batch, batch, trial, trial_runs)
+        if polys is None or not _holds(polys, batch, trial, replay):
+            continue
+        accepted, runs, fitted = trial, trial_runs, polys
+    if fitted is None:
+        return batch_tape
+    final = fitted
+
+    def resym(a: TArg) -> TArg:
+        if a.ref in final:
+            return a._replace(shape=final[a.ref])
+        return a._replace(shape=concrete_shape(a.shape, batch))
+
+    new = map_targs(tape, resym)
+    new.symbols = {symbol: places[0] for symbol, (_size, places) in accepted.items()}
+    return new
+
+
+def _fit(
+    base: dict[Ref, tuple[int, ...]],
+    bumped_batch: dict[Ref, tuple[int, ...]],
+    batch: int,
+    sources: Sources,
+    runs: dict[str, tuple[Shapes, Shapes]],
+) -> dict[Ref, tuple[Dim, ...]] | None:
+    """Each dim as c0 + cB*batch + sum(ci*seq_i + cBi*batch*seq_i), from the
+    recording, the batch replay and, per symbol, its replays alone and with
+    the batch (one more: mixed differences give the batch*seq terms)."""
+    fitted: dict[Ref, tuple[Dim, ...]] = {}
+    for ref, d in base.items():
+        rb = bumped_batch.get(ref, d)
+        shapes = [runs[s][0].get(ref) for s in sources] + [runs[s][1].get(ref) for s in sources]
+        if any(sh is None or len(sh) != len(d) for sh in shapes) or len(rb) != len(d):
+            return None
+        dims: list[Dim] = []
+        for axis, d0 in enumerate(d):
+            poly: dict[tuple[str, ...], int] = {}
+            batch_slope = rb[axis] - d0
+            rest = d0
+            for symbol, (size, _places) in sources.items():
+                alone, joint = runs[symbol][0][ref][axis], runs[symbol][1][ref][axis]
+                cross = joint - rb[axis] - alone + d0
+                linear = alone - d0 - cross * batch
+                poly[(BATCH, symbol)] = cross
+                poly[(symbol,)] = linear
+                batch_slope -= cross * size
+                rest -= linear * size + cross * batch * size
+            poly[(BATCH,)] = batch_slope
+            poly[()] = rest - batch_slope * batch
+            dims.append(format_dim(poly))
+        fitted[ref] = tuple(dims)
+    return fitted
+
+
+def _holds(polys: dict[Ref, tuple[Dim, ...]], batch: int, sources: Sources, replay: Replay) -> bool:
+    """The fit predicts a replay at sizes far from the recorded ones."""
+    sizes = {BATCH: batch + 2, **{s: 2 * size + 1 for s, (size, _p) in sources.items()}}
+    shapes = replay(sizes, sources)
+    if shapes is None:
+        return False
+    for ref, dims in polys.items():
+        got = shapes.get(ref)
+        if got is None or len(got) != len(dims):
+            return False
+        want = tuple(dim_value(dm, sizes) if isinstance(dm, str) else dm for dm in dims)
+        if got != want:
+            return False
+    return True
