@@ -153,3 +153,16 @@ def _avg_pool(c: RuleCtx) -> str:
     if c.f["include_pad"] or not any(c.f["pads"]):
         return f"{total} / {k[0] * k[1]}"
     return f"{total} / lax.reduce_window(jnp.ones_like({x}), 0.0, lax.add, {window})"
+
+
+# -- vision: group norm, transposed convolution, resize (issue 12) --
+JAX.spell(
+    {
+        "GroupNormalization": "_group_norm({0}, {1}, {2}, {groups}, {eps}, {channel_axis})",
+        "ConvTranspose": (
+            "_conv_transpose({0}, {1}, {bias}, {strides}, {pads}, {dilations}, "
+            "{output_padding}, {group})"
+        ),
+        "Resize": "_resize({0}, {axes}, {scales}, {sizes}, {mode}, {coord}, {nearest}, {cubic_a})",
+    }
+)

@@ -216,3 +216,17 @@ def _avg_pool(c: RuleCtx) -> str:
         ones = f"tf.pad(tf.ones_like({x}[:1, :, :, :1]), {pad})"
         y = f"{y} / tf.nn.avg_pool2d({ones}, {window})"
     return _from_nhwc(c, y)
+
+
+# -- vision: group norm, transposed convolution, resize (issue 12) --
+TF.spell(
+    {
+        "GroupNormalization": "_group_norm({0}, {1}, {2}, {groups}, {eps}, {channel_axis})",
+        "ConvTranspose": (
+            "_conv_transpose({0}, {1}, {bias}, {strides}, {pads}, {dilations}, "
+            "{output_padding}, {group}, {channels_last})"
+        ),
+        # the layout pass moves Resize's axes with the data (NHWC: axes [1, 2])
+        "Resize": "_resize({0}, {axes}, {scales}, {sizes}, {mode}, {coord}, {nearest}, {cubic_a})",
+    }
+)

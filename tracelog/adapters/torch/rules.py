@@ -267,7 +267,9 @@ def _convolution(ctx: Ctx) -> Names:
     stride, padding, dilation = ctx.arg(3), ctx.arg(4), ctx.arg(5)
     transposed, groups = ctx.arg(6), ctx.arg(8)
     if transposed:
-        raise NotSupported("transposed convolution")
+        from tracelog.adapters.torch.rules_vision import conv_transpose
+
+        return conv_transpose(ctx)
     spatial = len(ctx.in_type(1).shape) - 2
     pads = _pair(padding, spatial)
     ins = [x, w] + ([b] if b else [])
@@ -820,3 +822,5 @@ ATEN.not_yet(
     reason="fused attention kernels",
 )
 ATEN.not_yet("aten.mkldnn_rnn_layer.default", "aten.lstm.input", reason="recurrent layers")
+
+from tracelog.adapters.torch import rules_vision  # noqa: E402, F401 - registers its rules
