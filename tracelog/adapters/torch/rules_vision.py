@@ -59,15 +59,23 @@ def conv_transpose(ctx: Ctx) -> Names:
     spatial = len(kernel)
     stride, padding, dilation = ctx.arg(3), ctx.arg(4), ctx.arg(5)
     output_padding, groups = ctx.arg(7), ctx.arg(8)
-    pads = _pair(padding, spatial)
+    begin, strides = _pair(padding, spatial), _pair(stride, spatial)
+    end, extra = list(begin), _pair(output_padding, spatial)
+    for i, (s, op) in enumerate(zip(strides, extra, strict=True)):
+        # torch allows output_padding < max(stride, dilation), onnxruntime only < stride:
+        # a larger one is the same output with that much less padding at the end
+        if op >= s:
+            if op > end[i]:
+                raise NotSupported("output_padding beyond both the stride and the padding")
+            end[i], extra[i] = end[i] - op, 0
     return ctx.one(
         "ConvTranspose",
         [x, w] + ([b] if b else []),
         kernel_shape=[int(k) for k in kernel],
-        strides=_pair(stride, spatial),
-        pads=pads + pads,
+        strides=strides,
+        pads=begin + end,
         dilations=_pair(dilation, spatial),
-        output_padding=_pair(output_padding, spatial),
+        output_padding=extra,
         group=int(groups),
     )
 

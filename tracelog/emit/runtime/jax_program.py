@@ -138,11 +138,14 @@ def _group_norm(
     x: jax.Array, scale: jax.Array, bias: jax.Array, groups: int, eps: float, channel_axis: int
 ) -> jax.Array:
     """ONNX GroupNormalization: statistics per sample and group of channels,
-    the variance as the mean of squared deviations (not E[x^2] - E[x]^2)."""
+    the variance as the mean of squared deviations (not E[x^2] - E[x]^2). The
+    mean gets one correction pass: XLA's CPU sums run in order, and over
+    values far from zero their rounding would swamp the deviations."""
     c = x.shape[channel_axis]
     g = x.reshape(x.shape[:channel_axis] + (groups, c // groups) + x.shape[channel_axis + 1 :])
     axes = tuple(d for d in range(1, g.ndim) if d != channel_axis)
-    mean = jnp.mean(g, axis=axes, keepdims=True)
+    rough = jnp.mean(g, axis=axes, keepdims=True)
+    mean = rough + jnp.mean(g - rough, axis=axes, keepdims=True)
     var = jnp.mean(jnp.square(g - mean), axis=axes, keepdims=True)
     y = ((g - mean) / jnp.sqrt(var + eps)).reshape(x.shape)
     shape = [1] * x.ndim

@@ -147,14 +147,18 @@ def _group_norm(
 ) -> tf.Tensor:
     """ONNX GroupNormalization: statistics per sample and group of channels
     (channel_axis: 1, or the last axis for channels-last data), the variance
-    as the mean of squared deviations (tf.nn.moments), not E[x^2] - E[x]^2."""
+    as the mean of squared deviations, not E[x^2] - E[x]^2. The mean gets one
+    correction pass, so that over values far from zero the rounding of their
+    sum does not swamp the deviations."""
     rank = len(x.shape)
     c = x.shape[channel_axis]
     shape = tf.shape(x)
     split = [shape[:channel_axis], [groups, c // groups], shape[channel_axis + 1 :]]
     g = tf.reshape(x, tf.concat(split, 0))
     axes = [d for d in range(1, rank + 1) if d != channel_axis]
-    mean, var = tf.nn.moments(g, axes=axes, keepdims=True)
+    rough = tf.math.reduce_mean(g, axis=axes, keepdims=True)
+    mean = rough + tf.math.reduce_mean(g - rough, axis=axes, keepdims=True)
+    var = tf.math.reduce_mean(tf.math.squared_difference(g, mean), axis=axes, keepdims=True)
     y = tf.reshape((g - mean) / tf.sqrt(var + eps), shape)
     param = [1] * rank
     param[channel_axis] = -1
