@@ -615,6 +615,64 @@ def _vision_samples() -> list[OpSample]:
         [2.0, 2.0],
         _t(lambda a: F.interpolate(a, scale_factor=2, mode="bicubic")),
     )
+    # pools with ceil_mode (the last window may overhang the end padding) and in 1-D and 3-D
+    ceil = {"strides": [2, 2], "ceil_mode": 1}
+    s.append(
+        OpSample(
+            "MaxPool",
+            [("x", img)],
+            {"kernel_shape": [2, 3], "pads": [1, 0, 1, 0], **ceil},
+            torch=_t(lambda a: F.max_pool2d(a, (2, 3), 2, (1, 0), ceil_mode=True)),
+            name="MaxPool-ceil",
+        )
+    )
+    for include in (1, 0):
+        s.append(
+            OpSample(
+                "AveragePool",
+                [("x", img)],
+                {
+                    "kernel_shape": [3, 3],
+                    "pads": [1, 1, 1, 1],
+                    "count_include_pad": include,
+                    **ceil,
+                },
+                torch=_t(
+                    lambda a, inc=bool(include): F.avg_pool2d(
+                        a, 3, 2, 1, ceil_mode=True, count_include_pad=inc
+                    )
+                ),
+                name=f"AveragePool-ceil-{'include' if include else 'exclude'}",
+            )
+        )
+    vol = _r(2, 3, 5, 4, 5)
+    s.append(
+        OpSample(
+            "MaxPool",
+            [("x", vol)],
+            {"kernel_shape": [2, 2, 3], "strides": [2, 1, 2], "pads": [0, 1, 1, 0, 1, 1]},
+            torch=_t(lambda a: F.max_pool3d(a, (2, 2, 3), (2, 1, 2), (0, 1, 1))),
+            name="MaxPool-3d",
+        )
+    )
+    s.append(
+        OpSample(
+            "AveragePool",
+            [("x", vol)],
+            {"kernel_shape": [2, 2, 2], "strides": [2, 2, 2], "ceil_mode": 1},
+            torch=_t(lambda a: F.avg_pool3d(a, 2, ceil_mode=True)),
+            name="AveragePool-3d-ceil",
+        )
+    )
+    s.append(
+        OpSample(
+            "AveragePool",
+            [("x", _r(2, 3, 7))],
+            {"kernel_shape": [3], "strides": [2], "pads": [1, 1], "count_include_pad": 0},
+            torch=_t(lambda a: F.avg_pool1d(a, 3, 2, 1, count_include_pad=False)),
+            name="AveragePool-1d",
+        )
+    )
     return s
 
 

@@ -28,25 +28,10 @@ from tracelog.verify import run_graph, verify  # noqa: E402
 TARGETS = ["tensorflow", "jax", "torch", "onnx"]
 
 
-class GroupNorms(nn.Module):
-    """GroupNorm with 1, 3 and 6 groups (affine and not), 4-D and 3-D."""
-
-    def __init__(self) -> None:
-        super().__init__()
-        self.conv = nn.Conv2d(3, 6, 3, padding=1)
-        self.one = nn.GroupNorm(1, 6)
-        self.three = nn.GroupNorm(3, 6)
-        self.six = nn.GroupNorm(6, 6, affine=False)
-        self.flat = nn.GroupNorm(2, 6, eps=1e-3)
-
-    def forward(self, x: torch.Tensor) -> torch.Tensor:
-        h = self.six(self.three(self.one(self.conv(x))))
-        return self.flat(h.flatten(2)).reshape(h.shape) + h
-
-
-class ConvTransposes(nn.Module):
+class Decoder(nn.Module):
     """ConvTranspose2d with stride, padding, output_padding, dilation, groups
-    (depthwise too), and ConvTranspose1d."""
+    (depthwise too), ConvTranspose1d; GroupNorm with 1, 2, 3 and 6 groups
+    (affine and not), on 4-D and 3-D data."""
 
     def __init__(self) -> None:
         super().__init__()
@@ -54,47 +39,63 @@ class ConvTransposes(nn.Module):
         self.grouped = nn.ConvTranspose2d(
             4, 6, (2, 3), stride=(2, 1), padding=(0, 1), dilation=(2, 1), groups=2
         )
-        self.depthwise = nn.ConvTranspose2d(
+        self.depthwise = nn.ConvTranspose2d(  # output_padding 1 reaches the stride 1
             6, 6, 3, padding=2, output_padding=1, dilation=2, groups=6, bias=False
         )
         self.line = nn.ConvTranspose1d(6, 2, 3, stride=3, padding=1, output_padding=2, groups=2)
+        self.one = nn.GroupNorm(1, 4)
+        self.three = nn.GroupNorm(3, 6)
+        self.six = nn.GroupNorm(6, 6, affine=False)
+        self.flat = nn.GroupNorm(2, 6, eps=1e-3)
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        h = self.depthwise(self.grouped(self.up(x)))
-        return self.line(h.mean(dim=2))
+        h = self.six(self.depthwise(self.three(self.grouped(self.one(self.up(x))))))
+        return self.line(self.flat(h.mean(dim=2)))
 
 
-def _upsampling(x: torch.Tensor) -> list[torch.Tensor]:
-    return [
-        F.interpolate(x, scale_factor=2, mode="nearest"),  # Resize
-        F.interpolate(x, size=(7, 9), mode="nearest"),  # torch's own index table: Gather
-        F.interpolate(x, scale_factor=1.5, mode="nearest-exact"),
-        F.interpolate(x, scale_factor=2, mode="bilinear", align_corners=False),
-        F.interpolate(x, scale_factor=1.5, mode="bilinear"),  # 5 * 1.5 -> 7, by 1 / 1.5
-        F.interpolate(x, size=(7, 3), mode="bilinear", align_corners=True),
-        F.interpolate(x, size=(9, 6), mode="bilinear"),
-        F.interpolate(x, scale_factor=2, mode="bicubic", align_corners=False),
-        F.interpolate(x, size=(4, 8), mode="bicubic", align_corners=True),
-    ]
-
-
-class Upsamples(nn.Module):
-    """nn.Upsample / F.interpolate by scale and by size, nearest, nearest-exact,
-    bilinear and bicubic, align_corners both ways; 1-D and 3-D linear."""
+class Resampling(nn.Module):
+    """nn.Upsample / F.interpolate by scale and by size: nearest, nearest-exact,
+    bilinear and bicubic, align_corners both ways, 1-D linear and trilinear;
+    pooling as vision models use it: ceil_mode, 1-D and 3-D, adaptive pooling
+    to sizes that do not divide the input."""
 
     def __init__(self) -> None:
         super().__init__()
         self.conv = nn.Conv2d(2, 3, 1)
-        self.up = nn.Upsample(scale_factor=2, mode="nearest")
+        self.up = nn.Upsample(scale_factor=2, mode="nearest")  # Resize
+        self.pools2d = nn.ModuleList(
+            [
+                nn.MaxPool2d(3, 2, padding=1, ceil_mode=True),
+                nn.AvgPool2d(3, 2, ceil_mode=True),
+                nn.AvgPool2d(2, padding=1, ceil_mode=True, count_include_pad=False),
+                nn.AdaptiveAvgPool2d((3, 4)),
+                nn.AdaptiveMaxPool2d((3, 4)),
+            ]
+        )
+        self.pools1d = nn.ModuleList([nn.MaxPool1d(4, ceil_mode=True), nn.AdaptiveMaxPool1d(5)])
+        self.pools3d = nn.ModuleList(
+            [nn.MaxPool3d(2), nn.AvgPool3d(2, ceil_mode=True), nn.AdaptiveAvgPool3d((2, 1, 2))]
+        )
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        h = self.conv(x)
-        total = self.up(h).sum(dim=(2, 3))
-        for y in _upsampling(h):
-            total = total + (y * y).mean(dim=(2, 3))
-        line = F.interpolate(h.flatten(2), scale_factor=1.5, mode="linear")
-        cube = F.interpolate(h.unsqueeze(2), size=(2, 7, 4), mode="trilinear")
-        return total + line.mean(dim=2) + cube.mean(dim=(2, 3, 4))
+        h = self.conv(x)  # [n, 3, 7, 6]
+        ups = [
+            self.up(h),
+            F.interpolate(h, size=(9, 8), mode="nearest"),  # torch's index table: Gather
+            F.interpolate(h, scale_factor=2, mode="nearest-exact"),
+            F.interpolate(h, scale_factor=2, mode="bilinear", align_corners=False),
+            F.interpolate(h, scale_factor=1.5, mode="bilinear"),  # 7 * 1.5 -> 10, by 1 / 1.5
+            F.interpolate(h, size=(5, 3), mode="bilinear", align_corners=True),
+            F.interpolate(h, scale_factor=2, mode="bicubic"),
+        ]
+        total = sum((y * y).mean(dim=(2, 3)) for y in ups)
+        total = total + sum(p(h).mean(dim=(2, 3)) for p in self.pools2d)
+        line = h.flatten(2)
+        total = total + F.interpolate(line, scale_factor=1.5, mode="linear").mean(dim=2)
+        total = total + sum(p(line).mean(dim=2) for p in self.pools1d)
+        cube = h.reshape(h.shape[0], 3, 7, 2, 3)
+        total = total + F.interpolate(cube, size=(3, 3, 4), mode="trilinear").mean(dim=(2, 3, 4))
+        return total + sum(p(cube).mean(dim=(2, 3, 4)) for p in self.pools3d)
 
 
 def _record(model: nn.Module, x: torch.Tensor, log_dir: Path) -> tracelog.TraceLog:
@@ -115,10 +116,14 @@ def _ops(log_dir: Path) -> set[str]:
 
 CASES: dict[str, tuple[Callable[[], nn.Module], tuple[int, ...], set[str], str]] = {
     # name: (model, input shape, ops the graph must hold, ONNX runtime that replays it)
-    "group_norm": (GroupNorms, (2, 3, 4, 5), {"GroupNormalization"}, "reference"),
     # onnx.reference (1.23) computes grouped ConvTranspose wrongly (onnx/onnx#8446)
-    "conv_transpose": (ConvTransposes, (2, 3, 3, 4), {"ConvTranspose"}, "onnxruntime"),
-    "upsample": (Upsamples, (2, 2, 5, 4), {"Resize", "Gather"}, "reference"),
+    "decoder": (Decoder, (2, 3, 3, 4), {"ConvTranspose", "GroupNormalization"}, "onnxruntime"),
+    "resampling": (
+        Resampling,
+        (2, 2, 7, 6),
+        {"Resize", "Gather", "MaxPool", "AveragePool", "Einsum", "Slice"},
+        "reference",
+    ),
 }
 
 

@@ -158,25 +158,27 @@ def _max_pool(c: RuleCtx) -> str:
     if padding is None:
         x = f"F.pad({x}, {last_dim_first(c.f['pads'])}, value=-float('inf'))"
         padding = [0] * len(k)
-    return f"F.max_pool2d({x}, {k}, {s}, {padding}, {c.f['dilations']}, ceil_mode={c.f['ceil']})"
+    n = len(k)
+    return f"F.max_pool{n}d({x}, {k}, {s}, {padding}, {c.f['dilations']}, ceil_mode={c.f['ceil']})"
 
 
 @TORCH.register("AveragePool")
 def _avg_pool(c: RuleCtx) -> str:
     k, s, x, ceil = c.f["kernel"], c.f["strides"], c.i(0), c.f["ceil"]
+    pool = f"F.avg_pool{len(k)}d"
     padding = _pool_padding(c)
     if padding is not None:
         return (
-            f"F.avg_pool2d({x}, {k}, {s}, {padding}, ceil_mode={ceil}, "
+            f"{pool}({x}, {k}, {s}, {padding}, ceil_mode={ceil}, "
             f"count_include_pad={c.f['include_pad']})"
         )
     pads = last_dim_first(c.f["pads"])
-    total = f"F.avg_pool2d(F.pad({x}, {pads}), {k}, {s}, 0, ceil_mode={ceil})"
+    total = f"{pool}(F.pad({x}, {pads}), {k}, {s}, 0, ceil_mode={ceil})"
     if c.f["include_pad"]:
         return total
     # padding the divisor leaves out (Keras' "same"): window sums over real counts
     ones = f"torch.ones_like({x}[:1, :1])"
-    return f"{total} / F.avg_pool2d(F.pad({ones}, {pads}), {k}, {s}, 0, ceil_mode={ceil})"
+    return f"{total} / {pool}(F.pad({ones}, {pads}), {k}, {s}, 0, ceil_mode={ceil})"
 
 
 # -- vision: group norm, transposed convolution, resize (issue 12) --

@@ -600,6 +600,30 @@ def _resize(c: RuleCtx) -> dict[str, Any]:
     }
 
 
+def pool_ceil_extra(c: RuleCtx) -> list[int]:
+    """MaxPool / AveragePool: per spatial axis, the positions past the end
+    padding that ceil_mode's last window covers (zeros without ceil_mode). As
+    in torch, a last window must start inside the input or its begin padding.
+    Read off the static input size: floor-mode pooling over that much more
+    padding gives ceil_mode's output; AveragePool's divisor leaves it out."""
+    k, s, p, d = c.f["kernel"], c.f["strides"], c.f["pads"], c.f["dilations"]
+    n = len(k)
+    if not c.f["ceil"]:
+        return [0] * n
+    shape = c.in_type(0).shape
+    spatial = shape[1 : 1 + n] if c.f["channels_last"] else shape[2 : 2 + n]
+    extra = []
+    for i, size in enumerate(spatial):
+        if not isinstance(size, int):
+            raise NotImplementedError(f"{c.node.op} with ceil_mode over a symbolic size")
+        window, span = d[i] * (k[i] - 1) + 1, size + p[i] + p[i + n]
+        out = -(-(span - window) // s[i]) + 1
+        if (out - 1) * s[i] >= size + p[i]:
+            out -= 1
+        extra.append(max(0, (out - 1) * s[i] + window - span))
+    return extra
+
+
 def dtype_name(dtype: str) -> str:
     """A dtype name that may be spelled as an attribute (tf.float32)."""
     if dtype not in DTYPES:

@@ -408,7 +408,9 @@ def _adaptive_avg_pool2d(ctx: Ctx) -> Names:
     if out_hw == [1, 1]:
         return ctx.one("GlobalAveragePool", [ctx.t(0)])
     if any(not isinstance(i, int) or i % o for i, o in zip(in_hw, out_hw, strict=True)):
-        raise NotSupported(f"adaptive average pooling from {list(in_hw)} to {out_hw}")
+        from tracelog.adapters.torch.rules_vision import adaptive_pool
+
+        return adaptive_pool(ctx, "avg")
     kernel = [int(i) // o for i, o in zip(in_hw, out_hw, strict=True)]
     return ctx.one("AveragePool", [ctx.t(0)], kernel_shape=kernel, strides=kernel)
 

@@ -273,3 +273,123 @@ def _register_upsampling() -> None:
 
 
 _register_upsampling()
+
+
+# -- pooling: 3-D forms and adaptive pooling to sizes that do not divide ---------------------
+@ATEN.register("aten.max_pool3d_with_indices.default")
+def _max_pool3d(ctx: Ctx) -> Names:
+    kernel = _pair(ctx.arg(1, "kernel_size"), 3)
+    stride = ctx.arg(2, "stride", ())
+    pads = _pair(ctx.arg(3, "padding", 0), 3)
+    y = ctx.one(
+        "MaxPool",
+        [ctx.t(0)],
+        kernel_shape=kernel,
+        strides=_pair(stride, 3) if stride else kernel,
+        pads=pads + pads,
+        dilations=_pair(ctx.arg(4, "dilation", 1), 3),
+        ceil_mode=int(bool(ctx.arg(5, "ceil_mode", False))),
+    )
+    return [y[0], None]
+
+
+@ATEN.register("aten.avg_pool3d.default")
+def _avg_pool3d(ctx: Ctx) -> Names:
+    kernel = _pair(ctx.arg(1, "kernel_size"), 3)
+    stride = ctx.arg(2, "stride", ())
+    pads = _pair(ctx.arg(3, "padding", 0), 3)
+    if ctx.arg(6, "divisor_override") is not None:
+        raise NotSupported("avg_pool3d with divisor_override")
+    return ctx.one(
+        "AveragePool",
+        [ctx.t(0)],
+        kernel_shape=kernel,
+        strides=_pair(stride, 3) if stride else kernel,
+        pads=pads + pads,
+        ceil_mode=int(bool(ctx.arg(4, "ceil_mode", False))),
+        count_include_pad=int(bool(ctx.arg(5, "count_include_pad", True))),
+    )
+
+
+def _adaptive_windows(n_in: int, n_out: int) -> list[tuple[int, int]]:
+    """torch's adaptive pooling windows: [floor(i * in / out), ceil((i + 1) * in / out))."""
+    return [(i * n_in // n_out, -(-(i + 1) * n_in // n_out)) for i in range(n_out)]
+
+
+def adaptive_pool(ctx: Ctx, kind: str) -> Names:
+    """Adaptive average or max pooling over the trailing spatial axes. Windows
+    of one size (in divisible by out) are a pool with kernel = stride = in /
+    out. Otherwise each axis pools separately, which is exact for both a
+    window's mean and its max: averaging is an Einsum with a constant matrix
+    of 1 / window length per axis; max is a ReduceMax per window, concatenated."""
+    xt = ctx.in_type(0)
+    n = len(xt.shape) - 2
+    outs = _pair(ctx.arg(1, "output_size"), n)
+    ins = list(xt.shape[2:])
+    if not all(isinstance(i, int) for i in ins) or any(o is None for o in outs):
+        raise NotSupported(f"adaptive pooling of a symbolic size to {outs}")
+    ins_int = [int(i) for i in ins]
+    if kind == "avg" and outs == [1] * n:
+        return ctx.one("GlobalAveragePool", [ctx.t(0)])
+    if all(i % o == 0 for i, o in zip(ins_int, outs, strict=True)):
+        kernel = [i // o for i, o in zip(ins_int, outs, strict=True)]
+        op = "AveragePool" if kind == "avg" else "MaxPool"
+        return ctx.one(op, [ctx.t(0)], kernel_shape=kernel, strides=kernel)
+    if kind == "avg":
+        return _adaptive_avg_einsum(ctx, ins_int, outs)
+    return _adaptive_max_slices(ctx, ins_int, outs)
+
+
+def _adaptive_avg_einsum(ctx: Ctx, ins: list[int], outs: list[int]) -> Names:
+    dt = ctx.in_type(0).dtype
+    letters_in, letters_out = "dhw"[3 - len(ins) :], "pqr"[3 - len(ins) :]
+    operands, terms, result = [], [], ""
+    for i, o, a, b in zip(ins, outs, letters_in, letters_out, strict=True):
+        if i == o:  # every window one element: nothing to average
+            result += a
+            continue
+        weights = np.zeros((o, i))
+        for k, (start, end) in enumerate(_adaptive_windows(i, o)):
+            weights[k, start:end] = 1.0 / (end - start)
+        operands.append(ctx.const(weights, dt))
+        terms.append(b + a)
+        result += b
+    equation = ",".join([*terms, "nc" + letters_in]) + "->nc" + result
+    return ctx.one("Einsum", [*operands, ctx.t(0)], equation=equation)
+
+
+def _adaptive_max_slices(ctx: Ctx, ins: list[int], outs: list[int]) -> Names:
+    xt = ctx.in_type(0)
+    x, shape = ctx.t(0), list(xt.shape)
+    axes = [2 + k for k, (i, o) in enumerate(zip(ins, outs, strict=True)) if i != o]
+    for step, axis in enumerate(axes):
+        n_in, n_out = ins[axis - 2], outs[axis - 2]
+        window_shape = list(shape)
+        parts = []
+        for start, end in _adaptive_windows(n_in, n_out):
+            window_shape[axis] = end - start
+            window = ctx.helper(
+                "Slice",
+                [x, ctx.ints([start]), ctx.ints([end]), ctx.ints([axis])],
+                TensorType(xt.dtype, tuple(window_shape)),
+            )
+            window_shape[axis] = 1
+            parts.append(
+                ctx.helper(
+                    "ReduceMax",
+                    [window, ctx.ints([axis])],
+                    TensorType(xt.dtype, tuple(window_shape)),
+                    keepdims=1,
+                )
+            )
+        shape[axis] = n_out
+        if step == len(axes) - 1:
+            y = ctx.one("Concat", parts, axis=axis)
+            return [y[0], None]
+        x = ctx.helper("Concat", parts, TensorType(xt.dtype, tuple(shape)), axis=axis)
+    raise AssertionError("unreachable: an identity adaptive pool divides")
+
+
+ATEN.add("aten._adaptive_avg_pool3d.default", lambda ctx: adaptive_pool(ctx, "avg"))
+ATEN.add("aten.adaptive_max_pool2d.default", lambda ctx: adaptive_pool(ctx, "max"))
+ATEN.add("aten.adaptive_max_pool3d.default", lambda ctx: adaptive_pool(ctx, "max"))
