@@ -480,3 +480,200 @@ def _elementwise_samples(sampled: set[str], x: Array) -> list[OpSample]:
 
 
 SAMPLES = _samples()
+
+
+def _vision_samples() -> list[OpSample]:
+    """Group norm, transposed convolution and resize (issue 12), in the forms
+    the torch adapter writes and the edges each target spells apart."""
+    import torch.nn.functional as F
+
+    img = _r(2, 6, 5, 4)
+    s: list[OpSample] = []
+    s.append(
+        OpSample(
+            "GroupNormalization",
+            [("x", img), ("g", _r(6, lo=0.5)), ("b", _r(6))],
+            {"num_groups": 3, "epsilon": 1e-5},
+            torch=_t(lambda a, g, b: F.group_norm(a, 3, g, b)),
+        )
+    )
+    s.append(
+        OpSample(
+            "GroupNormalization",
+            [("x", _r(2, 4, 7)), ("g", _r(4, lo=0.5)), ("b", _r(4))],
+            {"num_groups": 2, "epsilon": 1e-3},
+            torch=_t(lambda a, g, b: F.group_norm(a, 2, g, b, 1e-3)),
+            name="GroupNormalization-1d",
+        )
+    )
+
+    def conv_t(
+        name: str, x: Array, w: Array, b: Array | None, attrs: dict[str, Any], fn: Any
+    ) -> None:
+        inputs = [("x", x), ("w", w)] + ([("b", b)] if b is not None else [])
+        kernel = {"kernel_shape": list(w.shape[2:])}
+        s.append(OpSample("ConvTranspose", inputs, {**kernel, **attrs}, torch=fn, name=name))
+
+    conv_t(
+        "ConvTranspose",
+        _r(2, 3, 4, 5),
+        _r(3, 4, 3, 3, seed=1),
+        _r(4),
+        {"strides": [2, 2], "pads": [1, 1, 1, 1], "output_padding": [1, 0]},
+        _t(lambda a, k, c: F.conv_transpose2d(a, k, c, 2, 1, (1, 0))),
+    )
+    # onnx.reference (1.23) computes grouped ConvTranspose wrongly (onnx/onnx#8446):
+    # grouped forms are checked against torch and onnxruntime in test_vision_ops.py
+    conv_t(
+        "ConvTranspose-dilated",
+        _r(2, 4, 4, 3),
+        _r(4, 3, 2, 3, seed=2),
+        None,
+        {"strides": [2, 1], "pads": [0, 2, 0, 2], "dilations": [3, 2]},
+        _t(lambda a, k: F.conv_transpose2d(a, k, None, (2, 1), (0, 2), 0, 1, (3, 2))),
+    )
+    conv_t(
+        "ConvTranspose-1d",
+        _r(2, 4, 5),
+        _r(4, 3, 3, seed=4),
+        _r(3),
+        {"strides": [3], "pads": [1, 1], "output_padding": [2]},
+        _t(lambda a, k, c: F.conv_transpose1d(a, k, c, 3, 1, 2)),
+    )
+    conv_t(  # pads torch cannot take: asymmetric, and output_padding past the end pad
+        "ConvTranspose-asymmetric",
+        _r(1, 2, 3, 4),
+        _r(2, 3, 3, 2, seed=5),
+        _r(3),
+        {"strides": [2, 3], "pads": [0, 1, 2, 0], "output_padding": [1, 2]},
+        None,
+    )
+    conv_t(
+        "ConvTranspose-3d",
+        _r(1, 2, 3, 2, 3),
+        _r(2, 2, 2, 2, 2, seed=6),
+        _r(2),
+        {"strides": [2, 1, 2], "pads": [1, 0, 0, 1, 0, 0]},
+        _t(lambda a, k, c: F.conv_transpose3d(a, k, c, (2, 1, 2), (1, 0, 0))),
+    )
+
+    def resize(
+        name: str, x: Array, attrs: dict[str, Any], scales: list[float] | None, fn: Any
+    ) -> None:
+        axes = list(range(2, x.ndim))
+        if scales is not None:
+            consts = {"scales": np.asarray(scales, np.float32)}
+            order = ["x", "", "scales"]
+        else:
+            consts = {"sizes": _i(*attrs.pop("sizes"))}
+            order = ["x", "", "", "sizes"]
+        a = {"axes": axes, **attrs}
+        s.append(OpSample("Resize", [("x", x)], a, consts, order, torch=fn, name=name))
+
+    nearest = {"mode": "nearest", "coordinate_transformation_mode": "asymmetric"}
+    resize(
+        "Resize",
+        img,
+        {**nearest, "nearest_mode": "floor"},
+        [2.0, 3.0],
+        _t(lambda a: F.interpolate(a, scale_factor=(2.0, 3.0))),
+    )
+    exact = {"mode": "nearest", "coordinate_transformation_mode": "half_pixel"}
+    resize(
+        "Resize-nearest-exact-sizes",
+        img,
+        {**exact, "nearest_mode": "round_prefer_ceil", "sizes": [8, 3]},
+        None,
+        _t(lambda a: F.interpolate(a, size=(8, 3), mode="nearest-exact")),
+    )
+    linear = {"mode": "linear", "coordinate_transformation_mode": "half_pixel"}
+    resize(
+        "Resize-linear-scales",
+        img,
+        linear,
+        [1.5, 2.0],  # 5 * 1.5 = 7.5: the output is 7, the coordinates still by 1.5
+        _t(lambda a: F.interpolate(a, scale_factor=(1.5, 2.0), mode="bilinear")),
+    )
+    resize(
+        "Resize-linear-align-corners",
+        img,
+        {"mode": "linear", "coordinate_transformation_mode": "align_corners", "sizes": [9, 3]},
+        None,
+        _t(lambda a: F.interpolate(a, size=(9, 3), mode="bilinear", align_corners=True)),
+    )
+    resize(
+        "Resize-linear-1d",
+        _r(2, 3, 5),
+        {**linear, "sizes": [8]},
+        None,
+        _t(lambda a: F.interpolate(a, size=8, mode="linear")),
+    )
+    resize(
+        "Resize-cubic",
+        img,
+        {"mode": "cubic", "coordinate_transformation_mode": "half_pixel", "cubic_coeff_a": -0.75},
+        [2.0, 2.0],
+        _t(lambda a: F.interpolate(a, scale_factor=2, mode="bicubic")),
+    )
+    # pools with ceil_mode (the last window may overhang the end padding) and in 1-D and 3-D
+    ceil = {"strides": [2, 2], "ceil_mode": 1}
+    s.append(
+        OpSample(
+            "MaxPool",
+            [("x", img)],
+            {"kernel_shape": [2, 3], "pads": [1, 0, 1, 0], **ceil},
+            torch=_t(lambda a: F.max_pool2d(a, (2, 3), 2, (1, 0), ceil_mode=True)),
+            name="MaxPool-ceil",
+        )
+    )
+    for include in (1, 0):
+        s.append(
+            OpSample(
+                "AveragePool",
+                [("x", img)],
+                {
+                    "kernel_shape": [3, 3],
+                    "pads": [1, 1, 1, 1],
+                    "count_include_pad": include,
+                    **ceil,
+                },
+                torch=_t(
+                    lambda a, inc=bool(include): F.avg_pool2d(
+                        a, 3, 2, 1, ceil_mode=True, count_include_pad=inc
+                    )
+                ),
+                name=f"AveragePool-ceil-{'include' if include else 'exclude'}",
+            )
+        )
+    vol = _r(2, 3, 5, 4, 5)
+    s.append(
+        OpSample(
+            "MaxPool",
+            [("x", vol)],
+            {"kernel_shape": [2, 2, 3], "strides": [2, 1, 2], "pads": [0, 1, 1, 0, 1, 1]},
+            torch=_t(lambda a: F.max_pool3d(a, (2, 2, 3), (2, 1, 2), (0, 1, 1))),
+            name="MaxPool-3d",
+        )
+    )
+    s.append(
+        OpSample(
+            "AveragePool",
+            [("x", vol)],
+            {"kernel_shape": [2, 2, 2], "strides": [2, 2, 2], "ceil_mode": 1},
+            torch=_t(lambda a: F.avg_pool3d(a, 2, ceil_mode=True)),
+            name="AveragePool-3d-ceil",
+        )
+    )
+    s.append(
+        OpSample(
+            "AveragePool",
+            [("x", _r(2, 3, 7))],
+            {"kernel_shape": [3], "strides": [2], "pads": [1, 1], "count_include_pad": 0},
+            torch=_t(lambda a: F.avg_pool1d(a, 3, 2, 1, count_include_pad=False)),
+            name="AveragePool-1d",
+        )
+    )
+    return s
+
+
+SAMPLES += _vision_samples()

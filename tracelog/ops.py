@@ -320,6 +320,35 @@ define(
 )
 
 
+# -- vision: group norm, transposed convolution, resize (issue 12) --
+# GroupNormalization-21: scale and bias per channel (C), not per group as in opset 18.
+# ONNX's function body computes the variance as E[x^2] - E[x]^2; the targets compute
+# mean((x - mean)^2), which cancels no digits (same meaning, sounder numerics).
+_onnx(
+    "GroupNormalization",
+    "X scale bias",
+    "Y",
+    "epsilon=0.00001 num_groups stash_type=1 channels_last",
+    traits="channels_first",
+)
+_onnx(
+    "ConvTranspose",
+    "X W B?",
+    "Y",
+    "auto_pad dilations group kernel_shape output_padding output_shape pads strides channels_last",
+    traits="channels_first",
+)
+# Resize with `axes` (opset 18+): scales/sizes name the resized axes only, so no
+# batch size is written into a graph; the layout pass permutes `axes`.
+_onnx(
+    "Resize",
+    "X roi? scales? sizes?",
+    "Y",
+    "antialias axes coordinate_transformation_mode cubic_coeff_a=-0.75 exclude_outside "
+    "extrapolation_value keep_aspect_ratio_policy mode nearest_mode",
+)
+
+
 def vocabulary() -> list[OpSchema]:
     """Every op, sorted by (domain, name)."""
     return [OPS[k] for k in sorted(OPS)]

@@ -10,8 +10,17 @@ NumPy values, static under jax.jit.
 
 from __future__ import annotations
 
+import math
+
 from tracelog.emit.program import Target
-from tracelog.emit.rules import PYTHON_BASE, RuleCtx, Spellings, not_yet_everywhere, scaled_gemm
+from tracelog.emit.rules import (
+    PYTHON_BASE,
+    RuleCtx,
+    Spellings,
+    not_yet_everywhere,
+    pool_ceil_extra,
+    scaled_gemm,
+)
 from tracelog.passes.layout import to_channels_first
 
 JAX = Spellings("jax", base=PYTHON_BASE)
@@ -128,28 +137,54 @@ def _conv(c: RuleCtx) -> str:
     return f"{y} + {c.i(2)}.reshape(1, -1, 1, 1)" if c.has(2) else y
 
 
-def _window(c: RuleCtx) -> str:
-    """lax.reduce_window's window, strides and padding for an NCHW pool."""
-    if c.f["ceil"]:
-        raise NotImplementedError(f"{c.node.op} with ceil_mode")
-    k, s, p = c.f["kernel"], c.f["strides"], c.f["pads"]
-    return (
-        f"(1, 1, {k[0]}, {k[1]}), (1, 1, {s[0]}, {s[1]}), "
-        f"((0, 0), (0, 0), ({p[0]}, {p[2]}), ({p[1]}, {p[3]}))"
-    )
+def _window(c: RuleCtx, pads: list[int] | None = None) -> str:
+    """lax.reduce_window's window, strides and padding for an NC... pool
+    (the node's pads unless given: ceil_mode's overhang is padding too)."""
+    k, s, p = c.f["kernel"], c.f["strides"], c.f["pads"] if pads is None else pads
+    n = len(k)
+    edges = "".join(f", ({p[i]}, {p[i + n]})" for i in range(n))
+    return f"{(1, 1, *k)}, {(1, 1, *s)}, ((0, 0), (0, 0){edges})"
+
+
+def _ceil_pads(c: RuleCtx) -> tuple[list[int], list[int]]:
+    """The node's pads with ceil_mode's overhang added past each end, and the
+    overhang alone (as pads)."""
+    n, pads = len(c.f["kernel"]), c.f["pads"]
+    extra = pool_ceil_extra(c)
+    return pads[:n] + [e + x for e, x in zip(pads[n:], extra, strict=True)], [0] * n + extra
 
 
 @JAX.register("MaxPool")
 def _max_pool(c: RuleCtx) -> str:
-    if c.f["dilations"] != [1, 1]:
+    if c.f["dilations"] != [1] * len(c.f["kernel"]):
         raise NotImplementedError("dilated MaxPool")
-    return f"lax.reduce_window({c.i(0)}, -jnp.inf, lax.max, {_window(c)})"
+    return f"lax.reduce_window({c.i(0)}, -jnp.inf, lax.max, {_window(c, _ceil_pads(c)[0])})"
 
 
 @JAX.register("AveragePool")
 def _avg_pool(c: RuleCtx) -> str:
-    window, x, k = _window(c), c.i(0), c.f["kernel"]
+    pads, overhang = _ceil_pads(c)
+    window, x, k = _window(c, pads), c.i(0), c.f["kernel"]
     total = f"lax.reduce_window({x}, 0.0, lax.add, {window})"
-    if c.f["include_pad"] or not any(c.f["pads"]):
-        return f"{total} / {k[0] * k[1]}"
-    return f"{total} / lax.reduce_window(jnp.ones_like({x}), 0.0, lax.add, {window})"
+    if not any(overhang) and (c.f["include_pad"] or not any(pads)):
+        return f"{total} / {math.prod(k)}"
+    if not c.f["include_pad"]:
+        return f"{total} / lax.reduce_window(jnp.ones_like({x}), 0.0, lax.add, {window})"
+    # the divisor counts the padding, never ceil_mode's overhang
+    n = len(k)
+    edges = "".join(f", ({pads[i]}, {c.f['pads'][i + n]})" for i in range(n))
+    ones = f"jnp.pad(jnp.ones_like({x}), ((0, 0), (0, 0){edges}), constant_values=1)"
+    return f"{total} / lax.reduce_window({ones}, 0.0, lax.add, {_window(c, overhang)})"
+
+
+# -- vision: group norm, transposed convolution, resize (issue 12) --
+JAX.spell(
+    {
+        "GroupNormalization": "_group_norm({0}, {1}, {2}, {groups}, {eps}, {channel_axis})",
+        "ConvTranspose": (
+            "_conv_transpose({0}, {1}, {bias}, {strides}, {pads}, {dilations}, "
+            "{output_padding}, {group})"
+        ),
+        "Resize": "_resize({0}, {axes}, {scales}, {sizes}, {mode}, {coord}, {nearest}, {cubic_a})",
+    }
+)

@@ -158,22 +158,100 @@ def _max_pool(c: RuleCtx) -> str:
     if padding is None:
         x = f"F.pad({x}, {last_dim_first(c.f['pads'])}, value=-float('inf'))"
         padding = [0] * len(k)
-    return f"F.max_pool2d({x}, {k}, {s}, {padding}, {c.f['dilations']}, ceil_mode={c.f['ceil']})"
+    n = len(k)
+    return f"F.max_pool{n}d({x}, {k}, {s}, {padding}, {c.f['dilations']}, ceil_mode={c.f['ceil']})"
 
 
 @TORCH.register("AveragePool")
 def _avg_pool(c: RuleCtx) -> str:
     k, s, x, ceil = c.f["kernel"], c.f["strides"], c.i(0), c.f["ceil"]
+    pool = f"F.avg_pool{len(k)}d"
     padding = _pool_padding(c)
     if padding is not None:
         return (
-            f"F.avg_pool2d({x}, {k}, {s}, {padding}, ceil_mode={ceil}, "
+            f"{pool}({x}, {k}, {s}, {padding}, ceil_mode={ceil}, "
             f"count_include_pad={c.f['include_pad']})"
         )
     pads = last_dim_first(c.f["pads"])
-    total = f"F.avg_pool2d(F.pad({x}, {pads}), {k}, {s}, 0, ceil_mode={ceil})"
+    total = f"{pool}(F.pad({x}, {pads}), {k}, {s}, 0, ceil_mode={ceil})"
     if c.f["include_pad"]:
         return total
     # padding the divisor leaves out (Keras' "same"): window sums over real counts
     ones = f"torch.ones_like({x}[:1, :1])"
-    return f"{total} / F.avg_pool2d(F.pad({ones}, {pads}), {k}, {s}, 0, ceil_mode={ceil})"
+    return f"{total} / {pool}(F.pad({ones}, {pads}), {k}, {s}, 0, ceil_mode={ceil})"
+
+
+# -- vision: group norm, transposed convolution, resize (issue 12) --
+def _conv_transpose(c: RuleCtx) -> str:
+    n = c.rank() - 2
+    if n not in (1, 2, 3):
+        raise NotImplementedError("ConvTranspose of this rank")
+    f = c.f
+    s, d, op, g = f["strides"], f["dilations"], f["output_padding"], f["group"]
+    call = f"F.conv_transpose{n}d({c.i(0)}, {c.i(1)}"
+    padding = _symmetric(f["pads"])
+    # torch takes symmetric padding, and output_padding smaller than stride or dilation
+    if padding is not None and all(p < max(a, b) for p, a, b in zip(op, s, d, strict=True)):
+        return (
+            f"{call}, {f['bias']}, stride={s}, padding={padding}, output_padding={op}, "
+            f"groups={g}, dilation={d})"
+        )
+    # else the full output, cropped by the pads: output_padding positions are kept back
+    # from the end crop, zeros where it runs out (no input reaches them); then the bias
+    ends = [f["pads"][n + i] - op[i] for i in range(n)]
+    crop = ", ".join(f"{f['pads'][i]}:{-e if e > 0 else ''}" for i, e in enumerate(ends))
+    y = f"{call}, None, stride={s}, groups={g}, dilation={d})[:, :, {crop}]"
+    if any(e < 0 for e in ends):
+        y = f"F.pad({y}, {[x for e in reversed(ends) for x in (0, max(-e, 0))]})"
+    return y if not c.has(2) else f"{y} + {c.i(2)}.reshape(1, -1{', 1' * n})"
+
+
+_INTERPOLATE = {1: "linear", 2: "bilinear", 3: "trilinear"}
+
+
+def _resize(c: RuleCtx) -> str:
+    """F.interpolate, for the forms it computes: 'nearest' is asymmetric +
+    floor, 'nearest-exact' half_pixel + round_prefer_ceil, the linear modes
+    half_pixel (align_corners=False) or align_corners, 'bicubic' Keys' a =
+    -0.75. Given a scale factor, torch maps coordinates by 1 / scale (ONNX
+    divides by scale: the same up to rounding)."""
+    n = c.rank() - 2
+    if c.f["axes"] != list(range(2, n + 2)):
+        raise NotImplementedError("Resize of axes other than the spatial ones of NC... data")
+    mode = str(c.attr("mode", "nearest"))
+    coord = str(c.attr("coordinate_transformation_mode", "half_pixel"))
+    nearest = str(c.attr("nearest_mode", "round_prefer_floor"))
+    align = coord == "align_corners"
+    if mode == "nearest" and (coord, nearest) == ("asymmetric", "floor"):
+        how = "mode='nearest'"
+    elif mode == "nearest" and (coord, nearest) == ("half_pixel", "round_prefer_ceil"):
+        how = "mode='nearest-exact'"
+    elif mode == "linear" and coord != "asymmetric" and n in _INTERPOLATE:
+        how = f"mode={_INTERPOLATE[n]!r}, align_corners={align}"
+    elif (
+        mode == "cubic"
+        and coord != "asymmetric"
+        and n == 2
+        and c.attr("cubic_coeff_a")
+        in (
+            None,
+            -0.75,
+        )
+    ):
+        how = f"mode='bicubic', align_corners={align}"
+    else:
+        raise NotImplementedError(f"Resize ({mode}, {coord}, {nearest}) has no torch kernel")
+    if c.f["sizes"] is not None:
+        return f"F.interpolate({c.i(0)}, size={c.f['sizes']}, {how})"
+    if align:  # ONNX's align_corners length is in * scale before its floor; torch's is out
+        raise NotImplementedError("Resize with align_corners given by scales")
+    return f"F.interpolate({c.i(0)}, scale_factor={c.f['scales']}, {how})"
+
+
+TORCH.spell(
+    {
+        "GroupNormalization": "F.group_norm({0}, {groups}, {1}, {2}, {eps})",
+        "ConvTranspose": _conv_transpose,
+        "Resize": _resize,
+    }
+)

@@ -529,6 +529,103 @@ OPS.add(
 )
 
 
+# -- vision: group norm, transposed convolution, resize (issue 12) --
+@OPS.op("GroupNormalization")
+def _group_norm(c: RuleCtx) -> dict[str, Any]:
+    return {
+        "groups": c.node.int_attr("num_groups"),
+        "eps": literal(float(c.attr("epsilon", 1e-5))),
+        "channel_axis": _channel_axis(c),
+        "channels_last": bool(c.node.int_attr("channels_last", 0)),
+    }
+
+
+@OPS.op("ConvTranspose")
+def _conv_transpose(c: RuleCtx) -> dict[str, Any]:
+    a = c.node
+    if a.attrs.get("output_shape") is not None or a.attrs.get("auto_pad", "NOTSET") != "NOTSET":
+        raise NotImplementedError("ConvTranspose with output_shape or auto_pad")
+    n = c.rank() - 2
+    kernel = c.in_type(1).shape[2:]
+    if not all(isinstance(k, int) for k in kernel):
+        raise NotImplementedError("ConvTranspose with a symbolic kernel size")
+    return {
+        "kernel": [int(k) for k in kernel],
+        "pads": a.ints_attr("pads", [0] * 2 * n),
+        "strides": a.ints_attr("strides", [1] * n),
+        "dilations": a.ints_attr("dilations", [1] * n),
+        "output_padding": a.ints_attr("output_padding", [0] * n),
+        "group": a.int_attr("group", 1),
+        "channels_last": bool(a.int_attr("channels_last", 0)),
+        "bias": c.i(2) if c.has(2) else "None",
+    }
+
+
+RESIZE_MODES = ("nearest", "linear", "cubic")
+RESIZE_COORDINATES = ("half_pixel", "asymmetric", "align_corners")
+RESIZE_NEAREST = ("round_prefer_floor", "round_prefer_ceil", "floor", "ceil")
+
+
+@OPS.op("Resize")
+def _resize(c: RuleCtx) -> dict[str, Any]:
+    """ONNX Resize, the forms the targets write: the resized axes with their
+    scales (a constant) or sizes (a constant); no roi, antialias or aspect
+    policy. scales is None where sizes are given, and the reverse."""
+    a, rank = c.node, c.rank()
+    mode = str(c.attr("mode", "nearest"))
+    coord = str(c.attr("coordinate_transformation_mode", "half_pixel"))
+    nearest = str(c.attr("nearest_mode", "round_prefer_floor"))
+    if mode not in RESIZE_MODES or coord not in RESIZE_COORDINATES or nearest not in RESIZE_NEAREST:
+        raise NotImplementedError(f"Resize mode {mode!r} with coordinates {coord!r}")
+    if a.int_attr("antialias", 0) or a.int_attr("exclude_outside", 0):
+        raise NotImplementedError("Resize with antialias or exclude_outside")
+    if str(c.attr("keep_aspect_ratio_policy", "stretch")) != "stretch":
+        raise NotImplementedError("Resize with a keep_aspect_ratio_policy")
+    axes = [x % rank for x in a.ints_attr("axes", list(range(rank)))]
+    scales = c.const(2)
+    if scales is not None and scales.size == 0:  # an empty scales input: sizes say it
+        scales = None
+    sizes = c.ints(3) if c.has(3) else None
+    if (c.has(2) and scales is None and not c.has(3)) or (c.has(3) and sizes is None):
+        raise NotImplementedError("Resize with computed scales or sizes")
+    given = sizes if scales is None else list(scales.reshape(-1))
+    if given is None or (scales is not None and sizes is not None) or len(given) != len(axes):
+        raise ValueError("Resize takes one of scales and sizes, one per axis")
+    return {
+        "axes": axes,
+        "scales": None if scales is None else literal([float(s) for s in scales.reshape(-1)]),
+        "sizes": sizes,
+        "mode": literal(mode),
+        "coord": literal(coord),
+        "nearest": literal(nearest),
+        "cubic_a": literal(float(c.attr("cubic_coeff_a", -0.75))),
+    }
+
+
+def pool_ceil_extra(c: RuleCtx) -> list[int]:
+    """MaxPool / AveragePool: per spatial axis, the positions past the end
+    padding that ceil_mode's last window covers (zeros without ceil_mode). As
+    in torch, a last window must start inside the input or its begin padding.
+    Read off the static input size: floor-mode pooling over that much more
+    padding gives ceil_mode's output; AveragePool's divisor leaves it out."""
+    k, s, p, d = c.f["kernel"], c.f["strides"], c.f["pads"], c.f["dilations"]
+    n = len(k)
+    if not c.f["ceil"]:
+        return [0] * n
+    shape = c.in_type(0).shape
+    spatial = shape[1 : 1 + n] if c.f["channels_last"] else shape[2 : 2 + n]
+    extra = []
+    for i, size in enumerate(spatial):
+        if not isinstance(size, int):
+            raise NotImplementedError(f"{c.node.op} with ceil_mode over a symbolic size")
+        window, span = d[i] * (k[i] - 1) + 1, size + p[i] + p[i + n]
+        out = -(-(span - window) // s[i]) + 1
+        if (out - 1) * s[i] >= size + p[i]:
+            out -= 1
+        extra.append(max(0, (out - 1) * s[i] + window - span))
+    return extra
+
+
 def dtype_name(dtype: str) -> str:
     """A dtype name that may be spelled as an attribute (tf.float32)."""
     if dtype not in DTYPES:

@@ -16,6 +16,7 @@ from tracelog.emit.rules import (
     RuleCtx,
     Spellings,
     not_yet_everywhere,
+    pool_ceil_extra,
     scaled_gemm,
 )
 from tracelog.passes.layout import to_channels_last
@@ -187,32 +188,76 @@ def _conv(c: RuleCtx) -> str:
     return _from_nhwc(c, y)
 
 
+def _channels_last(c: RuleCtx, x: str) -> str:
+    """x channels-last: as it is (the layout pass ran the op so), else transposed."""
+    rank = c.rank()
+    return x if c.f["channels_last"] else f"tf.transpose({x}, {[0, *range(2, rank), 1]})"
+
+
+def _channels_first(c: RuleCtx, y: str) -> str:
+    rank = c.rank()
+    return y if c.f["channels_last"] else f"tf.transpose({y}, {[0, rank - 1, *range(1, rank - 1)]})"
+
+
+def _channels_last_pads(p: list[int]) -> str:
+    """ONNX pads [b1, b2, e1, e2] as tf.pad's pairs of channels-last data."""
+    n = len(p) // 2
+    return "[[0, 0], " + "".join(f"[{p[i]}, {p[i + n]}], " for i in range(n)) + "[0, 0]]"
+
+
+def _ceil_pads(c: RuleCtx) -> tuple[list[int], list[int]]:
+    """The node's pads with ceil_mode's overhang added past each end, and the
+    overhang alone (as pads)."""
+    n, pads = c.rank() - 2, c.f["pads"]
+    extra = pool_ceil_extra(c)
+    return pads[:n] + [e + x for e, x in zip(pads[n:], extra, strict=True)], [0] * n + extra
+
+
 @TF.register("MaxPool")
 def _max_pool(c: RuleCtx) -> str:
-    if c.f["ceil"]:
-        raise NotImplementedError("MaxPool with ceil_mode")
-    if c.f["dilations"] != [1, 1]:
+    n = c.rank() - 2
+    if c.f["dilations"] != [1] * n:
         raise NotImplementedError("dilated MaxPool")
-    k, s, p = c.f["kernel"], c.f["strides"], c.f["pads"]
-    x = _to_nhwc(c, c.i(0))
+    k, s = c.f["kernel"], c.f["strides"]
+    p, _ = _ceil_pads(c)
+    x = _channels_last(c, c.i(0))
     if any(p):
-        x = f"tf.pad({x}, {_nhwc_pads(p)}, constant_values=-np.inf)"
-    return _from_nhwc(c, f"tf.nn.max_pool2d({x}, ksize={k}, strides={s}, padding='VALID')")
+        x = f"tf.pad({x}, {_channels_last_pads(p)}, constant_values=-np.inf)"
+    return _channels_first(c, f"tf.nn.max_pool{n}d({x}, ksize={k}, strides={s}, padding='VALID')")
 
 
 @TF.register("AveragePool")
 def _avg_pool(c: RuleCtx) -> str:
-    if c.f["ceil"]:
-        raise NotImplementedError("AveragePool with ceil_mode")
-    k, s, p = c.f["kernel"], c.f["strides"], c.f["pads"]
-    x = _to_nhwc(c, c.i(0))
+    n = c.rank() - 2
+    k, s = c.f["kernel"], c.f["strides"]
+    p, overhang = _ceil_pads(c)
+    x = _channels_last(c, c.i(0))
     window = f"ksize={k}, strides={s}, padding='VALID'"
     if not any(p):
-        return _from_nhwc(c, f"tf.nn.avg_pool2d({x}, {window})")
-    pad = _nhwc_pads(p)
-    y = f"tf.nn.avg_pool2d(tf.pad({x}, {pad}), {window})"
-    if not c.f["include_pad"]:
-        # padding the divisor leaves out: window sums over the counts of real elements
-        ones = f"tf.pad(tf.ones_like({x}[:1, :, :, :1]), {pad})"
-        y = f"{y} / tf.nn.avg_pool2d({ones}, {window})"
-    return _from_nhwc(c, y)
+        return _channels_first(c, f"tf.nn.avg_pool{n}d({x}, {window})")
+    pad = _channels_last_pads(p)
+    y = f"tf.nn.avg_pool{n}d(tf.pad({x}, {pad}), {window})"
+    if not c.f["include_pad"] or any(overhang):
+        # window sums over the count of real elements (and of the padding, with
+        # count_include_pad), never of ceil_mode's overhang
+        ones = f"tf.ones_like({x}[:1, {':, ' * n}:1])"
+        if c.f["include_pad"]:
+            ones = f"tf.pad({ones}, {_channels_last_pads(c.f['pads'])}, constant_values=1)"
+            pad = _channels_last_pads(overhang)
+        ones = f"tf.pad({ones}, {pad})"
+        y = f"{y} / tf.nn.avg_pool{n}d({ones}, {window})"
+    return _channels_first(c, y)
+
+
+# -- vision: group norm, transposed convolution, resize (issue 12) --
+TF.spell(
+    {
+        "GroupNormalization": "_group_norm({0}, {1}, {2}, {groups}, {eps}, {channel_axis})",
+        "ConvTranspose": (
+            "_conv_transpose({0}, {1}, {bias}, {strides}, {pads}, {dilations}, "
+            "{output_padding}, {group}, {channels_last})"
+        ),
+        # the layout pass moves Resize's axes with the data (NHWC: axes [1, 2])
+        "Resize": "_resize({0}, {axes}, {scales}, {sizes}, {mode}, {coord}, {nearest}, {cubic_a})",
+    }
+)

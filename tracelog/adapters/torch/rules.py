@@ -274,7 +274,9 @@ def _convolution(ctx: Ctx) -> Names:
     stride, padding, dilation = ctx.arg(3), ctx.arg(4), ctx.arg(5)
     transposed, groups = ctx.arg(6), ctx.arg(8)
     if transposed:
-        raise NotSupported("transposed convolution")
+        from tracelog.adapters.torch.rules_vision import conv_transpose
+
+        return conv_transpose(ctx)
     spatial = len(ctx.in_type(1).shape) - 2
     pads = _pair(padding, spatial)
     ins = [x, w] + ([b] if b else [])
@@ -413,7 +415,9 @@ def _adaptive_avg_pool2d(ctx: Ctx) -> Names:
     if out_hw == [1, 1]:
         return ctx.one("GlobalAveragePool", [ctx.t(0)])
     if any(not isinstance(i, int) or i % o for i, o in zip(in_hw, out_hw, strict=True)):
-        raise NotSupported(f"adaptive average pooling from {list(in_hw)} to {out_hw}")
+        from tracelog.adapters.torch.rules_vision import adaptive_pool
+
+        return adaptive_pool(ctx, "avg")
     kernel = [int(i) // o for i, o in zip(in_hw, out_hw, strict=True)]
     return ctx.one("AveragePool", [ctx.t(0)], kernel_shape=kernel, strides=kernel)
 
@@ -832,3 +836,5 @@ ATEN.not_yet(
     reason="fused attention kernels",
 )
 ATEN.not_yet("aten.mkldnn_rnn_layer.default", "aten.lstm.input", reason="recurrent layers")
+
+from tracelog.adapters.torch import rules_vision  # noqa: E402, F401 - registers its rules

@@ -133,4 +133,142 @@ def _nll_loss(
     return jnp.sum(losses) / jnp.sum(w)
 
 
+# -- vision: group norm, transposed convolution, resize (issue 12) --
+def _group_norm(
+    x: jax.Array, scale: jax.Array, bias: jax.Array, groups: int, eps: float, channel_axis: int
+) -> jax.Array:
+    """ONNX GroupNormalization: statistics per sample and group of channels,
+    the variance as the mean of squared deviations (not E[x^2] - E[x]^2). The
+    mean gets one correction pass: XLA's CPU sums run in order, and over
+    values far from zero their rounding would swamp the deviations."""
+    c = x.shape[channel_axis]
+    g = x.reshape(x.shape[:channel_axis] + (groups, c // groups) + x.shape[channel_axis + 1 :])
+    axes = tuple(d for d in range(1, g.ndim) if d != channel_axis)
+    rough = jnp.mean(g, axis=axes, keepdims=True)
+    mean = rough + jnp.mean(g - rough, axis=axes, keepdims=True)
+    var = jnp.mean(jnp.square(g - mean), axis=axes, keepdims=True)
+    y = ((g - mean) / jnp.sqrt(var + eps)).reshape(x.shape)
+    shape = [1] * x.ndim
+    shape[channel_axis] = -1
+    return y * scale.reshape(shape) + bias.reshape(shape)
+
+
+def _conv_transpose(
+    x: jax.Array,
+    w: jax.Array,
+    b: jax.Array | None,
+    strides: list[int],
+    pads: list[int],
+    dilations: list[int],
+    output_padding: list[int],
+    group: int,
+) -> jax.Array:
+    """ONNX ConvTranspose (NC... layout) as the convolution whose input
+    gradient it is: the input dilated by the strides and padded by
+    dilation * (k - 1) - pad on each side (output_padding more at the end; a
+    negative pad crops), the kernel flipped with its channels swapped per group."""
+    n = x.ndim - 2
+    cin, cout_g, k = w.shape[0], w.shape[1], w.shape[2:]
+    wg = jnp.swapaxes(w.reshape((group, cin // group, cout_g) + k), 1, 2)
+    wf = jnp.flip(wg.reshape((group * cout_g, cin // group) + k), axis=tuple(range(2, 2 + n)))
+    padding = [
+        (d * (kk - 1) - pads[i], d * (kk - 1) - pads[i + n] + output_padding[i])
+        for i, (kk, d) in enumerate(zip(k, dilations, strict=True))
+    ]
+    spatial = "DHW"[3 - n :]
+    y = lax.conv_general_dilated(
+        x,
+        wf,
+        window_strides=(1,) * n,
+        padding=padding,
+        lhs_dilation=tuple(strides),
+        rhs_dilation=tuple(dilations),
+        dimension_numbers=("NC" + spatial, "OI" + spatial, "NC" + spatial),
+        feature_group_count=group,
+    )
+    return y if b is None else y + b.reshape((1, -1) + (1,) * n)
+
+
+def _resize_taps(
+    n_in: int, n_out: int, scale: float, mode: str, coord: str, nearest: str, cubic_a: float
+) -> tuple[np.ndarray, np.ndarray]:
+    """ONNX Resize along one axis (no roi, antialias or exclude_outside): the
+    input index of each output position's taps [n_out, k] and their weights
+    [n_out, k], in float64 as onnx.reference computes them; out-of-range taps
+    read the edge."""
+    y = np.arange(n_out, dtype=np.float64)
+    if coord == "align_corners":  # ONNX's resized length is n_in * scale, before its floor
+        x = np.zeros(n_out) if n_out == 1 else y * (n_in - 1) / (n_in * scale - 1)
+    elif coord == "asymmetric":
+        x = y / scale
+    else:  # half_pixel
+        x = (y + 0.5) / scale - 0.5
+    if mode == "nearest":
+        rounded = {
+            "floor": np.floor(x),
+            "ceil": np.ceil(x),
+            "round_prefer_floor": np.ceil(x - 0.5),
+            "round_prefer_ceil": np.floor(x + 0.5),
+        }[nearest]
+        return np.clip(rounded, 0, n_in - 1).astype(np.int64)[:, None], np.ones((n_out, 1))
+    base = np.floor(x)
+    t = x - base
+    if mode == "linear":
+        offsets, weights = [0, 1], [1 - t, t]
+    else:  # cubic: Keys' kernel with a = cubic_a, over the taps at -1, 0, 1, 2
+        a = cubic_a
+
+        def keys(s: np.ndarray) -> np.ndarray:
+            s = np.abs(s)
+            near = ((a + 2) * s - (a + 3)) * s * s + 1
+            return np.where(s <= 1, near, ((a * s - 5 * a) * s + 8 * a) * s - 4 * a)
+
+        offsets, weights = [-1, 0, 1, 2], [keys(t + 1), keys(t), keys(1 - t), keys(2 - t)]
+    index = np.clip(base.astype(np.int64)[:, None] + np.asarray(offsets), 0, n_in - 1)
+    return index, np.stack(weights, axis=1)
+
+
+def _resized(
+    n_in: int, k: int, scales: list[float] | None, sizes: list[int] | None
+) -> tuple[int, float]:
+    """Axis k's output length and scale: sizes[k] and sizes[k] / n_in, or
+    floor(n_in * scales[k]) and scales[k] (ONNX Resize)."""
+    if sizes is not None:
+        return sizes[k], sizes[k] / n_in
+    assert scales is not None
+    return int(np.floor(n_in * scales[k])), scales[k]
+
+
+def _resize(
+    x: jax.Array,
+    axes: list[int],
+    scales: list[float] | None,
+    sizes: list[int] | None,
+    mode: str,
+    coord: str,
+    nearest: str,
+    cubic_a: float,
+) -> jax.Array:
+    """ONNX Resize, one axis after another: a weighted sum of gathered taps
+    (a plain gather for nearest), the tables computed from the static shape.
+    jax.image.resize is not used: its nearest rounds half-pixel centres, its
+    cubic is Keys' a = -0.5 with renormalised edges, and it takes no scale
+    that differs from out / in."""
+    for k, axis in enumerate(axes):
+        n_in = x.shape[axis]
+        n_out, scale = _resized(n_in, k, scales, sizes)
+        if scale == 1.0 and n_out == n_in:
+            continue
+        index, weight = _resize_taps(n_in, n_out, scale, mode, coord, nearest, cubic_a)
+        shape = [1] * x.ndim
+        shape[axis] = n_out
+        taps = [jnp.take(x, index[:, j], axis=axis) for j in range(index.shape[1])]
+        if mode == "nearest":
+            x = taps[0]
+            continue
+        w = [jnp.asarray(weight[:, j].reshape(shape), dtype=x.dtype) for j in range(len(taps))]
+        x = sum((t * wj for t, wj in zip(taps[1:], w[1:], strict=True)), taps[0] * w[0])
+    return x
+
+
 INLINED = ("_as_param", "_as_const", "_numpy", "_value_and_grads", "_runs")

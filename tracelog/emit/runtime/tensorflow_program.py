@@ -141,4 +141,164 @@ def _grouped_conv2d(
     return tf.concat(ys, axis=3)
 
 
+# -- vision: group norm, transposed convolution, resize (issue 12) --
+def _group_norm(
+    x: tf.Tensor, scale: tf.Tensor, bias: tf.Tensor, groups: int, eps: float, channel_axis: int
+) -> tf.Tensor:
+    """ONNX GroupNormalization: statistics per sample and group of channels
+    (channel_axis: 1, or the last axis for channels-last data), the variance
+    as the mean of squared deviations, not E[x^2] - E[x]^2. The mean gets one
+    correction pass, so that over values far from zero the rounding of their
+    sum does not swamp the deviations."""
+    rank = len(x.shape)
+    c = x.shape[channel_axis]
+    shape = tf.shape(x)
+    split = [shape[:channel_axis], [groups, c // groups], shape[channel_axis + 1 :]]
+    g = tf.reshape(x, tf.concat(split, 0))
+    axes = [d for d in range(1, rank + 1) if d != channel_axis]
+    rough = tf.math.reduce_mean(g, axis=axes, keepdims=True)
+    mean = rough + tf.math.reduce_mean(g - rough, axis=axes, keepdims=True)
+    var = tf.math.reduce_mean(tf.math.squared_difference(g, mean), axis=axes, keepdims=True)
+    y = tf.reshape((g - mean) / tf.sqrt(var + eps), shape)
+    param = [1] * rank
+    param[channel_axis] = -1
+    return y * tf.reshape(scale, param) + tf.reshape(bias, param)
+
+
+def _dilate_axis(t: tf.Tensor, axis: int, rate: int) -> tf.Tensor:
+    """t with rate - 1 zeros between neighbours along a static axis."""
+    if rate == 1:
+        return t
+    shape = list(t.shape)
+    padding = [[0, 0]] * (len(shape) + 1)
+    padding[axis + 1] = [0, rate - 1]
+    spread = tf.reshape(
+        tf.pad(tf.expand_dims(t, axis + 1), padding),
+        shape[:axis] + [shape[axis] * rate] + shape[axis + 1 :],
+    )
+    return tf.gather(spread, list(range((shape[axis] - 1) * rate + 1)), axis=axis)
+
+
+def _conv_transpose(
+    x: tf.Tensor,
+    w: tf.Tensor,
+    b: tf.Tensor | None,
+    strides: list[int],
+    pads: list[int],
+    dilations: list[int],
+    output_padding: list[int],
+    group: int,
+    channels_last: bool,
+) -> tf.Tensor:
+    """ONNX ConvTranspose with TensorFlow's transposed-convolution kernels,
+    which run channels last: the full (VALID) output, then `pads` cropped from
+    each end, output_padding positions kept from the end crop (zeros where it
+    runs out), then the bias. TF's CPU kernels take no dilation: the kernel gets zeros
+    between its taps instead (the same sums). Groups run one by one."""
+    n = len(x.shape) - 2
+    if not channels_last:
+        x = tf.transpose(x, [0, *range(2, n + 2), 1])
+    k = list(w.shape[2:])
+    keff = [d * (kk - 1) + 1 for kk, d in zip(k, dilations, strict=True)]
+    shape = tf.shape(x)
+    full = [(shape[1 + i] - 1) * strides[i] + keff[i] for i in range(n)]
+    ys = []
+    for xg, wg in zip(tf.split(x, group, axis=-1), tf.split(w, group, axis=0), strict=True):
+        wg = tf.transpose(wg, [*range(2, n + 2), 1, 0])  # (k..., C_out/g, C_in/g)
+        for i, d in enumerate(dilations):
+            wg = _dilate_axis(wg, i, d)
+        out_shape = tf.stack([shape[0], *full, wg.shape[-2]])
+        ys.append(tf.nn.conv_transpose(xg, wg, out_shape, strides, padding="VALID"))
+    y = ys[0] if group == 1 else tf.concat(ys, axis=-1)
+    ends = [pads[n + i] - output_padding[i] for i in range(n)]
+    crop = [slice(pads[i], -e if e > 0 else None) for i, e in enumerate(ends)]
+    y = y[tuple([slice(None), *crop, slice(None)])]
+    if any(e < 0 for e in ends):
+        y = tf.pad(y, [[0, 0], *([0, max(-e, 0)] for e in ends), [0, 0]])
+    if b is not None:
+        y = y + b  # channels last: the bias broadcasts along the last axis
+    return y if channels_last else tf.transpose(y, [0, n + 1, *range(1, n + 1)])
+
+
+def _resize_taps(
+    n_in: int, n_out: int, scale: float, mode: str, coord: str, nearest: str, cubic_a: float
+) -> tuple[np.ndarray, np.ndarray]:
+    """ONNX Resize along one axis (no roi, antialias or exclude_outside): the
+    input index of each output position's taps [n_out, k] and their weights
+    [n_out, k], in float64 as onnx.reference computes them; out-of-range taps
+    read the edge."""
+    y = np.arange(n_out, dtype=np.float64)
+    if coord == "align_corners":  # ONNX's resized length is n_in * scale, before its floor
+        x = np.zeros(n_out) if n_out == 1 else y * (n_in - 1) / (n_in * scale - 1)
+    elif coord == "asymmetric":
+        x = y / scale
+    else:  # half_pixel
+        x = (y + 0.5) / scale - 0.5
+    if mode == "nearest":
+        rounded = {
+            "floor": np.floor(x),
+            "ceil": np.ceil(x),
+            "round_prefer_floor": np.ceil(x - 0.5),
+            "round_prefer_ceil": np.floor(x + 0.5),
+        }[nearest]
+        return np.clip(rounded, 0, n_in - 1).astype(np.int64)[:, None], np.ones((n_out, 1))
+    base = np.floor(x)
+    t = x - base
+    if mode == "linear":
+        offsets, weights = [0, 1], [1 - t, t]
+    else:  # cubic: Keys' kernel with a = cubic_a, over the taps at -1, 0, 1, 2
+        a = cubic_a
+
+        def keys(s: np.ndarray) -> np.ndarray:
+            s = np.abs(s)
+            near = ((a + 2) * s - (a + 3)) * s * s + 1
+            return np.where(s <= 1, near, ((a * s - 5 * a) * s + 8 * a) * s - 4 * a)
+
+        offsets, weights = [-1, 0, 1, 2], [keys(t + 1), keys(t), keys(1 - t), keys(2 - t)]
+    index = np.clip(base.astype(np.int64)[:, None] + np.asarray(offsets), 0, n_in - 1)
+    return index, np.stack(weights, axis=1)
+
+
+def _resized(
+    n_in: int, k: int, scales: list[float] | None, sizes: list[int] | None
+) -> tuple[int, float]:
+    """Axis k's output length and scale: sizes[k] and sizes[k] / n_in, or
+    floor(n_in * scales[k]) and scales[k] (ONNX Resize)."""
+    if sizes is not None:
+        return sizes[k], sizes[k] / n_in
+    assert scales is not None
+    return int(np.floor(n_in * scales[k])), scales[k]
+
+
+def _resize(
+    x: tf.Tensor,
+    axes: list[int],
+    scales: list[float] | None,
+    sizes: list[int] | None,
+    mode: str,
+    coord: str,
+    nearest: str,
+    cubic_a: float,
+) -> tf.Tensor:
+    """ONNX Resize, one axis after another: a weighted sum of gathered taps
+    (a plain gather for nearest), the tables computed from the static shape.
+    tf.image.resize is not used: its nearest rounds half-pixel centres, its
+    bicubic is Keys' a = -0.5, and it takes no scale that differs from out / in."""
+    for k, axis in enumerate(axes):
+        n_in = int(x.shape[axis])
+        n_out, scale = _resized(n_in, k, scales, sizes)
+        if scale == 1.0 and n_out == n_in:
+            continue
+        index, weight = _resize_taps(n_in, n_out, scale, mode, coord, nearest, cubic_a)
+        shape = [1] * len(x.shape)
+        shape[axis] = n_out
+        taps = [tf.gather(x, index[:, j], axis=axis) for j in range(index.shape[1])]
+        if mode == "nearest":
+            x = taps[0]
+            continue
+        w = [tf.constant(weight[:, j].reshape(shape), x.dtype) for j in range(len(taps))]
+        x = tf.add_n([t * wj for t, wj in zip(taps, w, strict=True)])
+    return x
+
+
 INLINED = ("_as_param", "_as_const", "_numpy", "_value_and_grads")

@@ -1,0 +1,395 @@
+"""Aten rules for vision ops (issue 12): group norm, transposed convolution and
+upsampling, written as ONNX GroupNormalization, ConvTranspose and Resize.
+
+Registered into ``ATEN`` on import (the last line of ``rules.py`` imports this
+module). Where torch's meaning and ONNX's differ, the mapping is written next
+to the rule, and a form ONNX cannot say exactly becomes plain ops or NotSupported.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Sequence
+
+import numpy as np
+
+from tracelog.adapters.builder import Ctx, NotSupported
+from tracelog.adapters.torch.rules import ATEN, Names, _pair
+from tracelog.ir import TensorType
+
+
+# -- group norm ------------------------------------------------------------------------
+@ATEN.register("aten.native_group_norm.default")
+def _group_norm(ctx: Ctx) -> Names:
+    # native_group_norm(input, weight?, bias?, N, C, HxW, group, eps) -> (out, mean, rstd)
+    xt = ctx.in_type(0)
+    channels, dt = xt.shape[1], xt.dtype
+    groups, eps = int(ctx.arg(6, "group")), float(ctx.arg(7, "eps"))
+
+    def affine(i: int, fill: float) -> str:
+        if ctx.arg(i) is not None:
+            return ctx.t(i)
+        if not isinstance(channels, int):
+            raise NotSupported("group norm without affine parameters over a symbolic channel dim")
+        return ctx.const([fill] * channels, dt)  # ONNX takes scale and bias always
+
+    # stash_type: the precision of the statistics. ONNX's default is float32, which is
+    # what torch uses for float32 and narrower inputs; float64 inputs keep float64.
+    stash = {"stash_type": 11} if dt == "float64" else {}
+    y = ctx.one(
+        "GroupNormalization",
+        [ctx.t(0), affine(1, 1.0), affine(2, 0.0)],
+        epsilon=eps,
+        num_groups=groups,
+        **stash,
+    )
+    return [y[0], None, None]
+
+
+# -- transposed convolution -------------------------------------------------------------
+def conv_transpose(ctx: Ctx) -> Names:
+    """aten.convolution with transposed=True. torch's output size,
+    (in - 1) * stride - 2 * padding + dilation * (k - 1) + output_padding + 1,
+    is ONNX ConvTranspose's with pads [p, p] and output_padding added at the
+    end; the weight layout (C_in, C_out / groups, k...) is ONNX's."""
+    x, w, b = ctx.t(0), ctx.t(1), ctx.opt(2)
+    kernel = ctx.in_type(1).shape[2:]
+    if not all(isinstance(k, int) for k in kernel):
+        raise NotSupported("transposed convolution with a symbolic kernel size")
+    spatial = len(kernel)
+    stride, padding, dilation = ctx.arg(3), ctx.arg(4), ctx.arg(5)
+    output_padding, groups = ctx.arg(7), ctx.arg(8)
+    begin, strides = _pair(padding, spatial), _pair(stride, spatial)
+    end, extra = list(begin), _pair(output_padding, spatial)
+    for i, (s, op) in enumerate(zip(strides, extra, strict=True)):
+        # torch allows output_padding < max(stride, dilation), onnxruntime only < stride:
+        # a larger one is the same output with that much less padding at the end
+        if op >= s:
+            if op > end[i]:
+                raise NotSupported("output_padding beyond both the stride and the padding")
+            end[i], extra[i] = end[i] - op, 0
+    return ctx.one(
+        "ConvTranspose",
+        [x, w] + ([b] if b else []),
+        kernel_shape=[int(k) for k in kernel],
+        strides=strides,
+        pads=begin + end,
+        dilations=_pair(dilation, spatial),
+        output_padding=extra,
+        group=int(groups),
+    )
+
+
+# -- upsampling ---------------------------------------------------------------------------
+_SCALE_NAMES = {1: ["scales"], 2: ["scales_h", "scales_w"], 3: ["scales_d", "scales_h", "scales_w"]}
+
+
+def _upsample_args(ctx: Ctx, n: int, aligned: bool, vec: bool) -> tuple[bool, list[float] | None]:
+    """(align_corners, per-axis scale factors or None). torch uses a scale
+    factor only when every axis has one above zero; else it uses in / out."""
+    align = bool(ctx.arg(2, "align_corners")) if aligned else False
+    k = 3 if aligned else 2
+    if vec:
+        factors = ctx.arg(k, "scale_factors")
+        scales = list(factors) if factors else [None] * n
+    else:
+        scales = [ctx.arg(k + j, name) for j, name in enumerate(_SCALE_NAMES[n])]
+    given = [float(s) for s in scales if s is not None and s > 0]
+    if len(given) == n:
+        return align, given
+    if given:
+        raise NotSupported("upsampling with scale factors for some axes only")
+    return align, None
+
+
+def _exact_ratio(r: float) -> bool:
+    """A whole ratio, or a power of two: x / r has one floor in any float
+    arithmetic, so ONNX's nearest index leaves no rounding to a runtime."""
+    return (r >= 1 and r == int(r)) or math.frexp(r)[0] == 0.5
+
+
+def torch_nearest_index(
+    n_in: int, n_out: int, scale: float | None, exact: bool, dtype: str
+) -> np.ndarray:
+    """The source index of each output position, as torch's CPU kernels compute
+    it ('nearest': floor(d * s); 'nearest-exact': floor((d + 0.5) * s), at most
+    n_in - 1; s = 1 / scale_factor, else n_in / n_out). The product is formed
+    in the input's opmath type (float32 below float64) and rounded to float32
+    before the floor (floorf)."""
+    ft = np.float64 if dtype == "float64" else np.float32
+    s = ft(1.0 / scale) if scale is not None else ft(n_in) / ft(n_out)
+    d = np.arange(n_out).astype(ft) + ft(0.5 if exact else 0.0)
+    src = np.floor((d * s).astype(np.float32))
+    return np.minimum(src.astype(np.int64), n_in - 1)
+
+
+def onnx_nearest_index(n_in: int, n_out: int, scale: float, exact: bool) -> np.ndarray:
+    """ONNX Resize nearest, as the targets compute it: asymmetric + floor
+    ('nearest'), or half_pixel + round_prefer_ceil ('nearest-exact'), from the
+    axis's scale (the scales input, else n_out / n_in)."""
+    d = np.arange(n_out, dtype=np.float64)
+    src = np.floor((d + 0.5) / scale - 0.5 + 0.5) if exact else np.floor(d / scale)
+    return np.clip(src.astype(np.int64), 0, n_in - 1)
+
+
+def _resize_node(
+    ctx: Ctx,
+    axes: list[int],
+    scales: Sequence[float] | None,
+    sizes: Sequence[int] | None,
+    **attrs: object,
+) -> Names:
+    if scales is not None:
+        ins = [ctx.t(0), "", ctx.const([float(s) for s in scales], "float32")]
+    else:
+        assert sizes is not None
+        ins = [ctx.t(0), "", "", ctx.ints([int(s) for s in sizes])]
+    return ctx.one("Resize", ins, axes=axes, **attrs)
+
+
+def _nearest(ctx: Ctx, n: int, exact: bool, vec: bool) -> Names:
+    """torch 'nearest' is ONNX nearest with asymmetric coordinates and floor;
+    'nearest-exact' is half_pixel with round_prefer_ceil. The index tables
+    agree wherever the ratio leaves no rounding (a whole ratio, a power of
+    two) and torch's float32 product rounds the same way, which is checked
+    here; elsewhere the recorded index table becomes a Gather per axis, which
+    is what torch computes, exactly."""
+    _, scales = _upsample_args(ctx, n, aligned=False, vec=vec)
+    xt, out = ctx.in_type(0), ctx.out_type()
+    axes = list(range(2, 2 + n))
+    ins, outs = list(xt.shape[2:]), list(out.shape[2:])
+    attrs: dict[str, object] = (
+        {"coordinate_transformation_mode": "half_pixel", "nearest_mode": "round_prefer_ceil"}
+        if exact
+        else {"coordinate_transformation_mode": "asymmetric", "nearest_mode": "floor"}
+    )
+    static = all(isinstance(d, int) for d in ins + outs)
+    if not static:
+        # a symbolic axis: only ratios with no rounding at any size
+        if scales is not None and all(math.frexp(s)[0] == 0.5 for s in scales):
+            return _resize_node(ctx, axes, scales, None, mode="nearest", **attrs)
+        raise NotSupported("nearest upsampling of a symbolic-size axis by a ratio not a power of 2")
+    sizes = [int(d) for d in outs]
+    tables = [
+        torch_nearest_index(int(i), o, None if scales is None else scales[k], exact, xt.dtype)
+        for k, (i, o) in enumerate(zip(ins, sizes, strict=True))
+    ]
+
+    def agrees(ratios: list[float]) -> bool:
+        return all(
+            _exact_ratio(r) and np.array_equal(onnx_nearest_index(int(i), o, r, exact), t)
+            for r, i, o, t in zip(ratios, ins, sizes, tables, strict=True)
+        )
+
+    if scales is not None:
+        f32 = [float(np.float32(s)) for s in scales]
+        if all(math.floor(int(i) * s) == o for i, s, o in zip(ins, f32, sizes, strict=True)):
+            if agrees(f32):
+                return _resize_node(ctx, axes, f32, None, mode="nearest", **attrs)
+    if agrees([o / int(i) for i, o in zip(ins, sizes, strict=True)]):
+        return _resize_node(ctx, axes, None, sizes, mode="nearest", **attrs)
+    return _gather_axes(ctx, axes, tables)
+
+
+def _gather_axes(ctx: Ctx, axes: list[int], tables: list[np.ndarray]) -> Names:
+    """x indexed along each axis by a constant table: a Gather per axis whose
+    table is not the identity."""
+    x, xt = ctx.t(0), ctx.in_type(0)
+    shape = list(xt.shape)
+    todo = [
+        (a, t)
+        for a, t in zip(axes, tables, strict=True)
+        if not np.array_equal(t, np.arange(shape[a]))
+    ]
+    if not todo:
+        return [x]
+    for k, (a, t) in enumerate(todo):
+        shape[a] = len(t)
+        if k == len(todo) - 1:
+            return ctx.one("Gather", [x, ctx.const(t, "int64")], axis=a)
+        x = ctx.helper(
+            "Gather", [x, ctx.const(t, "int64")], TensorType(xt.dtype, tuple(shape)), axis=a
+        )
+    raise AssertionError("unreachable")
+
+
+def _interpolating(ctx: Ctx, n: int, mode: str, vec: bool) -> Names:
+    """torch 'linear' / 'bilinear' / 'trilinear' / 'bicubic'. align_corners=True
+    is ONNX's align_corners transform with the output sizes (torch ignores a
+    scale factor there). align_corners=False is half_pixel (torch clamps a
+    negative source coordinate to 0 for linear, which ONNX's edge padding does
+    too; cubic is clamped by neither), with the scale factor when torch had
+    one: torch then maps coordinates by 1 / scale_factor, not in / out, and
+    ONNX's scales input means the same. Cubic is Keys' kernel with a = -0.75,
+    out-of-range taps reading the edge (exclude_outside=0), as torch's."""
+    align, scales = _upsample_args(ctx, n, aligned=True, vec=vec)
+    xt, out = ctx.in_type(0), ctx.out_type()
+    axes = list(range(2, 2 + n))
+    ins, outs = list(xt.shape[2:]), list(out.shape[2:])
+    attrs: dict[str, object] = {"mode": mode}
+    if mode == "cubic":
+        attrs["cubic_coeff_a"] = -0.75
+    if not align and scales is not None:
+        f32 = [float(np.float32(s)) for s in scales]
+        for i, s, o in zip(ins, f32, outs, strict=True):
+            # ONNX's output size is floor(in * scale), for the float32 scale it holds
+            if isinstance(i, int) and isinstance(o, int) and math.floor(i * s) != o:
+                raise NotSupported(f"upsampling {i} by {s} to {o}: not floor(in * float32 scale)")
+        return _resize_node(
+            ctx, axes, f32, None, coordinate_transformation_mode="half_pixel", **attrs
+        )
+    if not all(isinstance(o, int) for o in outs):
+        raise NotSupported("upsampling to a symbolic size")
+    coord = "align_corners" if align else "half_pixel"
+    return _resize_node(
+        ctx, axes, None, [int(o) for o in outs], coordinate_transformation_mode=coord, **attrs
+    )
+
+
+def _register_upsampling() -> None:
+    for n in (1, 2, 3):
+        for exact, name in (
+            (False, f"upsample_nearest{n}d"),
+            (True, f"_upsample_nearest_exact{n}d"),
+        ):
+            for vec in (False, True):
+
+                def nearest(ctx: Ctx, n: int = n, exact: bool = exact, vec: bool = vec) -> Names:
+                    return _nearest(ctx, n, exact, vec)
+
+                ATEN.add(f"aten.{name}.{'vec' if vec else 'default'}", nearest)
+    for n, name, mode in (
+        (1, "upsample_linear1d", "linear"),
+        (2, "upsample_bilinear2d", "linear"),
+        (3, "upsample_trilinear3d", "linear"),
+        (2, "upsample_bicubic2d", "cubic"),
+    ):
+        for vec in (False, True):
+
+            def interpolating(ctx: Ctx, n: int = n, mode: str = mode, vec: bool = vec) -> Names:
+                return _interpolating(ctx, n, mode, vec)
+
+            ATEN.add(f"aten.{name}.{'vec' if vec else 'default'}", interpolating)
+
+
+_register_upsampling()
+
+
+# -- pooling: 3-D forms and adaptive pooling to sizes that do not divide ---------------------
+@ATEN.register("aten.max_pool3d_with_indices.default")
+def _max_pool3d(ctx: Ctx) -> Names:
+    kernel = _pair(ctx.arg(1, "kernel_size"), 3)
+    stride = ctx.arg(2, "stride", ())
+    pads = _pair(ctx.arg(3, "padding", 0), 3)
+    y = ctx.one(
+        "MaxPool",
+        [ctx.t(0)],
+        kernel_shape=kernel,
+        strides=_pair(stride, 3) if stride else kernel,
+        pads=pads + pads,
+        dilations=_pair(ctx.arg(4, "dilation", 1), 3),
+        ceil_mode=int(bool(ctx.arg(5, "ceil_mode", False))),
+    )
+    return [y[0], None]
+
+
+@ATEN.register("aten.avg_pool3d.default")
+def _avg_pool3d(ctx: Ctx) -> Names:
+    kernel = _pair(ctx.arg(1, "kernel_size"), 3)
+    stride = ctx.arg(2, "stride", ())
+    pads = _pair(ctx.arg(3, "padding", 0), 3)
+    if ctx.arg(6, "divisor_override") is not None:
+        raise NotSupported("avg_pool3d with divisor_override")
+    return ctx.one(
+        "AveragePool",
+        [ctx.t(0)],
+        kernel_shape=kernel,
+        strides=_pair(stride, 3) if stride else kernel,
+        pads=pads + pads,
+        ceil_mode=int(bool(ctx.arg(4, "ceil_mode", False))),
+        count_include_pad=int(bool(ctx.arg(5, "count_include_pad", True))),
+    )
+
+
+def _adaptive_windows(n_in: int, n_out: int) -> list[tuple[int, int]]:
+    """torch's adaptive pooling windows: [floor(i * in / out), ceil((i + 1) * in / out))."""
+    return [(i * n_in // n_out, -(-(i + 1) * n_in // n_out)) for i in range(n_out)]
+
+
+def adaptive_pool(ctx: Ctx, kind: str) -> Names:
+    """Adaptive average or max pooling over the trailing spatial axes. Windows
+    of one size (in divisible by out) are a pool with kernel = stride = in /
+    out. Otherwise each axis pools separately, which is exact for both a
+    window's mean and its max: averaging is an Einsum with a constant matrix
+    of 1 / window length per axis; max is a ReduceMax per window, concatenated."""
+    xt = ctx.in_type(0)
+    n = len(xt.shape) - 2
+    outs = _pair(ctx.arg(1, "output_size"), n)
+    ins = list(xt.shape[2:])
+    if not all(isinstance(i, int) for i in ins) or any(o is None for o in outs):
+        raise NotSupported(f"adaptive pooling of a symbolic size to {outs}")
+    ins_int = [int(i) for i in ins]
+    if kind == "avg" and outs == [1] * n:
+        return ctx.one("GlobalAveragePool", [ctx.t(0)])
+    if all(i % o == 0 for i, o in zip(ins_int, outs, strict=True)):
+        kernel = [i // o for i, o in zip(ins_int, outs, strict=True)]
+        op = "AveragePool" if kind == "avg" else "MaxPool"
+        return ctx.one(op, [ctx.t(0)], kernel_shape=kernel, strides=kernel)
+    if kind == "avg":
+        return _adaptive_avg_einsum(ctx, ins_int, outs)
+    return _adaptive_max_slices(ctx, ins_int, outs)
+
+
+def _adaptive_avg_einsum(ctx: Ctx, ins: list[int], outs: list[int]) -> Names:
+    dt = ctx.in_type(0).dtype
+    letters_in, letters_out = "dhw"[3 - len(ins) :], "pqr"[3 - len(ins) :]
+    operands, terms, result = [], [], ""
+    for i, o, a, b in zip(ins, outs, letters_in, letters_out, strict=True):
+        if i == o:  # every window one element: nothing to average
+            result += a
+            continue
+        weights = np.zeros((o, i))
+        for k, (start, end) in enumerate(_adaptive_windows(i, o)):
+            weights[k, start:end] = 1.0 / (end - start)
+        operands.append(ctx.const(weights, dt))
+        terms.append(b + a)
+        result += b
+    equation = ",".join([*terms, "nc" + letters_in]) + "->nc" + result
+    return ctx.one("Einsum", [*operands, ctx.t(0)], equation=equation)
+
+
+def _adaptive_max_slices(ctx: Ctx, ins: list[int], outs: list[int]) -> Names:
+    xt = ctx.in_type(0)
+    x, shape = ctx.t(0), list(xt.shape)
+    axes = [2 + k for k, (i, o) in enumerate(zip(ins, outs, strict=True)) if i != o]
+    for step, axis in enumerate(axes):
+        n_in, n_out = ins[axis - 2], outs[axis - 2]
+        window_shape = list(shape)
+        parts = []
+        for start, end in _adaptive_windows(n_in, n_out):
+            window_shape[axis] = end - start
+            window = ctx.helper(
+                "Slice",
+                [x, ctx.ints([start]), ctx.ints([end]), ctx.ints([axis])],
+                TensorType(xt.dtype, tuple(window_shape)),
+            )
+            window_shape[axis] = 1
+            parts.append(
+                ctx.helper(
+                    "ReduceMax",
+                    [window, ctx.ints([axis])],
+                    TensorType(xt.dtype, tuple(window_shape)),
+                    keepdims=1,
+                )
+            )
+        shape[axis] = n_out
+        if step == len(axes) - 1:
+            y = ctx.one("Concat", parts, axis=axis)
+            return [y[0], None]
+        x = ctx.helper("Concat", parts, TensorType(xt.dtype, tuple(shape)), axis=axis)
+    raise AssertionError("unreachable: an identity adaptive pool divides")
+
+
+ATEN.add("aten._adaptive_avg_pool3d.default", lambda ctx: adaptive_pool(ctx, "avg"))
+ATEN.add("aten.adaptive_max_pool2d.default", lambda ctx: adaptive_pool(ctx, "max"))
+ATEN.add("aten.adaptive_max_pool3d.default", lambda ctx: adaptive_pool(ctx, "max"))
