@@ -381,7 +381,12 @@ class TorchListener(ListenerBase):
         return _model_facts(self.model)
 
     def _weights(self) -> dict[str, np.ndarray]:
-        return {n: to_array(t) for n, t in self.model.state_dict(keep_vars=True).items()}
+        tensors = dict(self.model.state_dict(keep_vars=True))
+        # state_dict leaves out non-persistent buffers (Hugging Face's position_ids, a
+        # rotary embedding's inv_freq); graphs read them like any buffer
+        for name, buf in self.model.named_buffers():
+            tensors.setdefault(name, buf)
+        return {n: to_array(t) for n, t in tensors.items()}
 
 
 _PLAIN = (bool, int, float, str, torch.dtype, torch.device, torch.layout, torch.memory_format)
