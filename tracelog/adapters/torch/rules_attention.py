@@ -105,16 +105,32 @@ def _to_bool(ctx: Ctx, i: int, name: str) -> str:
     return ctx.helper("Cast", [n], TensorType("bool", a.shape), to="bool")
 
 
-def _broadcast(shapes: Sequence[Sequence[Dim]]) -> tuple[Dim, ...]:
-    """The broadcast of shapes whose dims may be batch symbols."""
+def _broadcast(ctx: Ctx, shapes: Sequence[Sequence[Dim]]) -> tuple[Dim, ...]:
+    """The broadcast of shapes whose dims may be batch symbols (a symbol and
+    the batch size as an int are one dim: the symbol is kept)."""
     rank = max(len(s) for s in shapes)
     out: list[Dim] = []
     for k in range(rank):
-        dims = {s[k - rank + len(s)] for s in shapes if k - rank + len(s) >= 0} - {1}
-        if len(dims) > 1:
+        dims = sorted(
+            {s[k - rank + len(s)] for s in shapes if k - rank + len(s) >= 0} - {1},
+            key=lambda d: (not is_symbolic(d), str(d)),
+        )
+        if any(not _same_dim(ctx, dims[0], d) for d in dims[1:]):
             raise NotSupported(f"index shapes {[list(s) for s in shapes]} do not broadcast")
-        out.append(dims.pop() if dims else 1)
+        out.append(dims[0] if dims else 1)
     return tuple(out)
+
+
+def _same_dim(ctx: Ctx, a: Dim, b: Dim) -> bool:
+    """Whether two dims are equal in this batch: a batch-sized dim matches the
+    batch size as an int (an index built with arange(batch) is a constant)."""
+    if a == b:
+        return True
+    n = ctx.batch
+    if n is None or is_symbolic(a) == is_symbolic(b):
+        return False
+    sym, size = (a, b) if is_symbolic(a) else (b, a)
+    return batch_factor(sym) * n == size
 
 
 def _shape_vector(ctx: Ctx, dims: Sequence[Dim]) -> str:
@@ -282,6 +298,20 @@ for _aten, _op in {"sin": "Sin", "cos": "Cos"}.items():
     ATEN.update_from([f"aten.{_aten}.default", f"aten.{_aten}_.default"], _unary_rule(_op))
 
 
+@ATEN.register(
+    "aten.remainder.Tensor",
+    "aten.remainder.Scalar",
+    "aten.remainder_.Tensor",
+    "aten.remainder_.Scalar",
+)
+def _remainder(ctx: Ctx) -> Names:
+    # Python's %, the divisor's sign: ONNX Mod with fmod=0, which ONNX defines for integers only
+    dt = ctx.out_type().dtype
+    if not dt.startswith(("int", "uint")):
+        raise NotSupported(f"remainder on {dt} (ONNX Mod takes floats only as C's fmod)")
+    return ctx.one("Mod", [_operand(ctx, 0, "self", dt), _operand(ctx, 1, "other", dt)])
+
+
 # -- factories ------------------------------------------------------------------------------------
 def _arange_bounds(ctx: Ctx) -> tuple[Any, Any, Any]:
     overload = ctx.rec.op.rsplit(".", 1)[1]
@@ -364,7 +394,7 @@ def _gather(ctx: Ctx) -> Names:
     x = ctx.t(0)
     # torch reads only the index's extent of the other dims; GatherElements
     # (take-along-axis) wants them equal, so the data is cut to it first
-    cut = [d for d in range(rank) if d != dim and xt.shape[d] != it.shape[d]]
+    cut = [d for d in range(rank) if d != dim and not _same_dim(ctx, xt.shape[d], it.shape[d])]
     if cut:
         if any(is_symbolic(xt.shape[d]) or is_symbolic(it.shape[d]) for d in cut):
             raise NotSupported("gather with an index shorter than a batch-sized dim")
@@ -409,7 +439,7 @@ def _index(ctx: Ctx) -> Names:
         x = ctx.helper("Transpose", [x], TensorType(xt.dtype, tuple(shape)), perm=perm)
         positions = list(range(len(positions)))
     first, k = positions[0], len(positions)
-    idx_shape = _broadcast([indices[d].shape for d in range(len(indices)) if indices[d]])
+    idx_shape = _broadcast(ctx, [indices[d].shape for d in range(len(indices)) if indices[d]])
     # each index wraps by the size of the dim it indexes in x (before any transpose)
     names = [
         _wrapped(ctx, ctx.b.name_of(indices[d]), indices[d].type, ctx.t(0), xt.shape, d)
@@ -482,7 +512,7 @@ def _scatter(ctx: Ctx) -> Names:
     if isinstance(src, TArg):
         upd = _operand(ctx, 3, "src", dt)
         # torch reads only the index's extent of src; ScatterElements wants them equal
-        cut = [d for d in range(rank) if src.shape[d] != it.shape[d]]
+        cut = [d for d in range(rank) if not _same_dim(ctx, src.shape[d], it.shape[d])]
         if cut:
             if any(is_symbolic(src.shape[d]) or is_symbolic(it.shape[d]) for d in cut):
                 raise NotSupported("scatter with a src larger than its index in a batch-sized dim")

@@ -33,7 +33,8 @@ def dtype_name(dtype: torch.dtype) -> str:
 
 def tensor_digest(t: torch.Tensor) -> str:
     arr = t.detach().cpu().contiguous()
-    data = arr.view(torch.uint8).numpy().tobytes() if arr.numel() else b""
+    # flattened first: a 0-dim tensor (torch.tensor(0.25)) has no byte view of its own
+    data = arr.reshape(-1).view(torch.uint8).numpy().tobytes() if arr.numel() else b""
     return array_digest(dtype_name(arr.dtype), tuple(arr.shape), data)
 
 
