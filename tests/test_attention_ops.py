@@ -197,6 +197,10 @@ def test_records_no_unsupported_op_and_replays_on_onnx_reference(recorded) -> No
         if n.op == "Unsupported"
     ]
     assert not missing
+    import onnx
+
+    for graph in log.graphs.values():  # shape inference checks every recorded type
+        onnx.checker.check_model(graph_to_onnx(graph, constants=log.weights()), full_check=True)
     report = verify(d)
     assert report.ok, report.table()
 
@@ -303,3 +307,48 @@ def test_boolean_mask_indexing_is_refused_with_its_reason() -> None:
     out = TArg(("o", 0, 0), "float32", (7,))
     rec = Rec(0, "aten.index.Tensor", "pred", ("", ""), (x, (m,)), (), (out,), 1, True)
     assert "depends on the data" in _reason([rec], {"x": x, "m": m})
+
+
+def _run_program(target: str, graph, x: np.ndarray) -> np.ndarray:
+    """The graph as `target` writes it, compiled as each framework compiles
+    (jax.jit, tf.function: a computed size must stay static there)."""
+    from tracelog.emit import get_target
+    from tracelog.emit.inline import import_block
+    from tracelog.emit.program import emit_function
+
+    tgt = get_target(target)
+    text = emit_function(tgt, graph, "f", [], "0" * 64, {})
+    used = [tgt.helpers.functions[h] for h in tgt.helpers.helpers_used(text)]
+    ns: dict = {}
+    code = "\n\n".join([import_block(tgt.pieces), *tgt.helpers.statements, *used, text])
+    exec(compile(code, f"<{target}>", "exec"), ns)
+    if target == "jax":
+        import jax
+
+        return np.asarray(jax.jit(lambda a: ns["f"]({}, a)["prediction"])(x))
+    if target == "tensorflow":
+        import tensorflow as tf
+
+        return tf.function(lambda a: ns["f"]({}, a)["prediction"])(tf.constant(x)).numpy()
+    return ns["f"]({}, torch.from_numpy(x))["prediction"].numpy()
+
+
+def test_causal_mask_of_a_symbolic_length_is_computed() -> None:
+    """A causal SDPA whose sequence length is a symbolic dim: the mask comes
+    from the shapes (CumSum of ones, static under jit), right at any length."""
+    q = TArg(("i", "q"), "float32", (2, 1, "batch", 4))
+    out = TArg(("o", 0, 0), "float32", (2, 1, "batch", 4))
+    rec = Rec(0, "aten._scaled_dot_product_flash_attention_for_cpu.default", "pred", ("", ""),
+              (q, q, q, 0.0, True), (), (out,), 1, True)  # fmt: skip
+    pred, _, _ = _convert([rec], {"q": q}, ("o", 0, 0)).graphs()
+    from onnx.reference import ReferenceEvaluator
+
+    run = ReferenceEvaluator(graph_to_onnx(pred))
+    for n in (3, 6):
+        x = np.random.default_rng(n).random((2, 1, n, 4), dtype=np.float32)
+        t = torch.from_numpy(x)
+        want = F.scaled_dot_product_attention(t, t, t, is_causal=True).numpy()
+        np.testing.assert_allclose(run.run(None, {"q": x})[0], want, rtol=1e-5, atol=1e-6)
+        for target in ("torch", "tensorflow", "jax"):
+            got = _run_program(target, pred, x)
+            np.testing.assert_allclose(got, want, rtol=1e-5, atol=1e-6, err_msg=target)

@@ -165,22 +165,42 @@ def _const_of(ctx: Ctx, name: str) -> np.ndarray | None:
 
 
 # reading through these keeps every element of the input among the output's
-_VALUE_PRESERVING = ("Unsqueeze", "Squeeze", "Reshape", "Expand", "Identity", "Transpose", "Tile")
+_VALUE_PRESERVING = (
+    "Unsqueeze",
+    "Squeeze",
+    "Reshape",
+    "Expand",
+    "Identity",
+    "Transpose",
+    "Tile",
+    "StopGradient",
+)
+
+
+# ops whose output is non-negative where every input is (position + past length)
+_SIGN_PRESERVING = ("Add", "Mul", "Max", "Min", "Concat")
 
 
 def _known_nonnegative(ctx: Ctx, name: str) -> bool:
-    """Whether an index is a constant (through reshapes) with no negative
-    entry: then it needs no wrapping (arange-built indices, as in HF masks)."""
+    """Whether an index is built from constants with no negative entry
+    (through reshapes, sums, ...): then it needs no wrapping (the arange-built
+    indices of Hugging Face's masks)."""
     producer = {o: n for n in ctx.b.nodes for o in n.outputs if o}
-    for _ in range(len(ctx.b.nodes) + 1):
-        value = _const_of(ctx, name)
-        if value is not None:
-            return bool(np.all(value >= 0))
-        node = producer.get(name)
-        if node is None or node.op not in _VALUE_PRESERVING:
+
+    def nonnegative(value: str, depth: int) -> bool:
+        const = _const_of(ctx, value)
+        if const is not None:
+            return bool(np.all(const >= 0))
+        node = producer.get(value)
+        if node is None or depth > 32:
             return False
-        name = node.inputs[0]
-    return False
+        if node.op in _VALUE_PRESERVING:
+            return nonnegative(node.inputs[0], depth + 1)
+        if node.op in _SIGN_PRESERVING:
+            return all(nonnegative(i, depth + 1) for i in node.inputs)
+        return False
+
+    return nonnegative(name, 0)
 
 
 def _dim_size(ctx: Ctx, x: str, shape: Sequence[Dim], d: int) -> str:
@@ -332,7 +352,7 @@ def _arange(ctx: Ctx) -> Names:
     if not is_symbolic(n):
         # torch computes start + i * step in double, then rounds to the dtype
         idx = np.arange(int(n), dtype=np.int64)
-        exact = out.dtype.startswith(("int", "uint")) and isinstance(start, int)
+        exact = out.dtype.startswith(("int", "uint")) and isinstance(start + step, int)
         values = start + step * idx if exact else start + step * idx.astype(np.float64)
         return [ctx.const(np.asarray(values).astype(out.dtype), out.dtype)]
     # a batch-sized length (the end was the batch size): its bound is computed
@@ -439,7 +459,6 @@ def _index(ctx: Ctx) -> Names:
         x = ctx.helper("Transpose", [x], TensorType(xt.dtype, tuple(shape)), perm=perm)
         positions = list(range(len(positions)))
     first, k = positions[0], len(positions)
-    idx_shape = _broadcast(ctx, [indices[d].shape for d in range(len(indices)) if indices[d]])
     # each index wraps by the size of the dim it indexes in x (before any transpose)
     names = [
         _wrapped(ctx, ctx.b.name_of(indices[d]), indices[d].type, ctx.t(0), xt.shape, d)
@@ -451,10 +470,13 @@ def _index(ctx: Ctx) -> Names:
     if k > 1:
         if any(map(is_symbolic, sizes[1:])):
             raise NotSupported("advanced indexing over several dims, a later one batch-sized")
-        lin_ty = TensorType("int64", idx_shape)
+        shapes = [indices[d].shape for d in range(len(indices)) if indices[d] is not None]
+        lin_shape = tuple(shapes[0])
         for j in range(1, k):
-            scaled = ctx.helper("Mul", [linear, ctx.const(int(sizes[j]), "int64")], lin_ty)
-            linear = ctx.helper("Add", [scaled, names[j]], lin_ty)
+            scaled_ty = TensorType("int64", lin_shape)
+            scaled = ctx.helper("Mul", [linear, ctx.const(int(sizes[j]), "int64")], scaled_ty)
+            lin_shape = _broadcast(ctx, [lin_shape, shapes[j]])
+            linear = ctx.helper("Add", [scaled, names[j]], TensorType("int64", lin_shape))
         rest = math.prod(int(s) for s in sizes[1:])
         merged: Dim = (
             batch_dim(batch_factor(sizes[0]) * rest) if is_symbolic(sizes[0]) else sizes[0] * rest
