@@ -479,9 +479,6 @@ def _elementwise_samples(sampled: set[str], x: Array) -> list[OpSample]:
     return found
 
 
-SAMPLES = _samples()
-
-
 def _vision_samples() -> list[OpSample]:
     """Group norm, transposed convolution and resize (issue 12), in the forms
     the torch adapter writes and the edges each target spells apart."""
@@ -676,4 +673,136 @@ def _vision_samples() -> list[OpSample]:
     return s
 
 
+def _attention_samples() -> list[OpSample]:
+    """Attention, masks and indexing (issue 12): integer and boolean tensors
+    through comparisons, bitwise ops, Where and Pad; triangles, scans,
+    gathers and scatters."""
+    import torch
+
+    x, y = _r(2, 3, 4), _r(3, 4, seed=1)
+    ints = _i(-7, -1, 0, 3, 12, 2**40).reshape(2, 3)
+    ints2 = _i(5, -3, 6, 3, -12, 7).reshape(2, 3)
+    s: list[OpSample] = [
+        OpSample("Sin", [("x", x)], torch=_t(torch.sin)),
+        OpSample("Cos", [("x", x)], torch=_t(torch.cos)),
+        OpSample("Xor", [("a", x > 0), ("b", y > 0)], torch=_t(torch.logical_xor)),
+        OpSample("BitwiseNot", [("a", ints)], torch=_t(torch.bitwise_not)),
+        OpSample("Equal", [("a", x > 0), ("b", y > 0)], torch=_t(torch.eq), name="Equal-bool"),
+        OpSample(
+            "Cast",
+            [("x", np.round(x))],
+            {"to": "bool"},
+            torch=_t(torch.Tensor.bool),
+            name="Cast-bool",
+        ),
+        OpSample(
+            "Where",
+            [("c", ints > 0), ("a", ints), ("b", ints2)],
+            torch=_t(torch.where),
+            name="Where-int",
+        ),
+        OpSample(
+            "Mod",
+            [("a", ints)],
+            consts={"n": np.asarray(5, np.int64)},
+            torch=_t(lambda a: torch.remainder(a, 5)),
+        ),
+    ]
+    for op, fn in {"LessOrEqual": torch.le, "GreaterOrEqual": torch.ge}.items():
+        s.append(OpSample(op, [("a", np.round(x)), ("b", np.round(y))], torch=_t(fn)))
+        s.append(OpSample(op, [("a", ints), ("b", ints2)], torch=_t(fn), name=f"{op}-int"))
+    for op, fn in {
+        "BitwiseAnd": torch.bitwise_and,
+        "BitwiseOr": torch.bitwise_or,
+        "BitwiseXor": torch.bitwise_xor,
+    }.items():
+        s.append(OpSample(op, [("a", ints), ("b", ints2)], torch=_t(fn)))
+    s.append(
+        OpSample(
+            "Trilu",
+            [("x", x)],
+            {"upper": 0},
+            consts={"k": np.asarray(1, np.int64)},
+            torch=_t(lambda a: torch.tril(a, 1)),
+        )
+    )
+    s.append(
+        OpSample(
+            "Trilu",
+            [("x", _r(3, 5) > 0)],
+            {"upper": 1},
+            consts={"k": np.asarray(-1, np.int64)},
+            torch=_t(lambda a: torch.triu(a, -1)),
+            name="Trilu-upper-bool",
+        )
+    )
+    s.append(
+        OpSample(
+            "CumSum",
+            [("x", x)],
+            consts={"axis": np.asarray(1, np.int64)},
+            torch=_t(lambda a: torch.cumsum(a, 1)),
+        )
+    )
+    s.append(
+        OpSample(
+            "CumSum",
+            [("x", ints.astype(np.int32))],
+            consts={"axis": np.asarray(-1, np.int64)},
+            torch=_t(lambda a: torch.cumsum(a, -1, dtype=torch.int32)),
+            name="CumSum-int32",
+        )
+    )
+    data, idx = _r(3, 4), _i(0, 3, 1, 1, 2, 0).reshape(3, 2)
+    s.append(
+        OpSample(
+            "GatherElements",
+            [("x", data), ("i", idx)],
+            {"axis": 1},
+            torch=_t(lambda a, i: torch.gather(a, 1, i)),
+        )
+    )
+    # unique targets for the plain scatter (which of two writes wins is unspecified)
+    unique, upd = _i(2, 0, 1, 2, 0, 2, 0, 1).reshape(2, 4), _r(2, 4, seed=5)
+    s.append(
+        OpSample(
+            "ScatterElements",
+            [("x", data), ("i", unique), ("u", upd)],
+            {"axis": 0},
+            torch=_t(lambda a, i, u: torch.scatter(a, 0, i, u)),
+        )
+    )
+    repeats = _i(1, 1, 0, 3, 3, 0).reshape(3, 2)
+    upd2 = _r(3, 2, seed=6)
+    for reduction, name in {"add": "sum", "mul": "prod", "max": "amax", "min": "amin"}.items():
+        s.append(
+            OpSample(
+                "ScatterElements",
+                [("x", data), ("i", repeats), ("u", upd2)],
+                {"axis": 1, "reduction": reduction},
+                torch=_t(lambda a, i, u, r=name: torch.scatter_reduce(a, 1, i, u, r)),
+                name=f"ScatterElements-{reduction}",
+            )
+        )
+    s.append(
+        OpSample(
+            "Pad",
+            [("x", ints)],
+            {"mode": "constant"},
+            consts={"pads": _i(0, 1, 0, 2), "value": np.asarray(-100, np.int64)},
+            torch=_t(lambda a: torch.nn.functional.pad(a, (1, 2), value=-100)),
+            name="Pad-valued-int",
+        )
+    )
+    for sample in s:
+        if sample.consts and sample.order is None:
+            sample.order = [n for n, _ in sample.inputs] + list(sample.consts)
+    return s
+
+
+_ATTENTION = _attention_samples()
+# a hand-written sample replaces the float one _samples() guesses for a new one-input op
+SAMPLES = [
+    s for s in _samples() if s.name or s.torch or s.op not in {a.op for a in _ATTENTION}
+] + _ATTENTION
 SAMPLES += _vision_samples()

@@ -348,6 +348,17 @@ _onnx(
     "extrapolation_value keep_aspect_ratio_policy mode nearest_mode",
 )
 
+# -- attention, masks and indexing (issue 12) -----------------------------------
+for _name in "Sin Cos BitwiseNot".split():
+    _onnx(_name, "X", "Y", traits="elementwise")
+for _name in "LessOrEqual GreaterOrEqual Xor BitwiseAnd BitwiseOr BitwiseXor".split():
+    _onnx(_name, "A B", "C", traits="elementwise")
+_onnx("Mod", "A B", "C", "fmod=0", traits="elementwise")
+_onnx("Trilu", "input k?", "output", "upper=1")
+_onnx("CumSum", "x axis", "y", "exclusive=0 reverse=0")
+_onnx("GatherElements", "data indices", "output", "axis=0")
+_onnx("ScatterElements", "data indices updates", "output", "axis=0 reduction")
+
 
 def vocabulary() -> list[OpSchema]:
     """Every op, sorted by (domain, name)."""

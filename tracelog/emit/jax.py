@@ -188,3 +188,38 @@ JAX.spell(
         "Resize": "_resize({0}, {axes}, {scales}, {sizes}, {mode}, {coord}, {nearest}, {cubic_a})",
     }
 )
+
+
+# -- attention, masks and indexing (issue 12) ---------------------------------------------
+JAX.spell(
+    {
+        "Sin": "jnp.sin({0})",
+        "Cos": "jnp.cos({0})",
+        "LessOrEqual": "jnp.less_equal({0}, {1})",
+        "GreaterOrEqual": "jnp.greater_equal({0}, {1})",
+        "Xor": "jnp.logical_xor({0}, {1})",
+        "BitwiseAnd": "jnp.bitwise_and({0}, {1})",
+        "BitwiseOr": "jnp.bitwise_or({0}, {1})",
+        "BitwiseXor": "jnp.bitwise_xor({0}, {1})",
+        "BitwiseNot": "jnp.bitwise_not({0})",
+        "Mod": "jnp.remainder({0}, {1})",  # the divisor's sign, as ONNX Mod (fmod=0)
+        "Trilu": "jnp.{tri}({0}, {k})",
+        "CumSum": "jnp.cumsum({0}, axis={axis}, dtype={0}.dtype)",
+        "GatherElements": "jnp.take_along_axis({0}, {1}, axis={axis})",
+    }
+)
+
+_JAX_SCATTER = {"none": "set", "add": "add", "mul": "multiply", "max": "max", "min": "min"}
+
+
+@JAX.register("ScatterElements")
+def _scatter_elements(c: RuleCtx) -> str:
+    # x.at[i_0, ..., index, ..., i_r]: the index along the axis, the grid elsewhere
+    a, idx = c.f["axis"], c.i(1)
+    grid = f"jnp.indices({idx}.shape, sparse=True)"
+    where = f"{grid}[:{a}] + ({idx},) + {grid}[{a + 1}:]"
+    return f"jnp.asarray({c.i(0)}).at[{where}].{_JAX_SCATTER[c.f['reduction']]}({c.i(2)})"
+
+
+for _variant in ("add", "mul", "max", "min"):
+    JAX.add(f"ScatterElements/{_variant}", _scatter_elements)

@@ -255,3 +255,29 @@ TORCH.spell(
         "Resize": _resize,
     }
 )
+
+
+# -- attention, masks and indexing (issue 12) ---------------------------------------------
+TORCH.spell(
+    {
+        "Sin": "torch.sin({0})",
+        "Cos": "torch.cos({0})",
+        "LessOrEqual": "torch.le({0}, {1})",
+        "GreaterOrEqual": "torch.ge({0}, {1})",
+        "Xor": "torch.logical_xor({0}, {1})",
+        "BitwiseAnd": "torch.bitwise_and({0}, {1})",
+        "BitwiseOr": "torch.bitwise_or({0}, {1})",
+        "BitwiseXor": "torch.bitwise_xor({0}, {1})",
+        "BitwiseNot": "torch.bitwise_not({0})",
+        "Mod": "torch.remainder({0}, {1})",  # the divisor's sign, as ONNX Mod (fmod=0)
+        "Trilu": "torch.{tri}({0}, {k})",
+        # torch.cumsum widens small integers to int64; ONNX CumSum keeps the dtype
+        "CumSum": "torch.cumsum({0}, {axis}, dtype={0}.dtype)",
+        "GatherElements": "torch.gather({0}, {axis}, {1})",
+        "ScatterElements": "torch.scatter({0}, {axis}, {1}, {2})",
+        "ScatterElements/add": "torch.scatter_add({0}, {axis}, {1}, {2})",
+        "ScatterElements/mul": "torch.scatter_reduce({0}, {axis}, {1}, {2}, 'prod')",
+        "ScatterElements/max": "torch.scatter_reduce({0}, {axis}, {1}, {2}, 'amax')",
+        "ScatterElements/min": "torch.scatter_reduce({0}, {axis}, {1}, {2}, 'amin')",
+    }
+)

@@ -626,6 +626,56 @@ def pool_ceil_extra(c: RuleCtx) -> list[int]:
     return extra
 
 
+# -- attention, masks and indexing (issue 12) -------------------------------------------------
+@OPS.op("Mod")
+def _mod(c: RuleCtx) -> dict[str, Any]:
+    # fmod=0 is Python's %: the result takes the divisor's sign (wrapping negative indices)
+    if int(c.attr("fmod", 0)):
+        raise NotImplementedError("Mod with fmod=1 (C's fmod)")
+    return {}
+
+
+@OPS.op("Trilu")
+def _trilu(c: RuleCtx) -> dict[str, Any]:
+    k = c.ints(1) if c.has(1) else [0]
+    if k is None:
+        raise NotImplementedError("Trilu with a computed diagonal")
+    upper = bool(int(c.attr("upper", 1)))
+    # tri: the function numpy, torch and jax.numpy call it
+    return {"k": k[0], "upper": upper, "tri": "triu" if upper else "tril"}
+
+
+@OPS.op("CumSum")
+def _cumsum(c: RuleCtx) -> dict[str, Any]:
+    axis = c.ints(1)
+    if axis is None:
+        raise NotImplementedError("CumSum over a computed axis")
+    if int(c.attr("exclusive", 0)) or int(c.attr("reverse", 0)):
+        raise NotImplementedError("CumSum exclusive or reversed")
+    return {"axis": axis[0] % c.rank()}
+
+
+@OPS.op("GatherElements")
+def _gather_elements(c: RuleCtx) -> dict[str, Any]:
+    return {"axis": int(c.attr("axis", 0)) % c.rank()}
+
+
+def _scatter_elements(c: RuleCtx) -> dict[str, Any]:
+    reduction = str(c.attr("reduction", "none"))
+    if reduction not in ("none", "add", "mul", "max", "min"):
+        raise NotImplementedError(f"ScatterElements with reduction {reduction!r}")
+    return {"axis": int(c.attr("axis", 0)) % c.rank(), "reduction": reduction}
+
+
+# each reduction is a form the targets spell apart ("ScatterElements/add")
+OPS.add(
+    "ScatterElements",
+    OpRule(
+        _scatter_elements, variant=lambda c: "" if c.f["reduction"] == "none" else c.f["reduction"]
+    ),
+)
+
+
 def dtype_name(dtype: str) -> str:
     """A dtype name that may be spelled as an attribute (tf.float32)."""
     if dtype not in DTYPES:

@@ -261,3 +261,64 @@ TF.spell(
         "Resize": "_resize({0}, {axes}, {scales}, {sizes}, {mode}, {coord}, {nearest}, {cubic_a})",
     }
 )
+
+
+# -- attention, masks and indexing (issue 12) ---------------------------------------------
+TF.spell(
+    {
+        "Sin": "tf.math.sin({0})",
+        "Cos": "tf.math.cos({0})",
+        "LessOrEqual": "tf.math.less_equal({0}, {1})",
+        "GreaterOrEqual": "tf.math.greater_equal({0}, {1})",
+        "Xor": "tf.math.logical_xor({0}, {1})",
+        "BitwiseAnd": "tf.bitwise.bitwise_and({0}, {1})",
+        "BitwiseOr": "tf.bitwise.bitwise_or({0}, {1})",
+        "BitwiseXor": "tf.bitwise.bitwise_xor({0}, {1})",
+        "BitwiseNot": "tf.bitwise.invert({0})",
+        "Mod": "tf.math.floormod({0}, {1})",  # the divisor's sign, as ONNX Mod (fmod=0)
+        "CumSum": "tf.math.cumsum({0}, axis={axis})",
+        "GatherElements": "tf.experimental.numpy.take_along_axis({0}, {1}, axis={axis})",
+    }
+)
+
+
+@TF.register("Trilu")
+def _trilu(c: RuleCtx) -> str:
+    # tf.linalg.band_part takes no diagonal offset: keep where col - row is on the kept side of k
+    x = c.i(0)
+    side = ">=" if c.f["upper"] else "<="
+    offset = f"tf.range(tf.shape({x})[-1])[None, :] - tf.range(tf.shape({x})[-2])[:, None]"
+    return f"tf.where({offset} {side} {c.f['k']}, {x}, tf.zeros_like({x}))"
+
+
+_TF_SCATTER = {
+    "none": "tf.tensor_scatter_nd_update",
+    "add": "tf.tensor_scatter_nd_add",
+    "max": "tf.tensor_scatter_nd_max",
+    "min": "tf.tensor_scatter_nd_min",
+}
+
+
+@TF.register("ScatterElements")
+def _scatter_elements(c: RuleCtx) -> str:
+    # every position of the index (row-major, as tf.where lists them), its axis
+    # coordinate replaced by the index's value: the full coordinates to scatter to
+    a = c.f["axis"]
+    idx = f"tf.cast({c.i(1)}, tf.int64)"
+    grid = f"tf.where(tf.ones_like({c.i(1)}, tf.bool))"
+    coords = f"tf.concat([{grid}[:, :{a}], tf.reshape({idx}, [-1, 1]), {grid}[:, {a + 1}:]], 1)"
+    updates = f"tf.reshape({c.i(2)}, [-1])"
+    if c.f["reduction"] == "mul":
+        # no multiplying scatter: the product of the updates per element (1 where
+        # none lands), by row-major position, times the data
+        x = c.i(0)
+        shape = f"tf.shape({x}, out_type=tf.int64)"
+        strides = f"tf.math.cumprod({shape}, exclusive=True, reverse=True)"
+        flat = f"tf.reduce_sum({coords} * {strides}, axis=1)"
+        product = f"tf.math.unsorted_segment_prod({updates}, {flat}, tf.size({x}, tf.int64))"
+        return f"{x} * tf.reshape({product}, {shape})"
+    return f"{_TF_SCATTER[c.f['reduction']]}({c.i(0)}, {coords}, {updates})"
+
+
+for _variant in ("add", "mul", "max", "min"):
+    TF.add(f"ScatterElements/{_variant}", _scatter_elements)

@@ -220,19 +220,7 @@ def _pow(ctx: Ctx) -> Names:
     return ctx.one("Pow", [_operand(ctx, 0, "self", dt), _operand(ctx, 1, "exponent", dt)])
 
 
-_COMPARE = {"eq": "Equal", "lt": "Less", "gt": "Greater"}
-
-
-def _compare_rule(op: str) -> Converter:
-    def rule(ctx: Ctx) -> Names:
-        dt = ctx.in_type(0).dtype
-        return ctx.one(op, [_operand(ctx, 0, "self", dt), _operand(ctx, 1, "other", dt)])
-
-    return rule
-
-
-for _aten, _op in _COMPARE.items():
-    ATEN.update_from([f"aten.{_aten}.Tensor", f"aten.{_aten}.Scalar"], _compare_rule(_op))
+# comparisons (every overload, after type promotion): rules_attention.py
 
 
 @ATEN.register("aten.where.self")
@@ -830,11 +818,7 @@ ATEN.not_yet(
     "aten.index_put.default",
     reason="scatter-style writes are not modelled",
 )
-ATEN.not_yet(
-    "aten._scaled_dot_product_flash_attention_for_cpu.default",
-    "aten._scaled_dot_product_efficient_attention.default",
-    reason="fused attention kernels",
-)
 ATEN.not_yet("aten.mkldnn_rnn_layer.default", "aten.lstm.input", reason="recurrent layers")
 
-from tracelog.adapters.torch import rules_vision  # noqa: E402, F401 - registers its rules
+# the op families in modules of their own register into ATEN when imported
+from tracelog.adapters.torch import rules_attention, rules_vision  # noqa: E402, F401

@@ -1,0 +1,750 @@
+"""Aten rules for attention, masks and indexing (issue 12): what Hugging Face
+GPT-2, BERT, Llama and ViT and torch.nn's TransformerEncoder and
+MultiheadAttention record, written as ONNX-semantics IR. Registered into the
+one aten table (``rules.ATEN``) when that module is imported.
+
+What the CPU dispatcher shows for ``F.scaled_dot_product_attention`` (torch
+2.13): the fused kernel ``_scaled_dot_product_flash_attention_for_cpu`` runs
+only with ``dropout_p == 0`` (it refuses dropout). With ``dropout_p > 0`` the
+math path runs instead, and its aten ops are recorded one by one: the scaled
+``bmm``, the mask ``add``, ``_safe_softmax``, the usual dropout
+(``empty_like``/``bernoulli_``/``div_``/``mul``, recorded as Dropout with its
+mask, so the sample replays the attention-weight mask), the second ``bmm``.
+The CUDA kernels (efficient, flash, cuDNN) draw their dropout mask inside the
+kernel from a philox state: no mask tensor exists to record, so those kernels
+with ``dropout_p > 0`` are NotSupported.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Sequence
+from typing import Any
+
+import numpy as np
+import torch
+
+from tracelog.adapters.builder import Converter, Ctx, NotSupported
+from tracelog.adapters.tape import TArg
+from tracelog.adapters.torch.rules import (
+    ATEN,
+    INT64_MAX,
+    Names,
+    _operand,
+    _unary_rule,
+    _where,
+)
+from tracelog.adapters.torch.tensors import dtype_name
+from tracelog.ir import Dim, TensorType, batch_dim, batch_factor, is_symbolic
+
+_TORCH_DTYPES = {
+    "float32": torch.float32,
+    "float64": torch.float64,
+    "float16": torch.float16,
+    "bfloat16": torch.bfloat16,
+    "int64": torch.int64,
+    "int32": torch.int32,
+    "int16": torch.int16,
+    "int8": torch.int8,
+    "uint8": torch.uint8,
+    "bool": torch.bool,
+}
+_NEG_INF = float("-inf")
+
+
+# -- helpers -----------------------------------------------------------------------------
+def _promoted(a: Any, b: Any) -> str:
+    """The dtype torch computes a binary op of a and b in: its type promotion,
+    where a 0-dim tensor or a Python scalar does not widen a tensor of its own
+    category (int64 tensor == 0.5 compares in float32, not in int64)."""
+
+    def proto(x: Any) -> Any:
+        if isinstance(x, TArg):
+            shape = [1] * len(x.shape)
+            return torch.empty(shape, dtype=_TORCH_DTYPES[x.dtype], device="meta")
+        if isinstance(x, (bool, int, float)):
+            return x
+        raise NotSupported(f"an operand of type {type(x).__name__}")
+
+    pa, pb = proto(a), proto(b)
+    if not isinstance(pa, torch.Tensor) and not isinstance(pb, torch.Tensor):
+        raise NotSupported("a comparison of two Python scalars")
+    return dtype_name(torch.result_type(pa, pb))
+
+
+def _chain(ctx: Ctx, steps: Sequence[tuple[str, dict[str, Any]]], inputs: list[str]) -> Names:
+    """Ops applied in turn to a bool result, the last giving the record's
+    output: the comparison, then Not (ne), then Cast (an in-place op keeps
+    its tensor's dtype)."""
+    out = ctx.out_type()
+    cur = inputs
+    for op, attrs in steps[:-1]:
+        cur = [ctx.helper(op, cur, TensorType("bool", out.shape), **attrs)]
+    op, attrs = steps[-1]
+    return ctx.one(op, cur, **attrs)
+
+
+def _as_bool_result(ctx: Ctx, op: str, inputs: list[str], negate: bool = False) -> Names:
+    out = ctx.out_type()
+    steps: list[tuple[str, dict[str, Any]]] = [(op, {})]
+    if negate:
+        steps.append(("Not", {}))
+    if out.dtype != "bool":
+        steps.append(("Cast", {"to": out.dtype}))
+    return _chain(ctx, steps, inputs)
+
+
+def _to_bool(ctx: Ctx, i: int, name: str) -> str:
+    """Tensor operand i as bool (nonzero is true), as torch's logical ops read it."""
+    a = ctx.arg(i, name)
+    if not isinstance(a, TArg):
+        return ctx.const(bool(a), "bool")
+    n = ctx.t(i, name)
+    if a.dtype == "bool":
+        return n
+    return ctx.helper("Cast", [n], TensorType("bool", a.shape), to="bool")
+
+
+def _broadcast(ctx: Ctx, shapes: Sequence[Sequence[Dim]]) -> tuple[Dim, ...]:
+    """The broadcast of shapes whose dims may be batch symbols (a symbol and
+    the batch size as an int are one dim: the symbol is kept)."""
+    rank = max(len(s) for s in shapes)
+    out: list[Dim] = []
+    for k in range(rank):
+        dims = sorted(
+            {s[k - rank + len(s)] for s in shapes if k - rank + len(s) >= 0} - {1},
+            key=lambda d: (not is_symbolic(d), str(d)),
+        )
+        if any(not _same_dim(ctx, dims[0], d) for d in dims[1:]):
+            raise NotSupported(f"index shapes {[list(s) for s in shapes]} do not broadcast")
+        out.append(dims[0] if dims else 1)
+    return tuple(out)
+
+
+def _same_dim(ctx: Ctx, a: Dim, b: Dim) -> bool:
+    """Whether two dims are equal in this batch: a batch-sized dim matches the
+    batch size as an int (an index built with arange(batch) is a constant)."""
+    if a == b:
+        return True
+    n = ctx.batch
+    if n is None or is_symbolic(a) == is_symbolic(b):
+        return False
+    sym, size = (a, b) if is_symbolic(a) else (b, a)
+    return batch_factor(sym) * n == size
+
+
+def _shape_vector(ctx: Ctx, dims: Sequence[Dim]) -> str:
+    """An int64 shape tensor for dims: constant when every dim is a size,
+    computed from the data input's shape for batch-derived dims."""
+    if not any(map(is_symbolic, dims)):
+        return ctx.ints([int(d) for d in dims])
+    try:
+        return ctx.dynamic_shape(list(dims))
+    except ValueError:  # a symbol other than batch*k: nothing here computes it
+        raise NotSupported(f"a shape {list(dims)} the graph cannot compute") from None
+
+
+def _iota(ctx: Ctx, size: str, n: Dim, dtype: str) -> str:
+    """0, 1, ..., n - 1 for a size the graph computes (``size``: int64 [1]):
+    CumSum of ones, which every target writes with a static shape (JAX's
+    jnp.arange wants its bound concrete under jit; a computed shape is)."""
+    ty = TensorType(dtype, (n,))
+    ones = ctx.helper("ConstantOfShape", [size], ty, value=1)
+    counts = ctx.helper("CumSum", [ones, ctx.const(0, "int64")], ty)
+    return ctx.helper("Sub", [counts, ctx.const(1, dtype)], ty)
+
+
+def _const_of(ctx: Ctx, name: str) -> np.ndarray | None:
+    """The value of a constant IR value, else None."""
+    v = ctx.b.values.get(name)
+    if v is None or v.kind != "const" or v.const is None:
+        return None
+    if v.const.digest is not None:
+        return ctx.b.constants.get(v.const.digest)
+    return np.asarray(v.const.data)
+
+
+# reading through these keeps every element of the input among the output's
+_VALUE_PRESERVING = (
+    "Unsqueeze",
+    "Squeeze",
+    "Reshape",
+    "Expand",
+    "Identity",
+    "Transpose",
+    "Tile",
+    "StopGradient",
+)
+
+
+# ops whose output is non-negative where every input is (position + past length)
+_SIGN_PRESERVING = ("Add", "Mul", "Max", "Min", "Concat")
+
+
+def _known_nonnegative(ctx: Ctx, name: str) -> bool:
+    """Whether an index is built from constants with no negative entry
+    (through reshapes, sums, ...): then it needs no wrapping (the arange-built
+    indices of Hugging Face's masks)."""
+    producer = {o: n for n in ctx.b.nodes for o in n.outputs if o}
+
+    def nonnegative(value: str, depth: int) -> bool:
+        const = _const_of(ctx, value)
+        if const is not None:
+            return bool(np.all(const >= 0))
+        node = producer.get(value)
+        if node is None or depth > 32:
+            return False
+        if node.op in _VALUE_PRESERVING:
+            return nonnegative(node.inputs[0], depth + 1)
+        if node.op in _SIGN_PRESERVING:
+            return all(nonnegative(i, depth + 1) for i in node.inputs)
+        return False
+
+    return nonnegative(name, 0)
+
+
+def _dim_size(ctx: Ctx, x: str, shape: Sequence[Dim], d: int) -> str:
+    """The size of dim d of x as an int64 scalar: a constant, or read from
+    x's shape for a batch-sized dim."""
+    size = shape[d]
+    if not is_symbolic(size):
+        return ctx.const(int(size), "int64")
+    vec = ctx.helper("Shape", [x], TensorType("int64", (1,)), start=d, end=d + 1)
+    return ctx.helper("Squeeze", [vec, ctx.ints([0])], TensorType("int64", ()))
+
+
+def _wrapped(ctx: Ctx, idx: str, ty: TensorType, x: str, shape: Sequence[Dim], d: int) -> str:
+    """An int64 index into dim d with negative entries counted from the end
+    (Mod by the size: torch indexes so; tf.gather refuses negatives)."""
+    if ty.dtype != "int64":
+        idx = ctx.helper("Cast", [idx], TensorType("int64", ty.shape), to="int64")
+    if _known_nonnegative(ctx, idx):
+        return idx
+    return ctx.helper("Mod", [idx, _dim_size(ctx, x, shape, d)], TensorType("int64", ty.shape))
+
+
+# -- comparisons: every overload, after torch's type promotion ------------------------------
+_COMPARE = {
+    "eq": ("Equal", False),
+    "ne": ("Equal", True),
+    "lt": ("Less", False),
+    "le": ("LessOrEqual", False),
+    "gt": ("Greater", False),
+    "ge": ("GreaterOrEqual", False),
+}
+
+
+def _compare_rule(op: str, negate: bool) -> Converter:
+    def rule(ctx: Ctx) -> Names:
+        dt = _promoted(ctx.arg(0, "self"), ctx.arg(1, "other"))
+        ins = [_operand(ctx, 0, "self", dt), _operand(ctx, 1, "other", dt)]
+        return _as_bool_result(ctx, op, ins, negate)
+
+    return rule
+
+
+for _aten, (_op, _negate) in _COMPARE.items():
+    ATEN.update_from(
+        [f"aten.{_aten}{inplace}.{kind}" for inplace in ("", "_") for kind in ("Tensor", "Scalar")],
+        _compare_rule(_op, _negate),
+    )
+
+
+# -- boolean and bitwise ops ------------------------------------------------------------------
+_BITWISE = {"and": ("And", "BitwiseAnd"), "or": ("Or", "BitwiseOr"), "xor": ("Xor", "BitwiseXor")}
+
+
+def _bitwise_rule(logical: str, bitwise: str) -> Converter:
+    """bitwise_and and friends: the logical op on bool, the bitwise op on integers."""
+
+    def rule(ctx: Ctx) -> Names:
+        dt = ctx.out_type().dtype
+        if dt.startswith("float") or dt == "bfloat16":
+            raise NotSupported(f"a bitwise op on {dt}")
+        ins = [_operand(ctx, 0, "self", dt), _operand(ctx, 1, "other", dt)]
+        return ctx.one(logical if dt == "bool" else bitwise, ins)
+
+    return rule
+
+
+def _logical_rule(op: str) -> Converter:
+    """logical_and and friends: operands read as bool, the result bool (or the
+    in-place tensor's own dtype)."""
+
+    def rule(ctx: Ctx) -> Names:
+        return _as_bool_result(ctx, op, [_to_bool(ctx, 0, "self"), _to_bool(ctx, 1, "other")])
+
+    return rule
+
+
+for _name, (_logical, _bitwise) in _BITWISE.items():
+    ATEN.update_from(
+        [
+            f"aten.bitwise_{_name}{inplace}.{kind}"
+            for inplace in ("", "_")
+            for kind in ("Tensor", "Scalar")
+        ],
+        _bitwise_rule(_logical, _bitwise),
+    )
+    ATEN.update_from(
+        [f"aten.logical_{_name}.default", f"aten.logical_{_name}_.default"],
+        _logical_rule(_logical),
+    )
+
+
+@ATEN.register("aten.bitwise_not.default", "aten.bitwise_not_.default")
+def _bitwise_not(ctx: Ctx) -> Names:
+    dt = ctx.out_type().dtype
+    return ctx.one("Not" if dt == "bool" else "BitwiseNot", [ctx.t(0)])
+
+
+@ATEN.register("aten.logical_not.default", "aten.logical_not_.default")
+def _logical_not(ctx: Ctx) -> Names:
+    return _as_bool_result(ctx, "Not", [_to_bool(ctx, 0, "self")])
+
+
+# -- where and masked_fill ---------------------------------------------------------------------
+ATEN.update_from(["aten.where.ScalarSelf", "aten.where.ScalarOther", "aten.where.Scalar"], _where)
+
+
+@ATEN.register("aten.masked_fill.Tensor", "aten.masked_fill_.Tensor")
+def _masked_fill_tensor(ctx: Ctx) -> Names:
+    dt = ctx.out_type().dtype
+    return ctx.one("Where", [ctx.t(1), _operand(ctx, 2, "value", dt), ctx.t(0)])
+
+
+# -- element-wise ------------------------------------------------------------------------------
+for _aten, _op in {"sin": "Sin", "cos": "Cos"}.items():
+    ATEN.update_from([f"aten.{_aten}.default", f"aten.{_aten}_.default"], _unary_rule(_op))
+
+
+@ATEN.register(
+    "aten.remainder.Tensor",
+    "aten.remainder.Scalar",
+    "aten.remainder_.Tensor",
+    "aten.remainder_.Scalar",
+)
+def _remainder(ctx: Ctx) -> Names:
+    # Python's %, the divisor's sign: ONNX Mod with fmod=0, which ONNX defines for integers only
+    dt = ctx.out_type().dtype
+    if not dt.startswith(("int", "uint")):
+        raise NotSupported(f"remainder on {dt} (ONNX Mod takes floats only as C's fmod)")
+    return ctx.one("Mod", [_operand(ctx, 0, "self", dt), _operand(ctx, 1, "other", dt)])
+
+
+# -- factories ------------------------------------------------------------------------------------
+def _arange_bounds(ctx: Ctx) -> tuple[Any, Any, Any]:
+    overload = ctx.rec.op.rsplit(".", 1)[1]
+    if overload == "default":
+        return 0, ctx.arg(0, "end"), 1
+    if overload == "start":
+        return ctx.arg(0, "start"), ctx.arg(1, "end"), 1
+    return ctx.arg(0, "start"), ctx.arg(1, "end"), ctx.arg(2, "step", 1)
+
+
+@ATEN.register("aten.arange.default", "aten.arange.start", "aten.arange.start_step")
+def _arange(ctx: Ctx) -> Names:
+    start, _end, step = _arange_bounds(ctx)
+    if not all(isinstance(b, (int, float)) for b in (start, step)):
+        raise NotSupported("arange with tensor bounds")
+    out = ctx.out_type()
+    (n,) = out.shape
+    if not is_symbolic(n):
+        # torch computes start + i * step in double, then rounds to the dtype
+        idx = np.arange(int(n), dtype=np.int64)
+        exact = out.dtype.startswith(("int", "uint")) and isinstance(start + step, int)
+        values = start + step * idx if exact else start + step * idx.astype(np.float64)
+        return [ctx.const(np.asarray(values).astype(out.dtype), out.dtype)]
+    # a batch-sized length (the end was the batch size): its bound is computed
+    y = _iota(ctx, _shape_vector(ctx, [n]), n, out.dtype)
+    if step != 1:
+        y = ctx.helper("Mul", [y, ctx.const(step, out.dtype)], out)
+    if start != 0:
+        y = ctx.helper("Add", [y, ctx.const(start, out.dtype)], out)
+    return [y]
+
+
+# -- padding ------------------------------------------------------------------------------------
+@ATEN.register("aten.constant_pad_nd.default")
+def _constant_pad_nd(ctx: Ctx) -> Names:
+    xt, out = ctx.in_type(0), ctx.out_type()
+    rank = len(xt.shape)
+    pad = [int(p) for p in ctx.arg(1, "pad")]
+    value = ctx.arg(2, "value", 0)
+    if len(pad) % 2 or len(pad) // 2 > rank:
+        raise NotSupported(f"constant_pad_nd with pad {pad} on rank {rank}")
+    begins, ends = [0] * rank, [0] * rank
+    for j in range(len(pad) // 2):  # torch's pad runs from the last dim backwards
+        begins[rank - 1 - j], ends[rank - 1 - j] = pad[2 * j], pad[2 * j + 1]
+    x = ctx.t(0)
+    crop = [d for d in range(rank) if begins[d] < 0 or ends[d] < 0]
+    if crop:
+        # a negative pad removes elements: a Slice (tf.pad and jnp.pad take no negative pads)
+        shape = list(xt.shape)
+        for d in crop:
+            if is_symbolic(shape[d]):
+                raise NotSupported("a negative pad of a batch-sized dim")
+            shape[d] = int(shape[d]) + min(begins[d], 0) + min(ends[d], 0)
+        starts = [max(0, -begins[d]) for d in crop]
+        stops = [ends[d] if ends[d] < 0 else INT64_MAX for d in crop]
+        begins, ends = [max(0, b) for b in begins], [max(0, e) for e in ends]
+        if not any(begins + ends):
+            return ctx.one("Slice", [x, ctx.ints(starts), ctx.ints(stops), ctx.ints(crop)])
+        x = ctx.helper(
+            "Slice",
+            [x, ctx.ints(starts), ctx.ints(stops), ctx.ints(crop)],
+            TensorType(xt.dtype, tuple(shape)),
+        )
+    if not any(begins + ends):
+        return [x]
+    ins = [x, ctx.ints(begins + ends)]
+    if value:
+        ins.append(ctx.const(value, out.dtype))
+    return ctx.one("Pad", ins, mode="constant")
+
+
+# -- indexing ------------------------------------------------------------------------------------
+@ATEN.register("aten.gather.default")
+def _gather(ctx: Ctx) -> Names:
+    xt, it = ctx.in_type(0), ctx.in_type(2)
+    rank = len(xt.shape)
+    if rank == 0:
+        raise NotSupported("gather on a 0-dim tensor")
+    dim = int(ctx.arg(1, "dim")) % rank
+    x = ctx.t(0)
+    # torch reads only the index's extent of the other dims; GatherElements
+    # (take-along-axis) wants them equal, so the data is cut to it first
+    cut = [d for d in range(rank) if d != dim and not _same_dim(ctx, xt.shape[d], it.shape[d])]
+    if cut:
+        if any(is_symbolic(xt.shape[d]) or is_symbolic(it.shape[d]) for d in cut):
+            raise NotSupported("gather with an index shorter than a batch-sized dim")
+        shape = tuple(it.shape[d] if d in cut else xt.shape[d] for d in range(rank))
+        x = ctx.helper(
+            "Slice",
+            [x, ctx.ints([0] * len(cut)), ctx.ints([int(it.shape[d]) for d in cut]), ctx.ints(cut)],
+            TensorType(xt.dtype, shape),
+        )
+    return ctx.one("GatherElements", [x, ctx.t(2)], axis=dim)
+
+
+@ATEN.register("aten.index_select.default")
+def _index_select(ctx: Ctx) -> Names:
+    xt, it = ctx.in_type(0), ctx.in_type(2)
+    dim = int(ctx.arg(1, "dim")) % max(len(xt.shape), 1)
+    idx = ctx.t(2)
+    if not it.shape:  # a 0-dim index keeps the dim, with size 1
+        idx = ctx.helper("Reshape", [idx, ctx.ints([1])], TensorType(it.dtype, (1,)))
+        it = TensorType(it.dtype, (1,))
+    idx = _wrapped(ctx, idx, it, ctx.t(0), xt.shape, dim)
+    return ctx.one("Gather", [ctx.t(0), idx], axis=dim)
+
+
+@ATEN.register("aten.index.Tensor")
+def _index(ctx: Ctx) -> Names:
+    """Advanced indexing x[..., i, j, ...] with integer index tensors: the
+    indexed dims are merged into one and read with one Gather of the
+    row-major linear index (broadcast like torch broadcasts the indices)."""
+    xt = ctx.in_type(0)
+    indices = list(ctx.arg(1, "indices"))
+    positions = [d for d, i in enumerate(indices) if i is not None]
+    if not positions:
+        return [ctx.t(0)]
+    if any(indices[d].dtype in ("bool", "uint8") for d in positions):
+        raise NotSupported("indexing with a boolean mask: the output's size depends on the data")
+    x, shape = ctx.t(0), list(xt.shape)
+    if positions != list(range(positions[0], positions[-1] + 1)):
+        # torch puts the result dims first when the indexed dims are not adjacent
+        perm = positions + [d for d in range(len(shape)) if d not in positions]
+        shape = [shape[p] for p in perm]
+        x = ctx.helper("Transpose", [x], TensorType(xt.dtype, tuple(shape)), perm=perm)
+        positions = list(range(len(positions)))
+    first, k = positions[0], len(positions)
+    # each index wraps by the size of the dim it indexes in x (before any transpose)
+    names = [
+        _wrapped(ctx, ctx.b.name_of(indices[d]), indices[d].type, ctx.t(0), xt.shape, d)
+        for d in range(len(indices))
+        if indices[d] is not None
+    ]
+    linear = names[0]
+    sizes = [shape[d] for d in positions]
+    if k > 1:
+        if any(map(is_symbolic, sizes[1:])):
+            raise NotSupported("advanced indexing over several dims, a later one batch-sized")
+        shapes = [indices[d].shape for d in range(len(indices)) if indices[d] is not None]
+        lin_shape = tuple(shapes[0])
+        for j in range(1, k):
+            scaled_ty = TensorType("int64", lin_shape)
+            scaled = ctx.helper("Mul", [linear, ctx.const(int(sizes[j]), "int64")], scaled_ty)
+            lin_shape = _broadcast(ctx, [lin_shape, shapes[j]])
+            linear = ctx.helper("Add", [scaled, names[j]], TensorType("int64", lin_shape))
+        rest = math.prod(int(s) for s in sizes[1:])
+        merged: Dim = (
+            batch_dim(batch_factor(sizes[0]) * rest) if is_symbolic(sizes[0]) else sizes[0] * rest
+        )
+        flat = shape[:first] + [merged] + shape[first + k :]
+        x = ctx.helper("Reshape", [x, ctx.shape_const(flat)], TensorType(xt.dtype, tuple(flat)))
+    return ctx.one("Gather", [x, linear], axis=first)
+
+
+def _scatter_reduction(ctx: Ctx) -> str:
+    name = ctx.rec.op.split(".")[1].rstrip("_")
+    if name == "scatter_add":
+        return "add"
+    if name == "scatter_reduce":
+        reduce = str(ctx.arg(4, "reduce"))
+        if not ctx.arg(5, "include_self", True):
+            raise NotSupported("scatter_reduce with include_self=False")
+        found = {"sum": "add", "prod": "mul", "amax": "max", "amin": "min"}.get(reduce)
+        if found is None:
+            raise NotSupported(f"scatter_reduce with reduce={reduce!r}")
+        return found
+    reduce = ctx.arg(4, "reduce")
+    if reduce is None:
+        return "none"
+    found = {"add": "add", "multiply": "mul"}.get(str(reduce))
+    if found is None:
+        raise NotSupported(f"scatter with reduce={reduce!r}")
+    return found
+
+
+@ATEN.register(
+    "aten.scatter.src",
+    "aten.scatter_.src",
+    "aten.scatter.value",
+    "aten.scatter_.value",
+    "aten.scatter.reduce",
+    "aten.scatter_.reduce",
+    "aten.scatter.value_reduce",
+    "aten.scatter_.value_reduce",
+    "aten.scatter_add.default",
+    "aten.scatter_add_.default",
+    "aten.scatter_reduce.two",
+    "aten.scatter_reduce_.two",
+)
+def _scatter(ctx: Ctx) -> Names:
+    xt, it = ctx.in_type(0), ctx.in_type(2)
+    rank = len(xt.shape)
+    if rank == 0:
+        raise NotSupported("scatter into a 0-dim tensor")
+    dim = int(ctx.arg(1, "dim")) % rank
+    dt = ctx.out_type().dtype
+    reduction = _scatter_reduction(ctx)
+    src = ctx.arg(3)
+    idx = ctx.t(2)
+    if isinstance(src, TArg):
+        upd = _operand(ctx, 3, "src", dt)
+        # torch reads only the index's extent of src; ScatterElements wants them equal
+        cut = [d for d in range(rank) if not _same_dim(ctx, src.shape[d], it.shape[d])]
+        if cut:
+            if any(is_symbolic(src.shape[d]) or is_symbolic(it.shape[d]) for d in cut):
+                raise NotSupported("scatter with a src larger than its index in a batch-sized dim")
+            upd = ctx.helper(
+                "Slice",
+                [upd, ctx.ints([0] * len(cut)), ctx.ints([int(it.shape[d]) for d in cut])]
+                + [ctx.ints(cut)],
+                TensorType(dt, it.shape),
+            )
+    else:
+        shape = (
+            ctx.helper("Shape", [idx], TensorType("int64", (rank,)))
+            if any(map(is_symbolic, it.shape))
+            else ctx.ints([int(d) for d in it.shape])
+        )
+        upd = ctx.helper("Expand", [_operand(ctx, 3, "value", dt), shape], TensorType(dt, it.shape))
+    attrs = {} if reduction == "none" else {"reduction": reduction}
+    return ctx.one("ScatterElements", [ctx.t(0), idx, upd], axis=dim, **attrs)
+
+
+# -- scans and triangles ---------------------------------------------------------------------------
+@ATEN.register("aten.cumsum.default", "aten.cumsum_.default")
+def _cumsum(ctx: Ctx) -> Names:
+    xt, out = ctx.in_type(0), ctx.out_type()
+    if not xt.shape:
+        return ctx.one("Cast", [ctx.t(0)], to=out.dtype) if xt.dtype != out.dtype else [ctx.t(0)]
+    x = ctx.t(0)
+    if xt.dtype != out.dtype:  # cumsum of bool or int32 counts in int64 (or its dtype=)
+        x = ctx.helper("Cast", [x], TensorType(out.dtype, xt.shape), to=out.dtype)
+    dim = int(ctx.arg(1, "dim")) % len(xt.shape)
+    return ctx.one("CumSum", [x, ctx.const(dim, "int64")])
+
+
+def _trilu_rule(upper: int) -> Converter:
+    def rule(ctx: Ctx) -> Names:
+        k = int(ctx.arg(1, "diagonal", 0))
+        ins = [ctx.t(0)] + ([ctx.const(k, "int64")] if k else [])
+        return ctx.one("Trilu", ins, upper=upper)
+
+    return rule
+
+
+ATEN.update_from(["aten.tril.default", "aten.tril_.default"], _trilu_rule(0))
+ATEN.update_from(["aten.triu.default", "aten.triu_.default"], _trilu_rule(1))
+
+
+# -- attention -----------------------------------------------------------------------------------------
+def _safe_softmax_of(ctx: Ctx, x: str, ty: TensorType, axis: int) -> str:
+    """Softmax over ``axis`` whose rows that are all -inf give 0, not NaN
+    (torch's _safe_softmax; the fused attention kernels do the same). ONNX has
+    no such op: a row is dead where its max is -inf. A dead row is softmaxed as
+    zeros and then zeroed, so no NaN appears in the forward, nor in any
+    target's gradient (a Where after a NaN softmax would leak NaN into it)."""
+    keep = list(ty.shape)
+    keep[axis] = 1
+    top = ctx.helper("ReduceMax", [x, ctx.ints([axis])], TensorType(ty.dtype, tuple(keep)))
+    dead = ctx.helper(
+        "Equal", [top, ctx.const(_NEG_INF, ty.dtype)], TensorType("bool", tuple(keep))
+    )
+    zero = ctx.const(0.0, ty.dtype)
+    safe = ctx.helper("Where", [dead, zero, x], ty)
+    p = ctx.helper("Softmax", [safe], ty, axis=axis)
+    return ctx.helper("Where", [dead, zero, p], ty)
+
+
+@ATEN.register("aten._safe_softmax.default")
+def _safe_softmax(ctx: Ctx) -> Names:
+    xt, out = ctx.in_type(0), ctx.out_type()
+    if not xt.shape:
+        raise NotSupported("softmax of a 0-dim tensor")
+    x = ctx.t(0)
+    if xt.dtype != out.dtype:
+        x = ctx.helper("Cast", [x], TensorType(out.dtype, xt.shape), to=out.dtype)
+    axis = int(ctx.arg(1, "dim")) % len(xt.shape)
+    return [_safe_softmax_of(ctx, x, TensorType(out.dtype, xt.shape), axis)]
+
+
+def _repeat_heads(ctx: Ctx, x: str, ty: TensorType, times: int) -> tuple[str, TensorType]:
+    """[..., Hk, S, E] -> [..., Hk * times, S, E], each head repeated in place
+    (grouped-query attention: query head h reads key/value head h // times)."""
+    *lead, hk, s, e = ty.shape
+    five = TensorType(ty.dtype, (*lead, hk, 1, s, e))
+    x = ctx.helper("Unsqueeze", [x, ctx.ints([-3])], five)
+    ones = [1] * len(lead)
+    wide = TensorType(ty.dtype, (*lead, hk, times, s, e))
+    x = ctx.helper("Expand", [x, ctx.ints([*ones, 1, times, 1, 1])], wide)
+    if is_symbolic(hk):
+        raise NotSupported("grouped-query attention with a batch-sized head count")
+    out = TensorType(ty.dtype, (*lead, int(hk) * times, s, e))
+    return ctx.helper("Reshape", [x, ctx.shape_const(list(out.shape))], out), out
+
+
+def _causal_keep(ctx: Ctx, q: str, qt: TensorType, k: str, kt: TensorType) -> str:
+    """The causal mask as torch aligns it (top-left: query i sees keys j <= i),
+    bool [L, S]: a constant, or computed from the shapes for symbolic lengths."""
+    length, keys = qt.shape[-2], kt.shape[-2]
+    if not is_symbolic(length) and not is_symbolic(keys):
+        return ctx.const(np.tril(np.ones((int(length), int(keys)), dtype=bool)), "bool")
+    one = TensorType("int64", (1,))
+    rank_q, rank_k = len(qt.shape), len(kt.shape)
+    lsize = ctx.helper("Shape", [q], one, start=rank_q - 2, end=rank_q - 1)
+    ssize = ctx.helper("Shape", [k], one, start=rank_k - 2, end=rank_k - 1)
+    rows = _iota(ctx, lsize, length, "int64")
+    cols = _iota(ctx, ssize, keys, "int64")
+    rows = ctx.helper("Unsqueeze", [rows, ctx.ints([1])], TensorType("int64", (length, 1)))
+    cols = ctx.helper("Unsqueeze", [cols, ctx.ints([0])], TensorType("int64", (1, keys)))
+    return ctx.helper("LessOrEqual", [cols, rows], TensorType("bool", (length, keys)))
+
+
+def _attention(ctx: Ctx, mask: Any, causal: bool, scale: float | None, dropout_p: float) -> Names:
+    """softmax(q @ k^T * scale + mask) @ v, written out: the scores' mask is
+    added (float) or applied with Where (bool), the causal mask with Where,
+    the softmax is _safe_softmax's (a fully masked row gives 0, as the fused
+    kernels give), and grouped-query key/value heads are repeated."""
+    kernel = ctx.rec.op
+    if dropout_p:
+        raise NotSupported(
+            f"{kernel} with dropout_p={dropout_p}: the kernel draws its dropout mask inside "
+            "(philox state), so no mask exists to record or replay"
+        )
+    q, k, v = ctx.t(0), ctx.t(1), ctx.t(2)
+    qt, kt, vt = ctx.in_type(0), ctx.in_type(1), ctx.in_type(2)
+    if len(qt.shape) < 3 or len(kt.shape) != len(qt.shape) or len(vt.shape) != len(qt.shape):
+        raise NotSupported(f"{kernel} on shapes {qt}, {kt}, {vt}")
+    dt = qt.dtype
+    hq, hk = qt.shape[-3], kt.shape[-3]
+    if hq != hk:
+        if is_symbolic(hq) or is_symbolic(hk) or int(hq) % int(hk):
+            raise NotSupported(f"{kernel} with {hq} query heads and {hk} key/value heads")
+        k, kt = _repeat_heads(ctx, k, kt, int(hq) // int(hk))
+        v, vt = _repeat_heads(ctx, v, vt, int(hq) // int(hk))
+    rank = len(qt.shape)
+    perm = [*range(rank - 2), rank - 1, rank - 2]
+    k_t = ctx.helper("Transpose", [k], TensorType(dt, tuple(kt.shape[p] for p in perm)), perm=perm)
+    scores_t = TensorType(dt, (*qt.shape[:-1], kt.shape[-2]))
+    scores = ctx.helper("MatMul", [q, k_t], scores_t)
+    e = qt.shape[-1]
+    if scale is None:
+        if is_symbolic(e):
+            raise NotSupported(f"{kernel} with a batch-sized head dim")
+        scale = 1.0 / math.sqrt(int(e))
+    scores = ctx.helper("Mul", [scores, ctx.const(scale, dt)], scores_t)
+    neg_inf = ctx.const(_NEG_INF, dt)
+    if causal:
+        keep = _causal_keep(ctx, q, qt, k, kt)
+        scores = ctx.helper("Where", [keep, scores, neg_inf], scores_t)
+    if isinstance(mask, TArg):
+        m = ctx.b.name_of(mask)
+        if mask.dtype == "bool":
+            scores = ctx.helper("Where", [m, scores, neg_inf], scores_t)
+        else:
+            if mask.dtype != dt:
+                m = ctx.helper("Cast", [m], TensorType(dt, mask.shape), to=dt)
+            scores = ctx.helper("Add", [scores, m], scores_t)
+    elif mask is not None:
+        raise NotSupported(f"{kernel} with a mask of type {type(mask).__name__}")
+    weights = _safe_softmax_of(ctx, scores, scores_t, rank - 1)
+    return ctx.one("MatMul", [weights, v])
+
+
+@ATEN.register("aten._scaled_dot_product_flash_attention_for_cpu.default")
+def _sdpa_flash_cpu(ctx: Ctx) -> Names:
+    # (query, key, value, dropout_p=0., is_causal=False, *, attn_mask=None, scale=None)
+    return _attention(
+        ctx,
+        ctx.rec.kwarg("attn_mask"),
+        bool(ctx.arg(4, "is_causal", False)),
+        ctx.rec.kwarg("scale"),
+        float(ctx.arg(3, "dropout_p", 0.0)),
+    )
+
+
+@ATEN.register(
+    "aten._scaled_dot_product_efficient_attention.default",
+    "aten._scaled_dot_product_cudnn_attention.default",
+)
+def _sdpa_with_bias(ctx: Ctx) -> Names:
+    # (query, key, value, attn_bias, compute_log_sumexp, dropout_p=0., is_causal=False, ...)
+    return _attention(
+        ctx,
+        ctx.arg(3, "attn_bias"),
+        bool(ctx.arg(6, "is_causal", False)),
+        ctx.rec.kwarg("scale"),
+        float(ctx.arg(5, "dropout_p", 0.0)),
+    )
+
+
+@ATEN.register("aten._scaled_dot_product_flash_attention.default")
+def _sdpa_flash(ctx: Ctx) -> Names:
+    # (query, key, value, dropout_p=0., is_causal=False, return_debug_mask=False, *, scale=None)
+    return _attention(
+        ctx,
+        None,
+        bool(ctx.arg(4, "is_causal", False)),
+        ctx.rec.kwarg("scale"),
+        float(ctx.arg(3, "dropout_p", 0.0)),
+    )
+
+
+@ATEN.register("aten.baddbmm.default", "aten.baddbmm_.default")
+def _baddbmm(ctx: Ctx) -> Names:
+    # beta * self + alpha * (batch1 @ batch2); beta == 0 ignores self (NaN included)
+    out = ctx.out_type()
+    beta, alpha = ctx.arg(3, "beta", 1), ctx.arg(4, "alpha", 1)
+    prod = ctx.helper("MatMul", [ctx.t(1), ctx.t(2)], out)
+    if alpha != 1:
+        prod = ctx.helper("Mul", [prod, ctx.const(alpha, out.dtype)], out)
+    if beta == 0:
+        return [prod]
+    c = _operand(ctx, 0, "self", out.dtype)
+    if beta != 1:
+        c = ctx.helper("Mul", [c, ctx.const(beta, out.dtype)], ctx.in_type(0))
+    return ctx.one("Add", [prod, c])
