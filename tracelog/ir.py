@@ -114,6 +114,16 @@ def dim_scale(d: Dim, k: int) -> Dim:
     return format_dim({m: c * k for m, c in parse_dim(d).items()})
 
 
+def dim_mul(a: Dim, b: Dim) -> Dim:
+    """The product of two dims (two dims merged into one)."""
+    product: Poly = {}
+    for ma, ca in parse_dim(a).items():
+        for mb, cb in parse_dim(b).items():
+            m = tuple(sorted(ma + mb, key=symbol_key))
+            product[m] = product.get(m, 0) + ca * cb
+    return format_dim(product)
+
+
 def batch_factor(d: object) -> int:
     """k of "batch*k" (1 for "batch"); a merged dim such as batch x time."""
     poly = parse_dim(d) if isinstance(d, str) else {}

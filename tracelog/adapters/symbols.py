@@ -31,8 +31,10 @@ from tracelog.ir import BATCH, Dim, dim_value, format_dim
 Sources = dict[str, tuple[int, list[tuple[Ref, int]]]]
 # ref -> its shape in one replay
 Shapes = dict[Ref, tuple[int, ...]]
-# (sizes of the symbols that differ from the recording, sources) -> shapes, or None
-Replay = Callable[[dict[str, int], Sources], Shapes | None]
+# (sizes of the symbols that differ from the recording, sources, the axes of
+# each ref that must keep their size) -> shapes, or None
+Fixed = dict[Ref, set[int]]
+Replay = Callable[[dict[str, int], Sources, Fixed], Shapes | None]
 
 SYMBOLS = ("seq", "seq2", "seq3")  # at most three sizes beside the batch
 _DATA = ("i", "t", "o")  # refs whose dims may follow a symbol
@@ -81,13 +83,19 @@ def with_symbols(tape: Tape, batch_tape: Tape, replay: Replay) -> Tape:
             break
         symbol = SYMBOLS[len(accepted)]
         trial = {**accepted, symbol: (size, places)}
-        alone = replay({symbol: size + 1}, trial)
-        joint = replay({BATCH: batch + 1, symbol: size + 1}, trial) if alone else None
-        if alone is None or joint is None:
+        alone = replay({symbol: size + 1}, trial, {})
+        if alone is None:
+            continue
+        # a dim that moves with neither the batch nor the symbol alone moves with
+        # neither together (ints equal to both, B = heads = 4, are told apart so)
+        fixed = _unmoved(base, bumped_batch, [alone])
+        joint = replay({BATCH: batch + 1, symbol: size + 1}, trial, fixed)
+        if joint is None:
             continue
         trial_runs = {**runs, symbol: (alone, joint)}
         polys = _fit(base, bumped_batch, batch, trial, trial_runs)
-        if polys is None or not _holds(polys, batch, trial, replay):
+        fixed_all = _unmoved(base, bumped_batch, [a for a, _j in trial_runs.values()])
+        if polys is None or not _holds(polys, batch, trial, replay, fixed_all):
             continue
         accepted, runs, fitted = trial, trial_runs, polys
     if fitted is None:
@@ -102,6 +110,21 @@ def with_symbols(tape: Tape, batch_tape: Tape, replay: Replay) -> Tape:
     new = map_targs(tape, resym)
     new.symbols = {symbol: places[0] for symbol, (_size, places) in accepted.items()}
     return new
+
+
+def _unmoved(
+    base: dict[Ref, tuple[int, ...]], bumped_batch: dict[Ref, tuple[int, ...]], runs: list[Shapes]
+) -> Fixed:
+    """Per ref, the axes no single-symbol replay moved."""
+    fixed: Fixed = {}
+    for ref, d in base.items():
+        shapes = [bumped_batch.get(ref)] + [r.get(ref) for r in runs]
+        fixed[ref] = {
+            axis
+            for axis, d0 in enumerate(d)
+            if all(sh is not None and len(sh) == len(d) and sh[axis] == d0 for sh in shapes)
+        }
+    return fixed
 
 
 def _fit(
@@ -140,10 +163,12 @@ def _fit(
     return fitted
 
 
-def _holds(polys: dict[Ref, tuple[Dim, ...]], batch: int, sources: Sources, replay: Replay) -> bool:
+def _holds(
+    polys: dict[Ref, tuple[Dim, ...]], batch: int, sources: Sources, replay: Replay, fixed: Fixed
+) -> bool:
     """The fit predicts a replay at sizes far from the recorded ones."""
     sizes = {BATCH: batch + 2, **{s: 2 * size + 1 for s, (size, _p) in sources.items()}}
-    shapes = replay(sizes, sources)
+    shapes = replay(sizes, sources, fixed)
     if shapes is None:
         return False
     for ref, dims in polys.items():

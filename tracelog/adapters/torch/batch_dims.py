@@ -19,8 +19,8 @@ from typing import Any
 
 import torch
 
-from tracelog.adapters.symbols import Shapes, Sources, with_symbols
-from tracelog.adapters.tape import Ref, Tape, TArg, concrete_shape, replay_tape
+from tracelog.adapters.symbols import Fixed, Shapes, Sources, with_symbols
+from tracelog.adapters.tape import Ref, Tape, TArg, concrete_shape, map_targs
 from tracelog.ir import BATCH, batch_dim
 
 from .tensors import flatten_tensors
@@ -52,27 +52,65 @@ def exact_batch_dims(tape: Tape) -> Tape | None:
     if batch is None or batch < 2:
         return None
     with torch.no_grad():
-        batch_tape = replay_tape(tape, _MetaReplay(batch))
-        if batch_tape is None:
+        replay = _MetaReplay(batch)
+        if not _replay_all(tape, replay):
             return None
-        return with_symbols(tape, batch_tape, functools.partial(_replay_sizes, tape))
+        batch_tape = map_targs(tape, replay.resym)
+        try:
+            return with_symbols(tape, batch_tape, functools.partial(_replay_sizes, tape))
+        except Exception:  # a replay this module did not foresee: the batch dims stand
+            return batch_tape
 
 
-def _replay_sizes(tape: Tape, sizes: dict[str, int], sources: Sources) -> Shapes | None:
+def _replay_sizes(
+    tape: Tape, sizes: dict[str, int], sources: Sources, fixed: Fixed
+) -> Shapes | None:
     """Every data-derived tensor's shape when the tape runs again on meta
-    tensors with the symbols at `sizes`; None when a record cannot run so."""
+    tensors with the symbols at `sizes` (the `fixed` axes keeping their size);
+    None when a record cannot run so."""
     batch = tape.batch_size
     assert batch is not None
-    replay = _MetaReplay(batch, sizes, sources)
+    replay = _MetaReplay(batch, sizes, sources, fixed)
     for a in (*tape.inputs.values(), *tape.targets):
         replay.meta_of(a)
-    for rec in tape.recs:
-        outs = replay.run(rec)
-        if outs is None:
-            return None
-        for k, t in enumerate(outs):
-            replay.store(("o", rec.index, k), t)
+    if not _replay_all(tape, replay):
+        return None
     return {ref: tuple(int(d) for d in t.shape) for ref, t in replay.metas.items()}
+
+
+# which reading of each int that may follow a symbol a replay takes, by position
+# (0: kept; k: the k-th reading); None: the first reading of every one
+Choice = dict[int, int] | None
+
+_BACKTRACKS = 64  # choices undone per replay before it gives up
+
+
+def _replay_all(tape: Tape, replay: _MetaReplay) -> bool:
+    """Run every record again, taking each record's most likely choice; when
+    a later record cannot run, go back to the latest record that had another
+    choice (a [T*B] dim split into (T, B): which factor is the batch shows
+    only later). False when no assignment of choices runs."""
+    stack: list[tuple[int, list[list[torch.Tensor]], int, dict[Ref, torch.Tensor]]] = []
+    i, undone = 0, 0
+    recs = tape.recs
+    while i < len(recs):
+        rec = recs[i]
+        before = dict(replay.metas)
+        outcomes = replay.outcomes(rec)
+        pick = 0
+        while not outcomes:
+            if not stack or undone >= _BACKTRACKS:
+                return False
+            i, outcomes, pick, before = stack.pop()
+            undone += 1
+            replay.metas = dict(before)
+            rec = recs[i]
+        if pick + 1 < len(outcomes):
+            stack.append((i, outcomes, pick + 1, before))
+        for k, t in enumerate(outcomes[pick]):
+            replay.store(("o", rec.index, k), t)
+        i += 1
+    return True
 
 
 class _MetaReplay:
@@ -82,8 +120,13 @@ class _MetaReplay:
     which of its dims moved."""
 
     def __init__(
-        self, batch: int, sizes: dict[str, int] | None = None, sources: Sources | None = None
+        self,
+        batch: int,
+        sizes: dict[str, int] | None = None,
+        sources: Sources | None = None,
+        fixed: Fixed | None = None,
     ) -> None:
+        self.fixed = fixed or {}
         self.batch = batch
         self.sizes = sizes if sizes is not None else {BATCH: batch + 1}
         self.other = self.sizes.get(BATCH, batch)
@@ -92,6 +135,7 @@ class _MetaReplay:
         self.strict = set(self.sizes) == {BATCH}
         self.metas: dict[Ref, torch.Tensor] = {}
         self._tainted = False  # of the record being replayed
+        self._readings: list[int] = []  # per int that may follow: how many readings it has
 
     def meta_of(self, a: TArg) -> torch.Tensor:
         t = self.metas.get(a.ref)
@@ -107,67 +151,73 @@ class _MetaReplay:
             self.metas[a.ref] = t
         return t
 
-    def sub(self, obj: Any, chosen: set[int] | None, counter: list[int]) -> Any:
+    def sub(self, obj: Any, chosen: Choice, counter: list[int]) -> Any:
         """Replace TArgs by meta tensors, and the ints inside size lists that are
         multiples k*B of the batch, whose running position is in `chosen` (None:
         all of them), by k*(B + 1). A lone int (groups, dim, a split size) stays,
-        but for one equal to another symbol's size in a record not derived from
-        the data (arange's end, a slice of a position table)."""
+        but for one equal to a symbol's size in a record not derived from the
+        data (arange's end, a slice of a position table)."""
         if isinstance(obj, TArg):
             return self.meta_of(obj)
         if isinstance(obj, tuple):
             return [self._sub_item(x, chosen, counter) for x in obj]
         if isinstance(obj, torch.device):
             return torch.device("meta")
-        if type(obj) is int and not self.strict and not self._tainted:
-            new = self._lone(obj)
-            if new is not None:
-                return self._count(obj, new, chosen, counter)
+        if type(obj) is int and not self._tainted:
+            alternatives = self._lone(obj)
+            if alternatives:
+                return self._count(obj, alternatives, chosen, counter)
         return obj
 
-    @staticmethod
-    def _count(x: int, new: int, chosen: set[int] | None, counter: list[int]) -> int:
+    def _count(self, x: int, alternatives: list[int], chosen: Choice, counter: list[int]) -> int:
+        """The value of the int at the next position: kept (choice 0) or one of
+        its readings at the replay's sizes (choice k: the k-th; None: the first)."""
         pos = counter[0]
         counter[0] += 1
-        return new if chosen is None or pos in chosen else x
+        self._readings.append(len(alternatives))
+        pick = 1 if chosen is None else chosen.get(pos, 0)
+        return alternatives[pick - 1] if pick else x
 
-    def _lone(self, x: int) -> int | None:
-        for symbol, size in self.sizes.items():
-            if symbol != BATCH and x >= 2 and x == self.sources[symbol][0]:
-                return size
-        return None
-
-    def _multiple(self, x: int) -> int | None:
-        """x as k times a product of symbol sizes (the most symbols that
-        divide it), at the replay's sizes; None when no symbol divides it."""
-        if self.strict:
-            return x // self.batch * self.other if x % self.batch == 0 else None
+    def _lone(self, x: int) -> list[int]:
+        """The readings of a lone int of a record not derived from the data:
+        a size the replay changes (arange(B) for a batch index, arange(T))."""
         base = {BATCH: self.batch, **{s: n for s, (n, _) in self.sources.items()}}
-        symbols = [s for s in self.sizes if s != BATCH or self._tainted]
+        return [size for symbol, size in self.sizes.items() if x >= 2 and x == base[symbol]]
+
+    def _multiple(self, x: int) -> list[int]:
+        """x read as k times a product of symbol sizes, at the replay's sizes:
+        one reading per group of symbols that divides it, most symbols first."""
+        if self.strict:
+            return [x // self.batch * self.other] if x % self.batch == 0 else []
+        base = {BATCH: self.batch, **{s: n for s, (n, _) in self.sources.items()}}
+        symbols = list(self.sizes)
+        readings: list[int] = []
         for n in range(len(symbols), 0, -1):
             for group in itertools.combinations(symbols, n):
                 size = math.prod(base[s] for s in group)
-                if x % size == 0:
-                    return x // size * math.prod(self.sizes[s] for s in group)
-        return None
+                new = x // size * math.prod(self.sizes[s] for s in group)
+                if x % size == 0 and new not in readings:
+                    readings.append(new)
+        return readings
 
-    def _sub_item(self, x: Any, chosen: set[int] | None, counter: list[int]) -> Any:
+    def _sub_item(self, x: Any, chosen: Choice, counter: list[int]) -> Any:
         """One item of a tuple argument: a batch-multiple int counts (and
         follows the batch where chosen); anything else is substituted."""
         if type(x) is int and x > 0:
-            new = self._multiple(x)
-            if new is not None:
-                return self._count(x, new, chosen, counter)
+            alternatives = self._multiple(x)
+            if alternatives:
+                return self._count(x, alternatives, chosen, counter)
         return self.sub(x, chosen, counter)
 
-    def run_with(
-        self, rec: Any, chosen: set[int] | None, infer: int | None = None
-    ) -> list[torch.Tensor]:
+    def run_with(self, rec: Any, chosen: Choice, infer: int | None = None) -> list[torch.Tensor]:
         """Run rec with the chosen ints following; `infer`: the position in a
         view's size list to write as -1 (a size merged from an affine one,
         B*(T-1): the view infers it from the input)."""
+        if not rec.outs:  # .item() and the like: no tensor to follow (and no meta kernel)
+            return []
         counter = [0]
         self._tainted = rec.tainted
+        self._readings = []
         args = [self.sub(a, chosen, counter) for a in rec.args]
         if infer is not None:
             args[1] = [-1 if i == infer else d for i, d in enumerate(args[1])]
@@ -180,52 +230,96 @@ class _MetaReplay:
         flatten_tensors(rec.func(*args, **kwargs), outs)
         return outs + [args[i] for i in rec.mutated]
 
-    def n_batch_ints(self, rec: Any) -> int:
+    def readings(self, rec: Any) -> list[int]:
+        """How many readings each int of rec that may follow a symbol has, by position."""
         counter = [0]
+        self._tainted = rec.tainted
+        self._readings = []
         for a in (*rec.args, *(v for _, v in rec.kwargs)):
-            self.sub(a, set(), counter)
-        return counter[0]
+            self.sub(a, {}, counter)
+        return list(self._readings)
 
-    def choices(self, rec: Any) -> list[set[int] | None]:
+    def n_batch_ints(self, rec: Any) -> int:
+        return len(self.readings(rec))
+
+    def choices(self, rec: Any) -> list[Choice]:
         """Which batch-valued ints in size lists follow the batch is ambiguous
         when a feature dim equals it (view(x, [B, B])): all of them, each
-        alone, and none. Records not derived from the data (arange, full)
-        may follow the other symbols only."""
-        if not rec.tainted and self.strict:
-            return [set()]
-        n = self.n_batch_ints(rec)
-        if not self.strict and 1 < n <= 4:
-            # several symbols: any subset may be the one (expand(x, [B, T, 8]) with
-            # B = 4 divides 8 too), the largest first
-            subsets = itertools.chain.from_iterable(
-                itertools.combinations(range(n), k) for k in range(n, -1, -1)
-            )
-            return [set(c) for c in subsets]
-        return [None] + ([{i} for i in range(n)] + [set()] if n else [])
+        alone, and none; records not derived from the data too (a buffer
+        expanded to [B, T], arange(B)). With several symbols, each int may
+        be read as any of them (B = 4 and T = 8 both divide 8), so every
+        combination is tried, most ints following first."""
+        readings = self.readings(rec)
+        n = len(readings)
+        if not self.strict and 1 <= n and math.prod(r + 1 for r in readings) <= 128:
+            combos = itertools.product(*(range(r + 1) for r in readings))
+            ranked = sorted(combos, key=lambda c: (-sum(1 for k in c if k), c))
+            return [{i: k for i, k in enumerate(c) if k} for c in ranked]
+        return [None] + ([{i: 1} for i in range(n)] + [{}] if n else [])
 
     def store(self, ref: Ref, value: Any) -> None:
         self.metas[ref] = value
 
     def run(self, rec: Any) -> list[torch.Tensor] | None:
-        """The replayed outputs of rec under the choice whose outputs change
-        only by B -> B + 1, and of those the one that moves the earliest dims
-        (the batch leads in the data); None when no choice does."""
-        best: tuple[tuple[bool, tuple[int, ...]], list[torch.Tensor]] | None = None
-        tries: list[tuple[set[int] | None, int | None]] = [(c, None) for c in self.choices(rec)]
+        """The replayed outputs of rec under the most likely choice; None when
+        no choice runs."""
+        outcomes = self.outcomes(rec)
+        return outcomes[0] if outcomes else None
+
+    def outcomes(self, rec: Any) -> list[list[torch.Tensor]]:
+        """The replayed outputs of rec under each choice whose outputs change
+        only by B -> B + 1 (other symbols: as a view allows), most likely first:
+        the one that moves the earliest dims (the batch leads in the data)."""
+        tries: list[tuple[Choice, int | None]] = [(c, None) for c in self.choices(rec)]
         if not self.strict and rec.op in _VIEWS and isinstance(rec.args[1], tuple):
             tries += [(None, i) for i in range(len(rec.args[1]))]
+        found = self._ranked(rec, tries)
+        if not found and self.strict and rec.tainted:
+            # a sequence length that is a multiple of the batch (B = 4, T = 8):
+            # which of several batch-multiple ints follow needs any subset
+            n = self.n_batch_ints(rec)
+            if 2 < n <= 6:
+                subsets = itertools.chain.from_iterable(
+                    itertools.combinations(range(n), k) for k in range(n - 1, 1, -1)
+                )
+                found = self._ranked(rec, [({i: 1 for i in c}, None) for c in subsets])
+        return found
+
+    def _ranked(self, rec: Any, tries: list[tuple[Choice, int | None]]) -> list[list[torch.Tensor]]:
+        ranked: dict[tuple[tuple[int, ...], ...], tuple[Any, list[torch.Tensor]]] = {}
         for chosen, infer in tries:
             try:
                 outs = self.run_with(rec, chosen, infer)
             except Exception:  # no meta kernel, or this choice is wrong
                 continue
             moved = self.changes(rec, outs)
-            if moved is None:
+            if moved is None or not self._view_kept(rec, outs):
                 continue
             key = (not moved, moved)
-            if best is None or key < best[0]:
-                best = (key, outs)
-        return None if best is None else best[1]
+            shapes = tuple(tuple(t.shape) for t in outs)
+            if shapes not in ranked or key < ranked[shapes][0]:
+                ranked[shapes] = (key, outs)
+        return [outs for _key, outs in sorted(ranked.values(), key=lambda ko: ko[0])]
+
+    def _view_kept(self, rec: Any, outs: list[torch.Tensor]) -> bool:
+        """A view regroups dims without moving elements across groups: where
+        its input and output shapes share a prefix product in the recording
+        (view(x[T, B, E], [T, B*H, D]): T), they share it in the replay too, so
+        a choice that moves T for the batch is wrong however the sizes multiply."""
+        if rec.op not in _VIEWS or not isinstance(rec.args[0], TArg):
+            return True
+        src = self.metas.get(rec.args[0].ref)
+        if src is None:
+            return True
+        was_in = concrete_shape(rec.args[0].shape, self.batch)
+        was_out = concrete_shape(rec.outs[0].shape, self.batch)
+        now_in, now_out = tuple(src.shape), tuple(outs[0].shape)
+        ends_in, ends_out = _prefix_ends(was_in), _prefix_ends(was_out)
+        for product in ends_in.keys() & ends_out.keys():
+            a, b = ends_in[product], ends_out[product]
+            if math.prod(now_in[: a + 1]) != math.prod(now_out[: b + 1]):
+                return False
+        return True
 
     def changes(self, rec: Any, outs: list[torch.Tensor]) -> tuple[int, ...] | None:
         """Positions where the replay moved a dim from B to B + 1; None if it
@@ -238,7 +332,7 @@ class _MetaReplay:
             if t.dim() != len(concrete):
                 return None
             moved = self._moved(concrete, t.shape)
-            if moved is None:
+            if moved is None or set(moved) & self.fixed.get(("o", rec.index, k), set()):
                 return None
             found += moved
         return tuple(found)
@@ -271,3 +365,13 @@ class _MetaReplay:
             for d, m in zip(concrete, t.shape, strict=True)
         )
         return a._replace(shape=shape)
+
+
+def _prefix_ends(shape: tuple[int, ...]) -> dict[int, int]:
+    """Each prefix product of a shape and the last axis that reaches it."""
+    ends: dict[int, int] = {}
+    product = 1
+    for axis, d in enumerate(shape):
+        product *= d
+        ends[product] = axis
+    return ends

@@ -35,7 +35,7 @@ from tracelog.adapters.torch.rules import (
     _where,
 )
 from tracelog.adapters.torch.tensors import dtype_name
-from tracelog.ir import Dim, TensorType, batch_dim, batch_factor, is_symbolic
+from tracelog.ir import BATCH, Dim, TensorType, dim_mul, is_symbolic, parse_dim
 
 _TORCH_DTYPES = {
     "float32": torch.float32,
@@ -130,7 +130,8 @@ def _same_dim(ctx: Ctx, a: Dim, b: Dim) -> bool:
     if n is None or is_symbolic(a) == is_symbolic(b):
         return False
     sym, size = (a, b) if is_symbolic(a) else (b, a)
-    return batch_factor(sym) * n == size
+    poly = parse_dim(sym)
+    return set(poly) == {(BATCH,)} and poly[(BATCH,)] * n == size
 
 
 def _shape_vector(ctx: Ctx, dims: Sequence[Dim]) -> str:
@@ -201,6 +202,13 @@ def _known_nonnegative(ctx: Ctx, name: str) -> bool:
         return False
 
     return nonnegative(name, 0)
+
+
+def _dim_scalar(ctx: Ctx, d: Dim) -> str:
+    """A dim's size as an int64 scalar: a constant, or computed from the data."""
+    if not is_symbolic(d):
+        return ctx.const(int(d), "int64")
+    return ctx.helper("Squeeze", [ctx.b_dim(d), ctx.ints([0])], TensorType("int64", ()))
 
 
 def _dim_size(ctx: Ctx, x: str, shape: Sequence[Dim], d: int) -> str:
@@ -468,19 +476,17 @@ def _index(ctx: Ctx) -> Names:
     linear = names[0]
     sizes = [shape[d] for d in positions]
     if k > 1:
-        if any(map(is_symbolic, sizes[1:])):
-            raise NotSupported("advanced indexing over several dims, a later one batch-sized")
         shapes = [indices[d].shape for d in range(len(indices)) if indices[d] is not None]
         lin_shape = tuple(shapes[0])
         for j in range(1, k):
             scaled_ty = TensorType("int64", lin_shape)
-            scaled = ctx.helper("Mul", [linear, ctx.const(int(sizes[j]), "int64")], scaled_ty)
+            size = _dim_scalar(ctx, sizes[j])
+            scaled = ctx.helper("Mul", [linear, size], scaled_ty)
             lin_shape = _broadcast(ctx, [lin_shape, shapes[j]])
             linear = ctx.helper("Add", [scaled, names[j]], TensorType("int64", lin_shape))
-        rest = math.prod(int(s) for s in sizes[1:])
-        merged: Dim = (
-            batch_dim(batch_factor(sizes[0]) * rest) if is_symbolic(sizes[0]) else sizes[0] * rest
-        )
+        merged: Dim = sizes[0]
+        for size_j in sizes[1:]:
+            merged = dim_mul(merged, size_j)
         flat = shape[:first] + [merged] + shape[first + k :]
         x = ctx.helper("Reshape", [x, ctx.shape_const(flat)], TensorType(xt.dtype, tuple(flat)))
     return ctx.one("Gather", [x, linear], axis=first)
