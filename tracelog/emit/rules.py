@@ -445,8 +445,13 @@ OPS.add("Slice", OpRule(_slice, variant=lambda c: "reversed" if min(c.f["steps"]
 @OPS.op("Gather")
 def _gather(c: RuleCtx) -> dict[str, Any]:
     idx = c.const(1)
-    index = literal(idx.tolist()) if idx is not None and idx.ndim == 0 else c.i(1)
     axis = int(c.attr("axis", 0))
+    index = c.i(1)
+    if idx is not None and idx.ndim == 0:
+        # ONNX counts a negative index from the end; tf.gather refuses one (x[:, -1])
+        size = c.in_type(0).shape[axis]
+        k = int(idx)
+        index = literal(k + size if k < 0 and isinstance(size, int) else k)
     # lead: the full slices before the gathered axis, for targets that index (x[:, :, idx])
     return {"axis": axis, "index": index, "lead": ":, " * (axis % c.rank())}
 
