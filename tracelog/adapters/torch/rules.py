@@ -819,4 +819,5 @@ ATEN.not_yet(
     "aten._scaled_dot_product_efficient_attention.default",
     reason="fused attention kernels",
 )
-ATEN.not_yet("aten.mkldnn_rnn_layer.default", "aten.lstm.input", reason="recurrent layers")
+
+from tracelog.adapters.torch import rules_recurrent  # noqa: E402,F401 - LSTM, GRU, RNN
