@@ -153,3 +153,13 @@ def _avg_pool(c: RuleCtx) -> str:
     if c.f["include_pad"] or not any(c.f["pads"]):
         return f"{total} / {k[0] * k[1]}"
     return f"{total} / lax.reduce_window(jnp.ones_like({x}), 0.0, lax.add, {window})"
+
+
+# -- recurrent layers (issue 12) --
+JAX.spell(
+    {
+        "LSTM": "_lstm({0}, {1}, {2}, {bias}, {h0}, {c0}, {direction}){take}",
+        "GRU": "_gru({0}, {1}, {2}, {bias}, {h0}, {direction}){take}",
+        "RNN": "_rnn({0}, {1}, {2}, {bias}, {h0}, {direction}, {activation}){take}",
+    }
+)

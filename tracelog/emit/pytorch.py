@@ -177,3 +177,13 @@ def _avg_pool(c: RuleCtx) -> str:
     # padding the divisor leaves out (Keras' "same"): window sums over real counts
     ones = f"torch.ones_like({x}[:1, :1])"
     return f"{total} / F.avg_pool2d(F.pad({ones}, {pads}), {k}, {s}, 0, ceil_mode={ceil})"
+
+
+# -- recurrent layers (issue 12) --
+TORCH.spell(
+    {
+        "LSTM": "_lstm({0}, {1}, {2}, {bias}, {h0}, {c0}, {direction}){take}",
+        "GRU": "_gru({0}, {1}, {2}, {bias}, {h0}, {direction}){take}",
+        "RNN": "_rnn({0}, {1}, {2}, {bias}, {h0}, {direction}, {activation}){take}",
+    }
+)

@@ -532,6 +532,57 @@ OPS.add(
 )
 
 
+# -- recurrent layers (issue 12) --
+# What every target's helper (_lstm, _gru, _rnn in its runtime) takes: ONNX's forms that
+# torch, Keras and ONNX export write. The time loop lives in the helper, so a program's
+# size does not depend on the sequence length.
+_GATE_ACTIVATIONS = {"LSTM": ["Sigmoid", "Tanh", "Tanh"], "GRU": ["Sigmoid", "Tanh"]}
+
+
+def _recurrent_form(c: RuleCtx) -> None:
+    """Raise NotImplementedError for a form of LSTM, GRU or RNN no helper computes."""
+    op = c.node.op
+    if str(c.attr("direction", "forward")) not in ("forward", "reverse", "bidirectional"):
+        raise NotImplementedError(f"{op} with direction {c.attr('direction')!r}")
+    if c.has(4):
+        raise NotImplementedError(f"{op} with sequence_lens")
+    if int(c.attr("layout", 0)) != 0:
+        raise NotImplementedError(f"{op} with layout=1 (batch first)")
+    for key in ("clip", "activation_alpha", "activation_beta"):
+        if c.attr(key) is not None:
+            raise NotImplementedError(f"{op} with {key}")
+    if op == "LSTM" and (c.has(7) or int(c.attr("input_forget", 0))):
+        raise NotImplementedError("LSTM with peepholes or input_forget")
+    if op == "GRU" and int(c.attr("linear_before_reset", 0)) != 1:
+        raise NotImplementedError("GRU with linear_before_reset=0")
+
+
+def _recurrent(c: RuleCtx) -> dict[str, Any]:
+    _recurrent_form(c)
+    op = c.node.op
+    direction = str(c.attr("direction", "forward"))
+    dirs = 2 if direction == "bidirectional" else 1
+    activations = [str(a) for a in c.attr("activations", [])]
+    # RNN: one activation, the same in each direction; LSTM and GRU: ONNX's defaults
+    activation = activations[0] if op == "RNN" and activations else "Tanh"
+    allowed = [activation] * dirs if op == "RNN" else _GATE_ACTIVATIONS[op] * dirs
+    if (activations and activations != allowed) or activation not in ("Tanh", "Relu"):
+        raise NotImplementedError(f"{op} with activations {activations}")
+    n_out = len(c.node.outputs)
+    return {
+        "bias": c.i(3) if c.has(3) else "None",
+        "h0": c.i(5) if c.has(5) else "None",
+        "c0": c.i(6) if c.has(6) else "None",
+        "direction": literal(direction),
+        "activation": literal(activation.lower()),
+        # the helper returns every output; a node may name fewer
+        "take": "" if n_out == (3 if op == "LSTM" else 2) else "[0]" if n_out == 1 else "[:2]",
+    }
+
+
+OPS.update_from(["LSTM", "GRU", "RNN"], OpRule(_recurrent))
+
+
 def dtype_name(dtype: str) -> str:
     """A dtype name that may be spelled as an attribute (tf.float32)."""
     if dtype not in DTYPES:

@@ -216,3 +216,13 @@ def _avg_pool(c: RuleCtx) -> str:
         ones = f"tf.pad(tf.ones_like({x}[:1, :, :, :1]), {pad})"
         y = f"{y} / tf.nn.avg_pool2d({ones}, {window})"
     return _from_nhwc(c, y)
+
+
+# -- recurrent layers (issue 12) --
+TF.spell(
+    {
+        "LSTM": "_lstm({0}, {1}, {2}, {bias}, {h0}, {c0}, {direction}){take}",
+        "GRU": "_gru({0}, {1}, {2}, {bias}, {h0}, {direction}){take}",
+        "RNN": "_rnn({0}, {1}, {2}, {bias}, {h0}, {direction}, {activation}){take}",
+    }
+)
