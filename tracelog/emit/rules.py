@@ -533,9 +533,10 @@ OPS.add(
 
 
 # -- recurrent layers (issue 12) --
-# What every target's helper (_lstm, _gru, _rnn in its runtime) takes: ONNX's forms that
-# torch, Keras and ONNX export write. The time loop lives in the helper, so a program's
-# size does not depend on the sequence length.
+# Every target spells these as its runtime's _lstm, _gru and _rnn, which hold the time loop
+# (a program's size does not depend on the sequence length). The fields check the forms
+# those helpers compute: ONNX's default activations (RNN: tanh or relu), layout 0, GRU's
+# linear_before_reset=1 (torch's and Keras' GRU), no sequence_lens, clip or peepholes.
 _GATE_ACTIVATIONS = {"LSTM": ["Sigmoid", "Tanh", "Tanh"], "GRU": ["Sigmoid", "Tanh"]}
 
 
