@@ -806,3 +806,86 @@ SAMPLES = [
     s for s in _samples() if s.name or s.torch or s.op not in {a.op for a in _ATTENTION}
 ] + _ATTENTION
 SAMPLES += _vision_samples()
+
+
+# -- recurrent layers (issue 12) --
+# torch's k-th gate is ONNX's gate _TORCH_GATES[op][k] (LSTM i, f, g, o from i, o, f, c;
+# GRU r, z, n from z, r, h)
+_TORCH_GATES = {"LSTM": [0, 2, 3, 1], "GRU": [1, 0, 2], "RNN": [0]}
+
+
+def _torch_layer(op: str, direction: str, **flags: Any) -> Callable[..., Any]:
+    """What an nn.LSTM / nn.GRU / nn.RNN holding the node's weights computes, as ONNX's Y
+    [seq, dirs, batch, hidden]: the torch oracle of a recurrent sample."""
+
+    def run(x: Array, w: Array, r: Array, b: Array | None = None, *states: Array) -> Array:
+        import torch
+
+        dirs, hidden = w.shape[0], r.shape[-1]
+        cls = {"LSTM": torch.nn.LSTM, "GRU": torch.nn.GRU, "RNN": torch.nn.RNN}[op]
+        layer = cls(x.shape[-1], hidden, bias=b is not None, bidirectional=dirs == 2, **flags)
+        order = _TORCH_GATES[op]
+
+        def gates(a: Array) -> torch.Tensor:
+            parts = np.split(a, len(order))
+            return torch.from_numpy(np.concatenate([parts[k] for k in order]))
+
+        for d in range(dirs):
+            suffix = "_l0_reverse" if d else "_l0"
+            state = {"weight_ih" + suffix: gates(w[d]), "weight_hh" + suffix: gates(r[d])}
+            if b is not None:
+                wb, rb = np.split(b[d], 2)
+                state.update({"bias_ih" + suffix: gates(wb), "bias_hh" + suffix: gates(rb)})
+            layer.load_state_dict(state, strict=False)
+        xt = torch.from_numpy(x)
+        if direction == "reverse":
+            xt = xt.flip(0)
+        hx = tuple(torch.from_numpy(s) for s in states)
+        y, _ = layer(xt, (hx if len(hx) > 1 else hx[0]) if hx else None)
+        y = y.reshape(y.shape[0], y.shape[1], dirs, hidden).transpose(1, 2)
+        return (y.flip(0) if direction == "reverse" else y).detach().numpy()
+
+    return run
+
+
+def _recurrent_samples() -> list[OpSample]:
+    t, n, i, h = 5, 2, 3, 4
+    x = _r(t, n, i, seed=7)
+    s = []
+    for op, gates, attrs in (
+        ("LSTM", 4, {}),
+        ("GRU", 3, {"linear_before_reset": 1}),
+        ("RNN", 1, {}),
+    ):
+        for direction, dirs in (("bidirectional", 2), ("reverse", 1)):
+            w, r = _r(dirs, gates * h, i, seed=8), _r(dirs, gates * h, h, seed=9)
+            b = _r(dirs, 2 * gates * h, seed=10)
+            states = [("h0", _r(dirs, n, h, seed=11))]
+            if op == "LSTM":
+                states.append(("c0", _r(dirs, n, h, seed=12)))
+            s.append(
+                OpSample(
+                    op,
+                    [("x", x), ("w", w), ("r", r), ("b", b), *states],
+                    {"hidden_size": h, "direction": direction, **attrs},
+                    order=["x", "w", "r", "b", "", *(name for name, _ in states)],
+                    n_out=1 + len(states),
+                    torch=_torch_layer(op, direction),
+                    name=f"{op}-{direction}",
+                )
+            )
+        # forward, no bias, no initial state, Y alone: ONNX's defaults
+        w, r = _r(1, gates * h, i, seed=13), _r(1, gates * h, h, seed=14)
+        s.append(
+            OpSample(
+                op,
+                [("x", x), ("w", w), ("r", r)],
+                {"hidden_size": h, **attrs},
+                torch=_torch_layer(op, "forward"),
+                name=f"{op}-plain",
+            )
+        )
+    return s
+
+
+SAMPLES += _recurrent_samples()

@@ -359,6 +359,21 @@ _onnx("CumSum", "x axis", "y", "exclusive=0 reverse=0")
 _onnx("GatherElements", "data indices", "output", "axis=0")
 _onnx("ScatterElements", "data indices updates", "output", "axis=0 reduction")
 
+# -- recurrent layers (issue 12) --
+# X is [seq, batch, input] (layout=0; layout=1 is batch-first), W [dirs, gates*hidden, input],
+# R [dirs, gates*hidden, hidden], B [dirs, 2*gates*hidden] (Wb then Rb); Y is
+# [seq, dirs, batch, hidden], Y_h and Y_c [dirs, batch, hidden]. Gate order: LSTM i, o, f, c;
+# GRU z, r, h (torch's GRU is linear_before_reset=1).
+_RECURRENT = "activation_alpha activation_beta activations clip direction hidden_size layout=0"
+_onnx(
+    "LSTM",
+    "X W R B? sequence_lens? initial_h? initial_c? P?",
+    "Y? Y_h? Y_c?",
+    f"{_RECURRENT} input_forget=0",
+)
+_onnx("GRU", "X W R B? sequence_lens? initial_h?", "Y? Y_h?", f"{_RECURRENT} linear_before_reset=0")
+_onnx("RNN", "X W R B? sequence_lens? initial_h?", "Y? Y_h?", _RECURRENT)
+
 
 def vocabulary() -> list[OpSchema]:
     """Every op, sorted by (domain, name)."""

@@ -223,3 +223,13 @@ def _scatter_elements(c: RuleCtx) -> str:
 
 for _variant in ("add", "mul", "max", "min"):
     JAX.add(f"ScatterElements/{_variant}", _scatter_elements)
+
+
+# -- recurrent layers (issue 12) --
+JAX.spell(
+    {
+        "LSTM": "_lstm({0}, {1}, {2}, {bias}, {h0}, {c0}, {direction}){take}",
+        "GRU": "_gru({0}, {1}, {2}, {bias}, {h0}, {direction}){take}",
+        "RNN": "_rnn({0}, {1}, {2}, {bias}, {h0}, {direction}, {activation}){take}",
+    }
+)

@@ -281,3 +281,13 @@ TORCH.spell(
         "ScatterElements/min": "torch.scatter_reduce({0}, {axis}, {1}, {2}, 'amin')",
     }
 )
+
+
+# -- recurrent layers (issue 12) --
+TORCH.spell(
+    {
+        "LSTM": "_lstm({0}, {1}, {2}, {bias}, {h0}, {c0}, {direction}){take}",
+        "GRU": "_gru({0}, {1}, {2}, {bias}, {h0}, {direction}){take}",
+        "RNN": "_rnn({0}, {1}, {2}, {bias}, {h0}, {direction}, {activation}){take}",
+    }
+)

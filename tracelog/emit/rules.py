@@ -447,8 +447,13 @@ OPS.add("Slice", OpRule(_slice, variant=lambda c: "reversed" if min(c.f["steps"]
 @OPS.op("Gather")
 def _gather(c: RuleCtx) -> dict[str, Any]:
     idx = c.const(1)
-    index = literal(idx.tolist()) if idx is not None and idx.ndim == 0 else c.i(1)
     axis = int(c.attr("axis", 0))
+    index = c.i(1)
+    if idx is not None and idx.ndim == 0:
+        # ONNX counts a negative index from the end; tf.gather refuses one (x[:, -1])
+        size = c.in_type(0).shape[axis]
+        k = int(idx)
+        index = literal(k + size if k < 0 and isinstance(size, int) else k)
     # lead: the full slices before the gathered axis, for targets that index (x[:, :, idx])
     return {"axis": axis, "index": index, "lead": ":, " * (axis % c.rank())}
 
@@ -674,6 +679,57 @@ OPS.add(
         _scatter_elements, variant=lambda c: "" if c.f["reduction"] == "none" else c.f["reduction"]
     ),
 )
+
+# -- recurrent layers (issue 12) --
+# Every target spells these as its runtime's _lstm, _gru and _rnn, which hold the time loop
+# (a program's size does not depend on the sequence length). The fields check the forms
+# those helpers compute: ONNX's default activations (RNN: tanh or relu), layout 0, GRU's
+# linear_before_reset=1 (torch's and Keras' GRU), no sequence_lens, clip or peepholes.
+_GATE_ACTIVATIONS = {"LSTM": ["Sigmoid", "Tanh", "Tanh"], "GRU": ["Sigmoid", "Tanh"]}
+
+
+def _recurrent_form(c: RuleCtx) -> None:
+    """Raise NotImplementedError for a form of LSTM, GRU or RNN no helper computes."""
+    op = c.node.op
+    if str(c.attr("direction", "forward")) not in ("forward", "reverse", "bidirectional"):
+        raise NotImplementedError(f"{op} with direction {c.attr('direction')!r}")
+    if c.has(4):
+        raise NotImplementedError(f"{op} with sequence_lens")
+    if int(c.attr("layout", 0)) != 0:
+        raise NotImplementedError(f"{op} with layout=1 (batch first)")
+    for key in ("clip", "activation_alpha", "activation_beta"):
+        if c.attr(key) is not None:
+            raise NotImplementedError(f"{op} with {key}")
+    if op == "LSTM" and (c.has(7) or int(c.attr("input_forget", 0))):
+        raise NotImplementedError("LSTM with peepholes or input_forget")
+    if op == "GRU" and int(c.attr("linear_before_reset", 0)) != 1:
+        raise NotImplementedError("GRU with linear_before_reset=0")
+
+
+def _recurrent(c: RuleCtx) -> dict[str, Any]:
+    _recurrent_form(c)
+    op = c.node.op
+    direction = str(c.attr("direction", "forward"))
+    dirs = 2 if direction == "bidirectional" else 1
+    activations = [str(a) for a in c.attr("activations", [])]
+    # RNN: one activation, the same in each direction; LSTM and GRU: ONNX's defaults
+    activation = activations[0] if op == "RNN" and activations else "Tanh"
+    allowed = [activation] * dirs if op == "RNN" else _GATE_ACTIVATIONS[op] * dirs
+    if (activations and activations != allowed) or activation not in ("Tanh", "Relu"):
+        raise NotImplementedError(f"{op} with activations {activations}")
+    n_out = len(c.node.outputs)
+    return {
+        "bias": c.i(3) if c.has(3) else "None",
+        "h0": c.i(5) if c.has(5) else "None",
+        "c0": c.i(6) if c.has(6) else "None",
+        "direction": literal(direction),
+        "activation": literal(activation.lower()),
+        # the helper returns every output; a node may name fewer
+        "take": "" if n_out == (3 if op == "LSTM" else 2) else "[0]" if n_out == 1 else "[:2]",
+    }
+
+
+OPS.update_from(["LSTM", "GRU", "RNN"], OpRule(_recurrent))
 
 
 def dtype_name(dtype: str) -> str:

@@ -27,6 +27,7 @@ from tracelog.ir import Graph
 from tracelog.log import TraceLog
 
 from .batch_dims import exact_batch_dims
+from .recurrent import InnerOps, scope_leaf_modules
 from .rules import ATEN
 from .tensors import dtype_name, flatten_tensors, tensor_digest, to_array, to_numpy
 
@@ -107,6 +108,7 @@ class _Window(WindowBase):
         self.refs.update(listener._static_refs())
         self.saw_backward = False
         self.seed: Ref | None = None
+        self.call: InnerOps | None = None  # inside a recurrent call recorded whole
 
     # -- tensors ---------------------------------------------------------------------
     def dtype_of(self, t: torch.Tensor) -> str:
@@ -144,6 +146,9 @@ class _Window(WindowBase):
 
     # -- ops --------------------------------------------------------------------------
     def on_op(self, func: Any, args: tuple[Any, ...], kwargs: dict[str, Any], out: Any) -> None:
+        if self.call is not None:
+            self.call.saw(func, args, kwargs)  # recurrent.py records the call, not its ops
+            return
         if torch._C._current_graph_task_id() != -1:
             self.saw_backward = True
             return
@@ -266,6 +271,8 @@ class TorchListener(ListenerBase):
                     self._post_hook(is_root), with_kwargs=True, always_call=True
                 )
             )
+        # recurrent layers' calls, recorded whole (recurrent.py)
+        self._handles += scope_leaf_modules(model, lambda: self._window)
 
     # -- the window ------------------------------------------------------------------------
     def _new_window(self) -> _Window:

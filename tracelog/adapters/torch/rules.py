@@ -818,7 +818,10 @@ ATEN.not_yet(
     "aten.index_put.default",
     reason="scatter-style writes are not modelled",
 )
-ATEN.not_yet("aten.mkldnn_rnn_layer.default", "aten.lstm.input", reason="recurrent layers")
 
 # the op families in modules of their own register into ATEN when imported
-from tracelog.adapters.torch import rules_attention, rules_vision  # noqa: E402, F401
+from tracelog.adapters.torch import (  # noqa: E402, F401
+    rules_attention,
+    rules_recurrent,
+    rules_vision,
+)

@@ -271,4 +271,97 @@ def _resize(
     return x
 
 
+def _recurrent(
+    cell: str,
+    x: jax.Array,
+    w: jax.Array,
+    r: jax.Array,
+    b: jax.Array | None,
+    states: list[jax.Array | None],
+    direction: str,
+) -> tuple[jax.Array, ...]:
+    """An ONNX LSTM, GRU or RNN node (layout 0), `cell` "lstm", "gru", "tanh" or "relu":
+    one lax.scan over time per direction. Returns Y [seq, dirs, batch, hidden] and the
+    final states [dirs, batch, hidden]."""
+    hidden = int(r.shape[-1])
+    ys, finals = [], []
+    for d in range(int(w.shape[0])):
+        wb, rb = (0.0, 0.0) if b is None else jnp.split(b[d], 2)
+        xw = jnp.einsum("tbi,gi->tbg", x, w[d]) + wb  # every step's input projection at once
+        zeros = jnp.zeros((x.shape[1], hidden), x.dtype)
+        init = tuple(zeros if s is None else s[d] for s in states)
+        y, final = _recurrent_direction(cell, xw, r[d], rb, init, direction == "reverse" or d == 1)
+        ys.append(y)
+        finals.append(final)
+    y = jnp.stack(ys, axis=1)
+    return (y, *(jnp.stack([f[k] for f in finals]) for k in range(len(states))))
+
+
+def _recurrent_direction(
+    cell: str, xw: jax.Array, r: jax.Array, rb: Any, init: tuple, reverse: bool
+) -> tuple[jax.Array, list[jax.Array]]:
+    """One direction of a layer: each step's hidden state, and the final carry."""
+
+    def step(carry: tuple, xw_t: jax.Array) -> tuple:
+        carry = _recurrent_cell(cell, carry, xw_t, carry[0] @ r.T + rb)
+        return carry, carry[0]  # the carry on, the hidden state out
+
+    # lax.scan keeps each step's output at its step's index, reversed or not
+    y: jax.Array
+    final, y = lax.scan(step, init, xw, reverse=reverse)
+    return y, list(final)
+
+
+def _recurrent_cell(cell: str, carry: tuple, xw: jax.Array, hr: jax.Array) -> tuple:
+    """One step, from xw = x W^T + Wb and hr = h R^T + Rb: an LSTM (ONNX's gates
+    i, o, f, c), a GRU (z, r, h; linear_before_reset=1, as torch and Keras compute it:
+    the reset gate scales hr's candidate part) or an RNN with tanh or relu."""
+    if cell == "lstm":
+        i, o, f, g = jnp.split(xw + hr, 4, axis=-1)
+        c = jax.nn.sigmoid(f) * carry[1] + jax.nn.sigmoid(i) * jnp.tanh(g)
+        return jax.nn.sigmoid(o) * jnp.tanh(c), c
+    if cell == "gru":
+        xz, xr, xh = jnp.split(xw, 3, axis=-1)
+        hz, hr_, hh = jnp.split(hr, 3, axis=-1)
+        z = jax.nn.sigmoid(xz + hz)
+        n = jnp.tanh(xh + jax.nn.sigmoid(xr + hr_) * hh)
+        return ((1.0 - z) * n + z * carry[0],)
+    return (jax.nn.relu(xw + hr) if cell == "relu" else jnp.tanh(xw + hr),)
+
+
+def _lstm(
+    x: jax.Array,
+    w: jax.Array,
+    r: jax.Array,
+    b: jax.Array | None,
+    h0: jax.Array | None,
+    c0: jax.Array | None,
+    direction: str,
+) -> tuple[jax.Array, ...]:
+    return _recurrent("lstm", x, w, r, b, [h0, c0], direction)
+
+
+def _gru(
+    x: jax.Array,
+    w: jax.Array,
+    r: jax.Array,
+    b: jax.Array | None,
+    h0: jax.Array | None,
+    direction: str,
+) -> tuple[jax.Array, ...]:
+    return _recurrent("gru", x, w, r, b, [h0], direction)
+
+
+def _rnn(
+    x: jax.Array,
+    w: jax.Array,
+    r: jax.Array,
+    b: jax.Array | None,
+    h0: jax.Array | None,
+    direction: str,
+    activation: str,
+) -> tuple[jax.Array, ...]:
+    return _recurrent(activation, x, w, r, b, [h0], direction)
+
+
 INLINED = ("_as_param", "_as_const", "_numpy", "_value_and_grads", "_runs")

@@ -301,4 +301,97 @@ def _resize(
     return x
 
 
+def _recurrent(
+    cell: str,
+    x: tf.Tensor,
+    w: tf.Tensor,
+    r: tf.Tensor,
+    b: tf.Tensor | None,
+    states: list[tf.Tensor | None],
+    direction: str,
+) -> tuple[tf.Tensor, ...]:
+    """An ONNX LSTM, GRU or RNN node (layout 0), `cell` "lstm", "gru", "tanh" or "relu":
+    one tf.scan over time per direction. Returns Y [seq, dirs, batch, hidden] and the
+    final states [dirs, batch, hidden]."""
+    hidden = int(r.shape[-1])
+    ys, finals = [], []
+    for d in range(int(w.shape[0])):
+        wb, rb = (0.0, 0.0) if b is None else tf.split(b[d], 2)
+        xw = tf.einsum("tbi,gi->tbg", x, w[d]) + wb  # every step's input projection at once
+        zeros = tf.zeros_like(xw[0, :, :hidden])
+        init = tuple(zeros if s is None else s[d] for s in states)
+        y, final = _recurrent_direction(cell, xw, r[d], rb, init, direction == "reverse" or d == 1)
+        ys.append(y)
+        finals.append(final)
+    y = tf.stack(ys, axis=1)
+    return (y, *(tf.stack([f[k] for f in finals]) for k in range(len(states))))
+
+
+def _recurrent_direction(
+    cell: str, xw: tf.Tensor, r: tf.Tensor, rb: Any, init: tuple, reverse: bool
+) -> tuple[tf.Tensor, list[tf.Tensor]]:
+    """One direction of a layer: each step's hidden state, and the final carry."""
+
+    def step(carry: tuple, xw_t: tf.Tensor) -> tuple:
+        return _recurrent_cell(
+            cell, carry, xw_t, tf.linalg.matmul(carry[0], r, transpose_b=True) + rb
+        )
+
+    # tf.scan keeps each step's carry at its step's index, reversed or not
+    carries = tf.scan(step, xw, init, reverse=reverse)
+    return carries[0], [c[0] if reverse else c[-1] for c in carries]
+
+
+def _recurrent_cell(cell: str, carry: tuple, xw: tf.Tensor, hr: tf.Tensor) -> tuple:
+    """One step, from xw = x W^T + Wb and hr = h R^T + Rb: an LSTM (ONNX's gates
+    i, o, f, c), a GRU (z, r, h; linear_before_reset=1, as torch and Keras compute it:
+    the reset gate scales hr's candidate part) or an RNN with tanh or relu."""
+    if cell == "lstm":
+        i, o, f, g = tf.split(xw + hr, 4, axis=-1)
+        c = tf.math.sigmoid(f) * carry[1] + tf.math.sigmoid(i) * tf.math.tanh(g)
+        return tf.math.sigmoid(o) * tf.math.tanh(c), c
+    if cell == "gru":
+        xz, xr, xh = tf.split(xw, 3, axis=-1)
+        hz, hr_, hh = tf.split(hr, 3, axis=-1)
+        z = tf.math.sigmoid(xz + hz)
+        n = tf.math.tanh(xh + tf.math.sigmoid(xr + hr_) * hh)
+        return ((1.0 - z) * n + z * carry[0],)
+    return (tf.nn.relu(xw + hr) if cell == "relu" else tf.math.tanh(xw + hr),)
+
+
+def _lstm(
+    x: tf.Tensor,
+    w: tf.Tensor,
+    r: tf.Tensor,
+    b: tf.Tensor | None,
+    h0: tf.Tensor | None,
+    c0: tf.Tensor | None,
+    direction: str,
+) -> tuple[tf.Tensor, ...]:
+    return _recurrent("lstm", x, w, r, b, [h0, c0], direction)
+
+
+def _gru(
+    x: tf.Tensor,
+    w: tf.Tensor,
+    r: tf.Tensor,
+    b: tf.Tensor | None,
+    h0: tf.Tensor | None,
+    direction: str,
+) -> tuple[tf.Tensor, ...]:
+    return _recurrent("gru", x, w, r, b, [h0], direction)
+
+
+def _rnn(
+    x: tf.Tensor,
+    w: tf.Tensor,
+    r: tf.Tensor,
+    b: tf.Tensor | None,
+    h0: tf.Tensor | None,
+    direction: str,
+    activation: str,
+) -> tuple[tf.Tensor, ...]:
+    return _recurrent(activation, x, w, r, b, [h0], direction)
+
+
 INLINED = ("_as_param", "_as_const", "_numpy", "_value_and_grads")

@@ -1,0 +1,175 @@
+"""Recurrent layers seen as one call each.
+
+On the CPU the dispatcher never shows a GRU or an RNN whole: ``aten.gru.input`` and its
+kin are CompositeImplicitAutograd, so they arrive as hundreds of per-time-step ops, and
+nn.LSTM arrives as one ``mkldnn_rnn_layer`` per layer and direction. What every device
+shares is the Python call the layer makes: ``torch._VF.lstm`` / ``gru`` / ``rnn_tanh`` /
+``rnn_relu``, which honours ``__torch_function__``. ``RecurrentCalls``, a TorchFunctionMode,
+sees that call and has the window record it as one record, named by the aten overload
+the call is (``aten.gru.input``), while the dispatch mode records nothing of the ops
+inside it (``InnerOps``) except the keep masks of the dropout between layers, which it
+keeps for the sample: one ``MASK_OP`` record per mask after the call's record.
+
+A TorchFunctionMode on the mode stack changes what some modules run: the fast paths of
+nn.MultiheadAttention and nn.TransformerEncoderLayer (inference) are refused when
+``has_torch_function`` is true. So the mode is pushed only while a *leaf* module's forward
+runs (one without children, as nn.LSTM, nn.GRU and nn.RNN are); the modules with such
+fast paths all have children. A recurrent call made directly from a module with children
+is seen op by op, as before.
+
+Nothing here perturbs training: the call runs as it would (same arguments, same RNG
+draws); the record is taken from its arguments and results.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from typing import Any
+
+import torch
+from torch.overrides import TorchFunctionMode
+from torch.utils.hooks import RemovableHandle
+
+from tracelog.adapters.tape import TArg
+
+from .rules_recurrent import MASK_OP, made_by_zeros
+
+_VF = torch._C._VariableFunctions
+_aten = torch.ops.aten
+# the call -> the aten overloads it is: over a padded tensor, over a PackedSequence
+_CALLS: dict[Any, tuple[Any, Any]] = {
+    _VF.lstm: (_aten.lstm.input, _aten.lstm.data),
+    _VF.gru: (_aten.gru.input, _aten.gru.data),
+    _VF.rnn_tanh: (_aten.rnn_tanh.input, _aten.rnn_tanh.data),
+    _VF.rnn_relu: (_aten.rnn_relu.input, _aten.rnn_relu.data),
+}
+
+
+class InnerOps:
+    """The dispatcher's ops inside one recorded call: only the dropout masks are kept."""
+
+    def __init__(self) -> None:
+        self.masks: list[tuple[torch.Tensor, float]] = []  # (mask, keep probability)
+
+    def saw(self, func: Any, args: tuple[Any, ...], kwargs: dict[str, Any]) -> None:
+        # CPU dropout between layers: empty_like -> bernoulli_(keep) -> div_ -> mul; the
+        # tensor bernoulli_ fills is the mask (scaled by div_ later: nonzero where kept)
+        if func is _aten.bernoulli_.float:
+            keep = args[1] if len(args) > 1 else kwargs.get("p", 0.5)
+            self.masks.append((args[0], float(keep)))
+
+
+class RecurrentCalls(TorchFunctionMode):
+    """Records each recurrent call of a batch window as one record (see the module doc)."""
+
+    def __init__(self, window: Any) -> None:
+        super().__init__()
+        self.window = window
+
+    def __torch_function__(
+        self,
+        func: Any,
+        types: Any,
+        args: tuple[Any, ...] = (),
+        kwargs: dict[str, Any] | None = None,
+    ) -> Any:
+        kwargs = kwargs or {}
+        w = self.window
+        try:
+            overloads = _CALLS.get(func)
+        except TypeError:  # an unhashable callable: not one of ours
+            overloads = None
+        if overloads is None or not w.recording or w.call is not None or len(args) < 3:
+            return func(*args, **kwargs)
+        inner = InnerOps()
+        w.call = inner
+        try:
+            out = func(*args, **kwargs)
+        finally:
+            w.call = None
+        w.guarded(_record_call, w, func is _VF.lstm, overloads, args, kwargs, out, inner)
+        return out
+
+
+def _record_call(
+    w: Any,
+    lstm: bool,
+    overloads: tuple[Any, Any],
+    args: tuple[Any, ...],
+    kwargs: dict[str, Any],
+    out: Any,
+    inner: InnerOps,
+) -> None:
+    # the packed form passes batch_sizes (a tensor) before the state and the parameters
+    packed = isinstance(args[1] if lstm else args[2], torch.Tensor)
+    overload = overloads[1] if packed else overloads[0]
+    index = len(w.tape.recs)
+    w.on_op(overload, args, kwargs, out)
+    if len(w.tape.recs) == index or packed:
+        return  # not recorded (outside the forward), or recorded as unsupported
+    rec = w.tape.recs[index]
+    states = (rec.args[1],) if isinstance(rec.args[1], TArg) else rec.args[1]  # LSTM: (h, c)
+    zero = tuple(made_by_zeros(w.tape.recs, s.ref) for s in states)
+    rec.func = _CallReplay(overload, zero)
+    batch_first = bool(args[8])
+    y = w.arg(out[0], rec.region)
+    for mask, keep in inner.masks:
+        w.record(
+            MASK_OP, rec.region, (y, batch_first, keep), (), [mask], 1, rec.tainted, _mask_replay
+        )
+
+
+class _CallReplay:
+    """The call on meta tensors for the batch-dim replay (adapters/torch/batch_dims.py):
+    without dropout (no generator is touched), and with a state torch made with zeros
+    remade at the replayed batch size, as the layer would have made it."""
+
+    def __init__(self, overload: Any, zero: tuple[bool, ...]) -> None:
+        self.overload = overload
+        self.zero = zero
+
+    def __call__(self, x: torch.Tensor, hx: Any, params: Any, *flags: Any) -> Any:
+        biased, layers, _dropout, _train, bidirectional, batch_first = flags
+        batch = x.shape[0 if batch_first else 1]
+        states = list(hx) if isinstance(hx, (list, tuple)) else [hx]
+        states = [
+            s.new_zeros(s.shape[0], batch, s.shape[2]) if zero else s
+            for s, zero in zip(states, self.zero, strict=True)
+        ]
+        state = states if isinstance(hx, (list, tuple)) else states[0]
+        return self.overload(
+            x, state, params, biased, layers, 0.0, False, bidirectional, batch_first
+        )
+
+
+def _mask_replay(y: torch.Tensor, batch_first: bool, keep: float) -> torch.Tensor:
+    """A mask record on meta tensors: the layer output's shape, sequence first."""
+    return torch.empty_like(y.transpose(0, 1) if batch_first else y)
+
+
+def scope_leaf_modules(
+    model: torch.nn.Module, window_of: Callable[[], Any]
+) -> list[RemovableHandle]:
+    """Hooks that push a RecurrentCalls for the current window while each leaf module's
+    forward runs (its post hook always runs, so the mode stack stays balanced)."""
+    pushed: list[RecurrentCalls | None] = []
+
+    def pre(module: torch.nn.Module, args: Any) -> None:
+        pushed.append(None)
+        w = window_of()
+        if w is not None and w.recording:
+            mode = RecurrentCalls(w)
+            mode.__enter__()
+            pushed[-1] = mode
+
+    def post(module: torch.nn.Module, args: Any, output: Any) -> None:
+        mode = pushed.pop() if pushed else None
+        if mode is not None:
+            mode.__exit__(None, None, None)
+
+    handles = []
+    for mod in model.modules():
+        if next(mod.children(), None) is None:
+            handles.append(mod.register_forward_pre_hook(pre))
+            handles.append(mod.register_forward_hook(post, always_call=True))
+    return handles
