@@ -453,7 +453,11 @@ def _gather(c: RuleCtx) -> dict[str, Any]:
         # ONNX counts a negative index from the end; tf.gather refuses one (x[:, -1])
         size = c.in_type(0).shape[axis]
         k = int(idx)
-        index = literal(k + size if k < 0 and isinstance(size, int) else k)
+        if k < 0 and isinstance(size, int):
+            k += size
+        # a symbolic size: the index counted from the run-time size (every target's
+        # tensors know their shape when the op runs)
+        index = literal(k) if k >= 0 else f"({c.i(0)}.shape[{axis}] - {-k})"
     # lead: the full slices before the gathered axis, for targets that index (x[:, :, idx])
     return {"axis": axis, "index": index, "lead": ":, " * (axis % c.rank())}
 

@@ -136,6 +136,15 @@ class _CallReplay:
             s.new_zeros(s.shape[0], batch, s.shape[2]) if zero else s
             for s, zero in zip(states, self.zero, strict=True)
         ]
+        if x.dim() != 3 or x.shape[-1] != params[0].shape[1]:
+            # the kernels check no shapes on meta tensors (a wrong replay choice crashed)
+            raise ValueError(f"input {tuple(x.shape)} does not fit the layer's weights")
+        hidden = params[1].shape[1]  # W_hh: [gates * hidden, hidden (or proj_size)]
+        want = (layers * (2 if bidirectional else 1), batch)
+        if any(s.dim() != 3 or tuple(s.shape[:2]) != want for s in states) or any(
+            s.shape[2] != hidden for s in states[:1]
+        ):
+            raise ValueError("the state does not fit the input and the layer")
         state = states if isinstance(hx, (list, tuple)) else states[0]
         return self.overload(
             x, state, params, biased, layers, 0.0, False, bidirectional, batch_first
