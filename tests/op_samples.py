@@ -123,6 +123,15 @@ def _samples() -> list[OpSample]:
             torch=_t(lambda a: a.clamp(-0.5, 1.0)),
         )
     )
+    s.append(
+        OpSample(
+            "Clip",
+            [("x", x)],
+            consts={"lo": np.zeros((), np.float32)},
+            torch=_t(lambda a: a.clamp(min=0.0)),
+            name="Clip-min-only",
+        )
+    )
     y = _r(3, 4, seed=1)
     for op, fn in {"Add": torch.add, "Sub": torch.sub, "Mul": torch.mul, "Div": torch.div}.items():
         s.append(OpSample(op, [("a", x), ("b", y)], torch=_t(fn)))

@@ -147,3 +147,70 @@ def test_zero_dim_tensors_of_every_dtype_record(tmp_path: Path) -> None:
     assert not log.failures
     report = tracelog.check(tmp_path / "run", "torch")
     assert report.ok, report
+
+
+class ShiftRight(nn.Module):
+    """A decoder input made by writing into views of a fresh tensor, as
+    Hugging Face's T5/BART shift_tokens_right does."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.embed = nn.Embedding(11, 6)
+        self.head = nn.Linear(6, 11)
+
+    def forward(self, labels: torch.Tensor) -> torch.Tensor:
+        shifted = labels.new_zeros(labels.shape)
+        shifted[..., 1:] = labels[..., :-1].clone()
+        shifted[..., 0] = 2
+        shifted.masked_fill_(shifted == -100, 0)
+        return self.head(self.embed(shifted))
+
+
+def test_writes_into_views_update_their_base(tmp_path: Path) -> None:
+    torch.manual_seed(0)
+    model = ShiftRight()
+    opt = torch.optim.SGD(model.parameters(), lr=0.1)
+    with TorchListener(model, tmp_path / "run", strict=True) as listener:
+        for t in (5, 7):
+            labels = torch.randint(0, 11, (3, t))
+            labels[0, -1] = -100
+            with listener.batch():
+                logits = model(labels)
+                F.cross_entropy(logits.reshape(-1, 11), labels.clamp(min=0).reshape(-1)).backward()
+            opt.step()
+            opt.zero_grad()
+    log = tracelog.load(tmp_path / "run")
+    train = [p for p in log.pairs.values() if p.phase == "train"]
+    assert len(train) == 1 and train[0].usage.batches == 2  # one graph for both lengths
+    ops = {n.op for n in log.graph(train[0].prediction).nodes}
+    assert "Concat" in ops and "tracelog.Unsupported" not in ops
+    for target in TARGETS:
+        report = tracelog.check(tmp_path / "run", target)
+        assert report.ok, report
+
+
+def test_a_write_into_a_view_it_cannot_express_is_unsupported_not_stale(tmp_path: Path) -> None:
+    """A write through a strided view is not modelled: the base becomes an
+    Unsupported value from there on, so emission refuses instead of computing
+    with the base as it was before the write."""
+
+    class Strided(nn.Module):
+        def __init__(self) -> None:
+            super().__init__()
+            self.lin = nn.Linear(4, 4)
+
+        def forward(self, x: torch.Tensor) -> torch.Tensor:
+            h = self.lin(x).clone()
+            h[:, ::2] = 0.0
+            return h
+
+    model = Strided()
+    with TorchListener(model, tmp_path / "run", strict=True) as listener:
+        with listener.batch():
+            F.mse_loss(model(torch.randn(3, 4)), torch.zeros(3, 4)).backward()
+    log = tracelog.load(tmp_path / "run")
+    (pred,) = [log.graph(p.prediction) for p in log.pairs.values()]
+    unsupported = [n for n in pred.nodes if n.op == "Unsupported"]
+    assert [n.attrs["source"] for n in unsupported] == ["tracelog.view_write"]
+    with pytest.raises(tracelog.UnsupportedOpError):
+        tracelog.emit(tmp_path / "run", target="torch")

@@ -62,7 +62,7 @@ JAX.spell(
         "Celu": "jax.nn.celu({0}, {alpha})",
         "LeakyRelu": "jax.nn.leaky_relu({0}, {alpha})",
         "Gelu": "jax.nn.gelu({0}, approximate={tanh})",
-        "Clip": "jnp.clip({0}, {1}, {2})",
+        "Clip": "jnp.clip({0}, {lo}, {hi})",
         "Where": "jnp.where({0}, {1}, {2})",
         "Cast": "{0}.astype(jnp.{to})",
         "Softmax": "jax.nn.softmax({0}, axis={axis})",

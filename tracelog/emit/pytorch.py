@@ -59,7 +59,7 @@ TORCH.spell(
         "Celu": "F.celu({0}, {alpha})",
         "LeakyRelu": "F.leaky_relu({0}, {alpha})",
         "Gelu": "F.gelu({0}, approximate={approximate})",
-        "Clip": "torch.clamp({0}, {1}, {2})",
+        "Clip": "torch.clamp({0}, {lo}, {hi})",
         "Where": "torch.where({0}, {1}, {2})",
         "Cast": "{0}.to(torch.{to})",
         "Softmax": "torch.softmax({0}, {axis})",

@@ -210,6 +210,12 @@ OPS.add("Max", OpRule(_no_fields, fold=True))
 OPS.add("Min", OpRule(_no_fields, fold=True))
 
 
+@OPS.op("Clip")
+def _clip(c: RuleCtx) -> dict[str, Any]:
+    # min and max are optional inputs (clamp(min=0) has no max): None where absent
+    return {"lo": c.i(1), "hi": c.i(2)}
+
+
 @OPS.op("Gelu")
 def _gelu(c: RuleCtx) -> dict[str, Any]:
     tanh = c.attr("approximate", "none") == "tanh"
@@ -519,7 +525,14 @@ OPS.add("Shape", OpRule(_shape, variant=_whole))
 
 @OPS.op("ConstantOfShape")
 def _constant_of_shape(c: RuleCtx) -> dict[str, Any]:
-    return {"value": literal(c.attr("value", 0.0)), "dtype": dtype_name(c.out_type().dtype)}
+    dtype = dtype_name(c.out_type().dtype)
+    value = c.attr("value", 0.0)
+    # the value in the output's type: a bool or int fill is not a float literal
+    if dtype == "bool":
+        value = bool(value)
+    elif dtype.startswith(("int", "uint")):
+        value = int(value)
+    return {"value": literal(value), "dtype": dtype}
 
 
 # -- losses ------------------------------------------------------------------------------------------

@@ -28,7 +28,7 @@ from tracelog.log import TraceLog
 
 from .batch_dims import exact_batch_dims
 from .recurrent import InnerOps, scope_leaf_modules
-from .rules import ATEN
+from .rules import ATEN, VIEW_WRITE
 from .tensors import dtype_name, flatten_tensors, tensor_digest, to_array, to_numpy
 
 logger = logging.getLogger("tracelog")
@@ -64,6 +64,25 @@ def _mutated_args(func: Any, args: tuple[Any, ...]) -> tuple[int, ...]:
     if func is torch.ops.aten.native_batch_norm.default and args[5] and args[3] is not None:
         return (3, 4)
     return idx
+
+
+_VIEW_OPS = {"aten.slice.Tensor", "aten.select.int"}
+_WRITES_SELF: dict[Any, bool] = {}
+
+
+def _writes_self(func: Any) -> bool:
+    """Does the op write into its first argument (copy_, fill_, add_, ...)?"""
+    found = _WRITES_SELF.get(func)
+    if found is None:
+        args = func._schema.arguments
+        info = args[0].alias_info if args else None
+        found = _WRITES_SELF[func] = bool(info is not None and info.is_write)
+    return found
+
+
+def _view_write_replay(base: torch.Tensor, *_: Any) -> torch.Tensor:
+    """A view write on meta tensors (the batch-dim replay): the base's shape."""
+    return torch.empty_like(base)
 
 
 def _flatten_tensors(obj: Any, prefix: str, out: list[tuple[str, torch.Tensor]]) -> None:
@@ -108,6 +127,7 @@ class _Window(WindowBase):
         self.refs.update(listener._static_refs())
         self.saw_backward = False
         self.seed: Ref | None = None
+        self.views: dict[int, int] = {}  # id of a view tensor -> the record that made it
         self.call: InnerOps | None = None  # inside a recurrent call recorded whole
 
     # -- tensors ---------------------------------------------------------------------
@@ -184,7 +204,8 @@ class _Window(WindowBase):
         mutated = tuple(i for i in _mutated_args(func, args) if isinstance(args[i], torch.Tensor))
         outs.extend(args[i] for i in mutated)
         name = _op_name(func)
-        self.record(name, region, nargs, nkwargs, outs, n_returned, tainted, func, mutated)
+        index = self.record(name, region, nargs, nkwargs, outs, n_returned, tainted, func, mutated)
+        self.track_views(name, func, args, outs, region, index)
         if (
             region == "post"
             and name == "aten.ones_like.default"
@@ -193,6 +214,42 @@ class _Window(WindowBase):
             and args[0].dim() == 0
         ):
             self.seed = nargs[0].ref  # autograd's seed for loss.backward()
+
+    def track_views(
+        self,
+        name: str,
+        func: Any,
+        args: tuple[Any, ...],
+        outs: list[torch.Tensor],
+        region: str,
+        index: int,
+    ) -> None:
+        """Remember which record made each view; a write into one updates its base."""
+        if name in _VIEW_OPS and outs:  # autograd sets _base only after dispatch returns
+            self.views[id(outs[0])] = index
+        elif _writes_self(func) and isinstance(args[0], torch.Tensor) and args[0]._base is not None:
+            self.write_through(args[0], region, index)
+
+    def write_through(self, view: torch.Tensor, region: str, write: int) -> None:
+        """An in-place write into a view (``shifted[:, 1:] = x``) changes the
+        view's base: a record gives the base its new value, the old base with
+        the view's region replaced (a view this cannot express makes the base
+        unsupported from here on, never silently stale)."""
+        base = view._base
+        assert base is not None
+        view_rec = self.views.get(id(view))
+        source = self.tape.recs[view_rec] if view_rec is not None else None
+        base_ref = self.refs.get(id(base))
+        if source is None or base_ref is None or source.args[0].ref != base_ref:
+            kind: tuple[Any, ...] = ("unknown",)
+        else:
+            kind = (source.op, *source.args[1:])
+        base_arg = self.arg(base, region)
+        value = self.tape.recs[write].outs[0]
+        tainted = base_arg.ref in self.taint or value.ref in self.taint
+        self.record(
+            VIEW_WRITE, region, (base_arg, value, *kind), (), [base], 1, tainted, _view_write_replay
+        )
 
     # -- the loss -----------------------------------------------------------------------
     def loss_ref(self) -> Ref | None:

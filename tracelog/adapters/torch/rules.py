@@ -16,7 +16,7 @@ import numpy as np
 
 from tracelog.adapters.builder import Converter, Ctx, NotSupported, use_rewrites
 from tracelog.adapters.tape import TArg
-from tracelog.ir import BATCH, TensorType, dim_scale, is_symbolic
+from tracelog.ir import BATCH, TensorType, dim_scale, format_dim, is_symbolic, parse_dim
 from tracelog.ops import TRACELOG_DOMAIN
 from tracelog.passes.fusions import GEMM_TRANSPOSES
 from tracelog.registry import Table
@@ -808,11 +808,107 @@ def _bce_with_logits(ctx: Ctx) -> Names:
     return _reduce_loss(ctx, loss, ctx.arg(4, "reduction", 1))
 
 
+def dim_sub(d: int | str, k: int) -> int | str:
+    """A dim less k elements."""
+    poly = parse_dim(d)
+    poly[()] = poly.get((), 0) - k
+    return format_dim(poly)
+
+
+# -- in-place writes: the written value, and the base of a written view -----------------
+@ATEN.register("aten.copy_.default")
+def _copy_(ctx: Ctx) -> Names:
+    # the new value of self: src in self's dtype, broadcast to self's shape (the
+    # base of a view written so gets its new value from a VIEW_WRITE record)
+    out = ctx.out_type()
+    src = ctx.in_type(1)
+    x = ctx.t(1)
+    if src.dtype != out.dtype:
+        x = ctx.helper("Cast", [x], TensorType(out.dtype, src.shape), to=out.dtype)
+    if tuple(src.shape) != tuple(out.shape):
+        return ctx.one("Expand", [x, ctx.shape_const(list(out.shape), allow_minus_one=False)])
+    return [x]
+
+
+ATEN.update_from(["aten.fill_.Scalar"], _fill_rule(1, 0.0))
+
+
+@ATEN.register("aten.fill_.Tensor")
+def _fill_tensor(ctx: Ctx) -> Names:
+    # self's new value: the 0-dim value in self's dtype, broadcast to self's shape
+    out = ctx.out_type()
+    value = ctx.t(1)
+    if ctx.in_type(1).dtype != out.dtype:
+        value = ctx.helper("Cast", [value], TensorType(out.dtype, ()), to=out.dtype)
+    return ctx.one("Expand", [value, ctx.shape_const(list(out.shape), allow_minus_one=False)])
+
+
+ATEN.update_from(["aten.zero_.default"], _fill_rule(None, 0.0))
+
+VIEW_WRITE = "tracelog.view_write"  # the listener's record for a write through a view
+
+
+@ATEN.register(VIEW_WRITE)
+def _view_write(ctx: Ctx) -> Names:
+    """base with the region a slice or select view covers replaced by the view's
+    new value: Concat of the base before it, the value and the base after it."""
+    kind = ctx.arg(2)
+    bt = ctx.in_type(0)
+    rank = len(bt.shape)
+    if kind == "aten.slice.Tensor":
+        dim, start, end, step = (
+            ctx.arg(3, default=0),
+            ctx.arg(4),
+            ctx.arg(5),
+            ctx.arg(6, default=1),
+        )
+        start = 0 if start is None else int(start)
+        end = INT64_MAX if end is None else int(end)
+        value = ctx.t(1)
+    elif kind == "aten.select.int":
+        dim, index, step = ctx.arg(3), int(ctx.arg(4)), 1
+        start, end = index, index + 1
+        vt = ctx.in_type(1)
+        shape = list(vt.shape)
+        shape.insert(int(dim) % rank, 1)
+        value = ctx.helper(
+            "Unsqueeze", [ctx.t(1), ctx.ints([int(dim) % rank])], TensorType(vt.dtype, tuple(shape))
+        )
+    else:
+        raise NotSupported("an in-place write into a view tracelog cannot express")
+    dim = int(dim) % rank
+    size = bt.shape[dim]
+    if step != 1 or start < 0 or end < 0:
+        raise NotSupported("an in-place write into a strided view or one counted from the end")
+    end = min(end, size) if isinstance(size, int) else end
+    pieces = []
+    if start > 0:
+        head = list(bt.shape)
+        head[dim] = start
+        pieces.append(
+            ctx.helper(
+                "Slice",
+                [ctx.t(0), ctx.ints([0]), ctx.ints([start]), ctx.ints([dim])],
+                TensorType(bt.dtype, tuple(head)),
+            )
+        )
+    pieces.append(value)
+    if end != INT64_MAX and (not isinstance(size, int) or end < size):
+        tail = list(bt.shape)
+        tail[dim] = size - end if isinstance(size, int) else dim_sub(size, end)
+        pieces.append(
+            ctx.helper(
+                "Slice",
+                [ctx.t(0), ctx.ints([end]), ctx.ints([INT64_MAX]), ctx.ints([dim])],
+                TensorType(bt.dtype, tuple(tail)),
+            )
+        )
+    if len(pieces) == 1:
+        return ctx.one("Identity", pieces)
+    return ctx.one("Concat", pieces, axis=dim)
+
+
 # Known and deliberately not translated yet: listed so that absence is a decision.
-ATEN.not_yet(
-    "aten.copy_.default",
-    reason="an in-place copy into a view mutates its base; not modelled",
-)
 ATEN.not_yet(
     "aten.index_put_.default",
     "aten.index_put.default",
