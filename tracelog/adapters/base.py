@@ -39,7 +39,7 @@ from tracelog.adapters.builder import (
     target_names,
 )
 from tracelog.adapters.tape import ConstInfo, Rec, Ref, Tape, TArg, symbolic_shape
-from tracelog.ir import Graph
+from tracelog.ir import Graph, batch_dim
 from tracelog.log import COMPLETE, CheckpointPolicy, LogWriter, TraceLog, claim_log_dir
 from tracelog.registry import Table
 from tracelog.sample import build_sample, sample_info
@@ -64,6 +64,9 @@ class WindowBase(ABC):
     inputs and outputs; ops reach ``record`` through the framework's ``on_op``."""
 
     listener: ListenerBase
+    # a tensor the loss meets from outside with k*B rows is a target too (its
+    # batch replay knows how to grow it), not only one with B rows
+    merged_targets = False
 
     def __init__(self, listener: ListenerBase, phase: str, epoch: int, batch: int) -> None:
         self.listener = listener
@@ -220,6 +223,8 @@ class WindowBase(ABC):
             ref = self.unknown(t, region)
             self.refs[id(t)] = ref
             self.keep.append(t)
+        if ref[0] == "t":  # a target's type was set when it was met (a merged batch dim)
+            return self.tape.targets[ref[1]]
         return self.targ(t, ref, ref in self.taint)
 
     def unknown(self, t: Any, region: str) -> Ref:
@@ -227,10 +232,17 @@ class WindowBase(ABC):
         meets it with a batch-sized leading dim, else a constant."""
         shape = self.shape_of(t)
         batch = self.tape.batch_size
-        if region == "post" and len(shape) >= 1 and batch is not None and shape[0] == batch:
+        lead = shape[0] if shape else 0
+        merged = self.merged_targets and batch is not None and batch > 1 and lead % batch == 0
+        if region == "post" and lead and batch is not None and (lead == batch or merged):
             ref: Ref = ("t", len(self.tape.targets))
             self.taint.add(ref)
-            self.tape.targets.append(self.targ(t, ref, True))
+            targ = self.targ(t, ref, True)
+            if (
+                lead != batch
+            ):  # labels flattened with the batch (y.reshape(-1)): data, not a constant
+                targ = targ._replace(shape=(batch_dim(lead // batch), *targ.shape[1:]))
+            self.tape.targets.append(targ)
             self.target_tensors.append(t)
             return ref
         return self.constant(t, region)

@@ -21,7 +21,7 @@ import torch
 
 from tracelog.adapters.symbols import Fixed, Shapes, Sources, with_symbols
 from tracelog.adapters.tape import Ref, Tape, TArg, concrete_shape, map_targs
-from tracelog.ir import BATCH, batch_dim
+from tracelog.ir import BATCH, batch_dim, batch_factor, is_symbolic
 
 from .tensors import flatten_tensors
 
@@ -143,6 +143,8 @@ class _MetaReplay:
             shape = list(concrete_shape(a.shape, self.batch))
             if a.ref[0] in ("i", "t") and shape:
                 shape[0] = self.other  # the data's leading dim is the batch by definition
+                if a.ref[0] == "t" and is_symbolic(a.shape[0]):
+                    shape[0] *= self._merged_factor(batch_factor(a.shape[0]))
             for symbol, (_size, places) in self.sources.items():
                 for ref, axis in places:
                     if ref == a.ref and symbol in self.sizes:
@@ -150,6 +152,14 @@ class _MetaReplay:
             t = torch.empty(shape, dtype=_TORCH_DTYPES[a.dtype], device="meta")
             self.metas[a.ref] = t
         return t
+
+    def _merged_factor(self, k: int) -> int:
+        """A target flattened with the batch ([B*T] labels): its factor k at the
+        replay's sizes, T followed where k is a sequence symbol's size."""
+        for symbol, (size, _places) in self.sources.items():
+            if symbol in self.sizes and k % size == 0:
+                return k // size * self.sizes[symbol]
+        return k
 
     def sub(self, obj: Any, chosen: Choice, counter: list[int]) -> Any:
         """Replace TArgs by meta tensors, and the ints inside size lists that are

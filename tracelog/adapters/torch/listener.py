@@ -121,6 +121,7 @@ class _Window(WindowBase):
     resolved here."""
 
     listener: TorchListener
+    merged_targets = True
 
     def __init__(self, listener: TorchListener, phase: str, epoch: int, batch: int) -> None:
         super().__init__(listener, phase, epoch, batch)
