@@ -214,3 +214,59 @@ def test_a_write_into_a_view_it_cannot_express_is_unsupported_not_stale(tmp_path
     assert [n.attrs["source"] for n in unsupported] == ["tracelog.view_write"]
     with pytest.raises(tracelog.UnsupportedOpError):
         tracelog.emit(tmp_path / "run", target="torch")
+
+
+@pytest.mark.parametrize(
+    "text",
+    ["batch", "batch*4", "seq", "seq-1", "batch*seq", "batch*seq-batch", "batch*seq2*2+3", 7],
+)
+def test_symbolic_dims_round_trip(text: int | str) -> None:
+    from tracelog.ir import TensorType, format_dim, parse_dim
+
+    assert format_dim(parse_dim(text)) == text
+    assert TensorType.from_json({"dtype": "float32", "shape": [text]}).shape == (text,)
+
+
+@pytest.mark.parametrize("text", ["seq*batch", "batch*1", "x", "batch+", "seq10", "__import__"])
+def test_non_canonical_or_foreign_dims_are_refused(text: str) -> None:
+    from tracelog.ir import TensorType
+
+    with pytest.raises(ValueError):
+        TensorType.from_json({"dtype": "float32", "shape": [text]})
+
+
+def test_dim_arithmetic() -> None:
+    from tracelog.ir import dim_mul, dim_scale, dim_value
+
+    assert dim_value("batch*seq-batch", {"batch": 4, "seq": 12}) == 44
+    assert dim_mul("batch", "seq-1") == "batch*seq-batch"
+    assert dim_scale("seq", 3) == "seq*3"
+
+
+def test_sequence_length_is_a_symbol_down_to_model_onnx(tmp_path: Path) -> None:
+    """Batches of lengths 6, 9 and 4 share one graph; the shifted LM loss's
+    dims are polynomials, and model.onnx declares the length as a dim_param."""
+    import onnx
+
+    torch.manual_seed(0)
+    model = TinyLM()
+    opt = torch.optim.SGD(model.parameters(), lr=0.1)
+    with TorchListener(model, tmp_path / "run", strict=True) as listener:
+        for t in (6, 9, 4):
+            ids = torch.randint(0, 11, (3, t))
+            with listener.batch():
+                model(input_ids=ids, labels=ids.clone())["loss"].backward()
+            opt.step()
+            opt.zero_grad()
+    log = tracelog.load(tmp_path / "run")
+    (pair,) = log.pairs.values()
+    assert pair.usage.batches == 3
+    pred, loss = log.graph(pair.prediction), log.graph(pair.loss)
+    assert pred.values["input_ids"].type.shape == ("batch", "seq")
+    dims = {d for v in loss.values.values() for d in v.type.shape if isinstance(d, str)}
+    assert {"seq-1", "batch*seq-batch"} <= dims
+    for target in TARGETS:
+        assert tracelog.check(tmp_path / "run", target).ok
+    proto = onnx.load(str(tmp_path / "run" / "model.onnx"))
+    params = {d.dim_param for i in proto.graph.input for d in i.type.tensor_type.shape.dim}
+    assert {"batch", "seq"} <= params
