@@ -270,3 +270,19 @@ def test_sequence_length_is_a_symbol_down_to_model_onnx(tmp_path: Path) -> None:
     proto = onnx.load(str(tmp_path / "run" / "model.onnx"))
     params = {d.dim_param for i in proto.graph.input for d in i.type.tensor_type.shape.dim}
     assert {"batch", "seq"} <= params
+
+
+def test_embedding_padding_row_gets_no_gradient(tmp_path: Path) -> None:
+    """nn.Embedding(padding_idx=...) leaves the padding row's gradient zero
+    (OPT, BART): a plain Gather gave it the sum of its uses on every target."""
+    torch.manual_seed(0)
+    model = nn.Sequential(nn.Embedding(7, 4, padding_idx=0), nn.Flatten(), nn.Linear(12, 3))
+    with TorchListener(model, tmp_path / "run", strict=True) as listener:
+        with listener.batch():
+            ids = torch.tensor([[0, 1, 2], [3, 0, 0]])
+            F.cross_entropy(model(ids), torch.tensor([0, 2])).backward()
+    sample = tracelog.load(tmp_path / "run").sample()
+    assert not sample["grad/0.weight"][0].any()
+    for target in ["torch", "tensorflow", "jax"]:
+        report = tracelog.check(tmp_path / "run", target)
+        assert report.ok, report

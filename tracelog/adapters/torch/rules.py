@@ -653,7 +653,20 @@ def _select(ctx: Ctx) -> Names:
 
 @ATEN.register("aten.embedding.default")
 def _embedding(ctx: Ctx) -> Names:
-    return ctx.one("Gather", [ctx.t(0), ctx.t(1)], axis=0)
+    weight = ctx.t(0)
+    padding_idx = int(ctx.arg(2, "padding_idx", -1))
+    if padding_idx >= 0:
+        # torch's embedding backward leaves the padding row without gradient: the
+        # rows read through a StopGradient there (same values, no gradient)
+        wt = ctx.in_type(0)
+        rows = wt.shape[0]
+        if not isinstance(rows, int):
+            raise NotSupported("an embedding with a padding index and a symbolic row count")
+        is_pad = np.zeros((rows, 1), dtype=bool)
+        is_pad[padding_idx] = True
+        frozen = ctx.helper("StopGradient", [weight], wt, domain=TRACELOG_DOMAIN)
+        weight = ctx.helper("Where", [ctx.const(is_pad, "bool"), frozen, weight], wt)
+    return ctx.one("Gather", [weight, ctx.t(1)], axis=0)
 
 
 # -- tensor factories: constants, or ConstantOfShape for a batch-sized shape -----------
