@@ -4,6 +4,7 @@ target): recorded, emitted, check verdict and worst error.
 
     python benchmarks/models_matrix.py                  # every model, every target
     python benchmarks/models_matrix.py gpt2 bert --targets tensorflow onnx
+    python benchmarks/models_matrix.py --extra           # and families no issue names
 
 The models are tests/real_models.py's (Hugging Face models from small
 configs with random weights, and torch.nn recurrent, attention and vision
@@ -109,12 +110,17 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("models", nargs="*", help="model names (default: all)")
     parser.add_argument("--targets", nargs="+", default=list(TARGETS), choices=TARGETS)
     parser.add_argument("--keep", metavar="DIR", help="write the logs here instead of a temp dir")
+    parser.add_argument(
+        "--extra", action="store_true", help="also the families no issue names (EXTRA_CASES)"
+    )
     args = parser.parse_args(argv)
     logging.getLogger("tracelog").setLevel(logging.ERROR)
     unknown = [m for m in args.models if m not in real_models.BY_NAME]
     if unknown:
         parser.error(f"unknown model(s) {unknown}; known: {sorted(real_models.BY_NAME)}")
-    cases = [real_models.BY_NAME[m] for m in args.models] or real_models.CASES
+    cases = [real_models.BY_NAME[m] for m in args.models] or real_models.CASES + (
+        real_models.EXTRA_CASES if args.extra else []
+    )
     rows: list[Row] = []
     with tempfile.TemporaryDirectory() as tmp:
         root = Path(args.keep or tmp)

@@ -291,7 +291,143 @@ CASES: list[ModelCase] = [
     ModelCase("conv_autoencoder", ConvAutoencoder, _autoencoder_batch, _mse_step),
 ]
 
-BY_NAME = {c.name: c for c in CASES}
+
+def _hf(config: str, model: str, **fields: Any) -> Callable[[], nn.Module]:
+    """A Hugging Face model class built from a small config, by name."""
+
+    def build() -> nn.Module:
+        import transformers
+
+        return getattr(transformers, model)(getattr(transformers, config)(**fields))
+
+    return build
+
+
+_SMALL = {
+    "vocab_size": VOCAB,
+    "hidden_size": 32,
+    "num_hidden_layers": 2,
+    "num_attention_heads": 2,
+    "intermediate_size": 64,
+    "max_position_embeddings": 40,
+}
+
+# Families no issue names: the matrix tries them (`--extra`) so that support
+# built from the ops' meaning is seen to reach them; the suite does not run them.
+EXTRA_CASES: list[ModelCase] = [
+    ModelCase(
+        "roberta",
+        _hf(
+            "RobertaConfig",
+            "RobertaForSequenceClassification",
+            num_labels=3,
+            pad_token_id=1,
+            **_SMALL,
+        ),
+        _classify_batch,
+        _hf_step,
+        "transformers",
+        varies=True,
+    ),
+    ModelCase(
+        "distilbert",
+        _hf(
+            "DistilBertConfig",
+            "DistilBertForSequenceClassification",
+            vocab_size=VOCAB,
+            dim=32,
+            n_layers=2,
+            n_heads=2,
+            hidden_dim=64,
+            max_position_embeddings=40,
+            num_labels=3,
+        ),
+        _classify_batch,
+        _hf_step,
+        "transformers",
+        varies=True,
+    ),
+    ModelCase(
+        "opt",
+        _hf(
+            "OPTConfig",
+            "OPTForCausalLM",
+            vocab_size=VOCAB,
+            hidden_size=32,
+            num_hidden_layers=2,
+            ffn_dim=64,
+            num_attention_heads=2,
+            max_position_embeddings=40,
+            word_embed_proj_dim=32,
+        ),
+        _lm_batch,
+        _hf_step,
+        "transformers",
+        varies=True,
+    ),
+    ModelCase(
+        "qwen2",
+        _hf("Qwen2Config", "Qwen2ForCausalLM", num_key_value_heads=1, **_SMALL),
+        _lm_batch,
+        _hf_step,
+        "transformers",
+        varies=True,
+    ),
+    ModelCase(
+        "mistral",
+        _hf("MistralConfig", "MistralForCausalLM", num_key_value_heads=1, **_SMALL),
+        _lm_batch,
+        _hf_step,
+        "transformers",
+        varies=True,
+    ),
+    ModelCase(
+        "gpt_neox",
+        _hf("GPTNeoXConfig", "GPTNeoXForCausalLM", **_SMALL),
+        _lm_batch,
+        _hf_step,
+        "transformers",
+        varies=True,
+    ),
+    ModelCase(
+        "bart",
+        _hf(
+            "BartConfig",
+            "BartForConditionalGeneration",
+            vocab_size=VOCAB,
+            d_model=32,
+            encoder_layers=1,
+            decoder_layers=1,
+            encoder_attention_heads=2,
+            decoder_attention_heads=2,
+            encoder_ffn_dim=64,
+            decoder_ffn_dim=64,
+            max_position_embeddings=40,
+        ),
+        _seq2seq_batch,
+        _hf_step,
+        "transformers",
+    ),
+    ModelCase(
+        "deit",
+        _hf(
+            "DeiTConfig",
+            "DeiTForImageClassification",
+            image_size=16,
+            patch_size=4,
+            hidden_size=32,
+            num_hidden_layers=2,
+            num_attention_heads=2,
+            intermediate_size=64,
+            num_labels=5,
+        ),
+        _image_batch(16),
+        _hf_step,
+        "transformers",
+    ),
+]
+
+BY_NAME = {c.name: c for c in CASES + EXTRA_CASES}
 
 
 def train(case: ModelCase, log_dir: Any, batches: int = 2, seed: int = 0, **options: Any) -> Any:
