@@ -133,7 +133,7 @@ def test_user_exception_propagates_and_log_keeps_what_was_recorded(tmp_path) -> 
     assert "ZeroDivisionError" in log.failures[0]["error"]
 
 
-def test_memory_flat_over_2000_batches(tmp_path) -> None:
+def test_memory_flat_over_2300_batches(tmp_path) -> None:
     model = nn.Sequential(nn.Linear(4, 8), nn.ReLU(), nn.Linear(8, 3))
     opt = torch.optim.SGD(model.parameters(), lr=0.01)
     listener = TorchListener(model, tmp_path / "log")
@@ -146,21 +146,24 @@ def test_memory_flat_over_2000_batches(tmp_path) -> None:
             opt.step()
             opt.zero_grad()
 
-    run(200)  # warm-up: the graphs are built, the sample taken
+    run(300)  # warm-up: the graphs are built, the sample taken
     gc.collect()
     tracemalloc.start()
-    run(100)
+    run(1000)
     gc.collect()
-    after_warmup, _ = tracemalloc.get_traced_memory()
-    run(1700)
+    # torch's dispatcher keeps a bounded set of small objects while a mode is
+    # pushed (about 60 kB, reached within ~1000 batches): the slope after that
+    # is what a leak shows, so two equal windows are compared
+    after_first, _ = tracemalloc.get_traced_memory()
+    run(1000)
     gc.collect()
     at_end, _ = tracemalloc.get_traced_memory()
     tracemalloc.stop()
     log = listener.close()
-    assert log.recorded == 2000
+    assert log.recorded == 2300
     assert len(log.graphs) == 2 and len(listener._cache) == 1
-    # 17x more batches; a per-batch leak of even 100 bytes would show as 170 kB
-    assert at_end - after_warmup < 64 * 1024, (after_warmup, at_end)
+    # a leak of 16 bytes a batch shows as 16 kB (one object() kept in a list is 24)
+    assert at_end - after_first < 16 * 1024, (after_first, at_end)
 
 
 def test_branch_taken_on_some_batches_is_a_second_counted_entry(tmp_path) -> None:
