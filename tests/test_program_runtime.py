@@ -41,8 +41,59 @@ def test_compare_flags_shape_and_tolerance() -> None:
     ns = _parity_with({}, None)
     assert ns._compare("a", np.ones(3), np.ones(3), 1e-5, 1e-4)[3]
     assert not ns._compare("a", np.ones(3) + 1e-3, np.ones(3), 1e-5, 1e-4)[3]
-    name, err, rel, ok = ns._compare("a", np.ones(2), np.ones(3), 1e-5, 1e-4)
-    assert (err, rel, ok) == (float("inf"), float("inf"), False)
+    name, err, rel, ok, own, ratio = ns._compare("a", np.ones(2), np.ones(3), 1e-5, 1e-4)
+    assert (err, rel, ok, own, ratio) == (float("inf"), float("inf"), False, None, None)
+
+
+def test_calibrated_judges_float32_by_the_sources_own_error() -> None:
+    """Against the float64 reference, a result passes within 4x the source's
+    own float32 error; an output the source gets exactly has a floor of 4
+    float32 ulps of its largest value."""
+    ns = _parity_with({}, None)
+    ref = np.array([1.0, -2.0, 4.0])
+    source = ref + np.array([1e-5, 0.0, 0.0])  # the source's own error: 1e-5
+    assert ns._calibrated("a", ref + 3.9e-5, source, ref)[3]
+    name, err, _rel, ok, own, ratio = ns._calibrated("a", ref + 4.1e-5, source, ref)
+    assert not ok and own == pytest.approx(1e-5) and ratio == pytest.approx(4.1)
+    floor = 4 * 2.0**-23 * 4.0  # the source exact: 4 ulps of max |ref| = 4
+    assert ns._calibrated("a", ref + 3.9 * floor, ref, ref)[3]
+    assert not ns._calibrated("a", ref + 4.1 * floor, ref, ref)[3]
+    assert not ns._calibrated("a", np.ones(2), ref, ref)[3]  # a shape mismatch
+    # the same infinity agrees; NaN where the reference is finite does not
+    inf = np.array([np.inf, 1.0])
+    assert ns._calibrated("a", inf, inf, inf)[3]
+    assert not ns._calibrated("a", np.array([np.nan, 1.0]), ref[:2], ref[:2])[3]
+
+
+def test_check_parity_reports_the_ratio_where_the_sample_has_a_reference(tmp_path) -> None:
+    from safetensors.numpy import save_file
+
+    w = np.full((2,), 3.0, np.float32)
+    x = np.ones(2, np.float32)
+    sample = {
+        sample_format.input_key("x"): x,
+        sample_format.output_key("prediction"): np.full(2, 3.0, np.float32),
+        sample_format.reference_key(sample_format.output_key("prediction")): np.full(2, 3.0),
+        sample_format.LOSS_KEY: np.asarray(6.0, np.float32),
+        sample_format.reference_key(sample_format.LOSS_KEY): np.asarray(6.0 + 1e-7),
+        sample_format.param_key("w"): w,
+    }
+    save_file(sample, str(tmp_path / "sample.safetensors"))
+    save_file({"w": w}, str(tmp_path / "weights.safetensors"))
+    off = {"by": 0.0}
+
+    def runs(step, params, trainable):
+        pred = params["w"] * x + off["by"]
+        return [("", ({"prediction": pred}, pred.sum(), [x]))]
+
+    ns = _parity_with({"w": True}, runs)
+    rows = ns.check_parity(str(tmp_path))
+    assert [(r[0], r[3]) for r in rows] == [("prediction", True), ("loss", True)]
+    assert rows[1][4] == pytest.approx(1e-7)  # the source's own float32 error
+    assert rows[0][5] == 0.0 and rows[1][5] < 1  # this "program" is exact
+    off["by"] = 1e-5  # within atol 1e-5 + rtol 1e-4, but far beyond 4 ulps of 3.0
+    rows = ns.check_parity(str(tmp_path))
+    assert [r[3] for r in rows] == [True, True] and min(r[5] for r in rows) > 4
 
 
 def test_check_parity_compares_every_recorded_role(tmp_path) -> None:

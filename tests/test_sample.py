@@ -18,6 +18,8 @@ from tracelog.sample import (
     input_key,
     mask_key,
     masks_as_rng,
+    output_key,
+    reference_key,
     rng_key,
     sample_feeds,
     target_key,
@@ -84,8 +86,26 @@ def test_a_recorded_run_writes_the_sample_through_the_module(tmp_path) -> None:
     sample = log.sample()
     info = log.sample_info
     assert info is not None
-    assert set(info) == {"epoch", "batch", "phase", "prediction", "loss", "masks", "grads_from"}
+    assert set(info) == {
+        "epoch",
+        "batch",
+        "phase",
+        "prediction",
+        "loss",
+        "masks",
+        "grads_from",
+        "reference",
+    }
     assert info["grads_from"] == "backward" and info["masks"] >= 1
+    # the float64 replay of the same batch (the same dropout masks): every
+    # output, the loss and each gradient, within float32 rounding of the run
+    assert info["reference"] == "float64"
+    for key in [LOSS_KEY, output_key("prediction")] + [
+        grad_key(n) for n, _ in model.named_parameters()
+    ]:
+        ref = sample[reference_key(key)]
+        assert ref.dtype == np.float64
+        np.testing.assert_allclose(sample[key], ref, rtol=1e-5, atol=1e-6)
     assert mask_key(info["masks"] - 1) in sample
     assert input_key("x") in sample and target_key("target") in sample
     for name, _p in model.named_parameters():

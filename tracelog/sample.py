@@ -69,6 +69,12 @@ def buffer_key(name: str) -> str:
     return "buffer/" + name
 
 
+def reference_key(key: str) -> str:
+    """The float64 reference of a sample entry (``ref64/loss``, ``ref64/grad/w``):
+    the batch replayed through the source framework's own kernels in float64."""
+    return "ref64/" + key
+
+
 def masks_as_rng(sample: dict[str, Any]) -> dict[str, Any]:
     """The sample's dropout masks as the rng dict a program's functions take."""
     return {rng_key(int(k[len("mask/") :])): v for k, v in sample.items() if k.startswith("mask/")}
@@ -85,6 +91,7 @@ INLINED = (
     grad_key,
     param_key,
     buffer_key,
+    reference_key,
     masks_as_rng,
 )
 
@@ -93,7 +100,13 @@ INLINED = (
 Arrays = Mapping[str, np.ndarray]
 
 
-class SampleInfo(TypedDict):
+class _SampleInfoLater(TypedDict, total=False):
+    # "float64": the sample holds ref64/ entries; otherwise why it has none (logs
+    # written before the reference existed have no such key)
+    reference: str
+
+
+class SampleInfo(_SampleInfoLater):
     """What trace.json says about the sample (its ``"sample"`` entry)."""
 
     epoch: int
@@ -116,10 +129,13 @@ def build_sample(
     params: Arrays,
     buffers: Arrays,
     updates: Arrays,
+    reference: Mapping[str, Any] | None = None,
 ) -> dict[str, np.ndarray]:
     """The sample of one batch, keyed as the file holds it. ``masks`` are in
     recording order; targets are keyed by their names in the loss graph
-    (``tracelog.adapters.builder.target_names``), the rest by name or role."""
+    (``tracelog.adapters.builder.target_names``), the rest by name or role.
+    ``reference``: the float64 replay's outputs, loss, grads and updates,
+    stored under ``reference_key`` of the entries they stand for."""
     sample: dict[str, np.ndarray] = {}
     sample.update((input_key(n), a) for n, a in inputs.items())
     sample.update((target_key(n), a) for n, a in targets.items())
@@ -130,6 +146,12 @@ def build_sample(
     sample.update((param_key(n), a) for n, a in params.items())
     sample.update((buffer_key(n), a) for n, a in buffers.items())
     sample.update((update_key(n), a) for n, a in updates.items())
+    if reference is not None:
+        ref: dict[str, np.ndarray] = {LOSS_KEY: reference["loss"]}
+        ref.update((output_key(r), a) for r, a in reference["outputs"].items())
+        ref.update((grad_key(n), a) for n, a in reference["grads"].items())
+        ref.update((update_key(n), a) for n, a in reference["updates"].items())
+        sample.update((reference_key(k), a) for k, a in ref.items() if k in sample)
     return sample
 
 
@@ -142,6 +164,7 @@ def sample_info(
     loss: str,
     masks: int,
     grads_from: str,
+    reference: str,
 ) -> SampleInfo:
     return {
         "epoch": epoch,
@@ -151,6 +174,7 @@ def sample_info(
         "loss": loss,
         "masks": masks,
         "grads_from": grads_from,
+        "reference": reference,
     }
 
 

@@ -635,6 +635,13 @@ class ListenerBase(ABC):
         array = self._to_array
         ir = input_names(w.tape)  # the IR's name of each data input
         roles = output_roles(w.tape)  # and of each prediction output
+        try:
+            reference: dict[str, Any] | None = self._reference64(w, before)
+            reference_note = "float64" if reference is not None else "not computed by this adapter"
+        except Exception as e:  # the sample stands without it; check says why
+            reference, reference_note = None, f"none: {describe(e)}"
+        if reference is not None:
+            reference["outputs"] = {roles[r]: a for r, a in reference["outputs"].items()}
         self._sample = build_sample(
             inputs={ir[name]: array(t) for name, t in w.input_tensors.items()},
             targets=dict(zip(target_names(w.tape), map(array, w.target_tensors), strict=True)),
@@ -645,6 +652,7 @@ class ListenerBase(ABC):
             params=before.params,
             buffers=before.buffers,
             updates={name: self._buffer_now(name) for name, _ref in w.tape.buffer_updates},
+            reference=reference,
         )
         self.log.sample_info = sample_info(
             epoch=w.epoch,
@@ -654,11 +662,18 @@ class ListenerBase(ABC):
             loss=lh,
             masks=len(masks),
             grads_from=self._grads_from(w),
+            reference=reference_note,
         )
 
     def _to_array(self, t: Any) -> np.ndarray:
         """A tensor as an array the sample owns."""
         return self._to_numpy(t)
+
+    def _reference64(self, w: Any, before: StateBefore) -> dict[str, Any] | None:
+        """The batch replayed in float64 through the framework's own kernels:
+        {"outputs": {tape role: array}, "loss", "grads": {param}, "updates":
+        {buffer}}; None where the adapter has no replay; raises when it fails."""
+        return None
 
     @abstractmethod
     def _grads_from(self, w: Any) -> str:

@@ -206,7 +206,7 @@ def check_model(log_dir: str | os.PathLike[str], *, atol: float, rtol: float) ->
     import onnxruntime as ort
 
     from tracelog.sample import sample_feeds
-    from tracelog.verify import Report, compare
+    from tracelog.verify import Report, checked
 
     onnx = _onnx()
     path = write_model(log_dir)
@@ -226,11 +226,11 @@ def check_model(log_dir: str | os.PathLike[str], *, atol: float, rtol: float) ->
     *roles, loss_out = [out.name for out in sess.get_outputs()]  # the loss comes last
     for role, value in zip(roles, results, strict=False):
         if role.startswith("prediction"):
-            want = sample[output_key(role)]
+            key = output_key(role)
         elif role.startswith("update:"):
-            want = sample[update_key(role[len("update:") :])]
+            key = update_key(role[len("update:") :])
         else:
             continue  # a feature the loss graph reads: checked through the loss
-        report.comparisons.append(compare(role, value, want, atol, rtol))
-    report.comparisons.append(compare("loss", results[-1], sample[LOSS_KEY], atol, rtol))
+        report.comparisons.append(checked(role, value, sample, key, atol, rtol))
+    report.comparisons.append(checked("loss", results[-1], sample, LOSS_KEY, atol, rtol))
     return report

@@ -28,6 +28,7 @@ from tracelog.log import TraceLog
 
 from .batch_dims import exact_batch_dims
 from .recurrent import InnerOps, scope_leaf_modules
+from .reference import reference64
 from .rules import ATEN, VIEW_WRITE
 from .tensors import dtype_name, flatten_tensors, tensor_digest, to_array, to_numpy
 
@@ -432,6 +433,17 @@ class TorchListener(ListenerBase):
                 if g is not None:
                     grads[n] = to_array(g)
         return grads
+
+    def _reference64(self, w: _Window, before: StateBefore) -> dict[str, Any] | None:
+        return reference64(
+            w.tape,
+            inputs=w.input_tensors,
+            targets=list(w.target_tensors),
+            params=before.params,
+            buffers=before.buffers,
+            rec_out=w.rec_out,
+            trainable=[n for n, t in self._trainable().items() if t],
+        )
 
     def _grads_from(self, w: _Window) -> str:
         return "backward" if w.saw_backward else "autograd.grad"

@@ -1,0 +1,165 @@
+"""The float64 reference of the sample batch: the recorded tape run again
+through PyTorch's own kernels in float64.
+
+Every float32 parameter, buffer, data input, target and constant is cast up,
+each record's op (the same OpOverload the dispatcher ran) is called again on
+those tensors, and the random draws are not drawn again: a ``bernoulli_``
+mask is the one the batch drew. Autograd runs through the replay, so the
+parameter gradients are torch's own backward formulas in float64. The model,
+its tensors and the global RNG are never touched: training is unchanged.
+
+The result is what a translation is checked against (``tracelog check``): a
+program that computes the recorded function agrees with it to float64
+rounding, whatever the model's float32 conditioning.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from typing import Any
+
+import numpy as np
+import torch
+
+from tracelog.adapters.tape import Ref, Tape, TArg
+
+from .rules import VIEW_WRITE
+from .rules_recurrent import MASK_OP
+from .tensors import flatten_tensors
+
+# random ops replayed as the values the batch drew (a fresh bernoulli_ mask is 0/1
+# until div_ scales it in place, so its nonzeros are the draw)
+_DRAWS = {"aten.bernoulli_.float", "aten.bernoulli_.Tensor", "aten.bernoulli.default"}
+_RANDOM = {"aten.uniform_.default", "aten.normal_.default", "aten.rand_like.default"}
+
+
+class ReferenceUnavailable(Exception):
+    """The replay could not run (an op with no float64 kernel, a record it does
+    not know how to run again); the sample then has no reference."""
+
+
+def _up(t: torch.Tensor) -> torch.Tensor:
+    """A float64 copy of a float32/16 tensor; other dtypes as they are."""
+    t = t.detach()
+    return t.to(torch.float64) if t.is_floating_point() else t.clone()
+
+
+class _Replay:
+    def __init__(self, sources: Mapping[Ref, torch.Tensor], drawn: Mapping[int, list[Any]]):
+        self.values: dict[Ref, torch.Tensor] = dict(sources)
+        self.drawn = drawn
+
+    def sub(self, obj: Any) -> Any:
+        if isinstance(obj, TArg):
+            value = self.values.get(obj.ref)
+            if value is None:
+                raise ReferenceUnavailable(f"no value for {obj.ref[0]!r} ref in the replay")
+            return value
+        if isinstance(obj, tuple):
+            return [self.sub(x) for x in obj]
+        if obj in (torch.float32, torch.float16, torch.bfloat16):
+            return torch.float64  # dtype= arguments: the whole replay is float64
+        return obj
+
+    def run(self, rec: Any) -> None:
+        if rec.op in _DRAWS or rec.op in _RANDOM:
+            outs = self._drawn(rec)
+        elif rec.op == VIEW_WRITE:
+            outs = [self._view_write(rec)]
+        elif rec.op == MASK_OP or rec.func is None:
+            raise ReferenceUnavailable(f"{rec.op} has no float64 replay")
+        else:
+            args = [self.sub(a) for a in rec.args]
+            kwargs = {k: self.sub(v) for k, v in rec.kwargs}
+            outs = []
+            flatten_tensors(rec.func(*args, **kwargs), outs)
+            outs += [args[i] for i in rec.mutated]
+        for k, t in enumerate(outs):
+            self.values[("o", rec.index, k)] = t
+
+    def _drawn(self, rec: Any) -> list[torch.Tensor]:
+        """What a random op drew, in float64; an in-place draw writes it into its
+        (replayed) target, as the op did."""
+        drawn = [_up(d != 0) if rec.op in _DRAWS else _up(d) for d in self.drawn[rec.index]]
+        if rec.op.split(".")[1].endswith("_"):
+            target = self.sub(rec.args[0])
+            with torch.no_grad():
+                target.copy_(drawn[0].to(target.dtype))
+            return [target]
+        return drawn
+
+    def _view_write(self, rec: Any) -> torch.Tensor:
+        """The base with the region a slice or select view covers replaced."""
+        base, value, kind, *rest = (self.sub(a) for a in rec.args)
+        if kind not in ("aten.slice.Tensor", "aten.select.int"):
+            raise ReferenceUnavailable(f"a write through a {kind} view")
+        out = base.clone()
+        op = (
+            torch.ops.aten.slice.Tensor
+            if kind == "aten.slice.Tensor"
+            else torch.ops.aten.select.int
+        )
+        view = op(out, *rest)
+        view.copy_(value)
+        return out
+
+
+def reference64(
+    tape: Tape,
+    *,
+    inputs: Mapping[str, torch.Tensor],
+    targets: list[torch.Tensor],
+    params: Mapping[str, np.ndarray],
+    buffers: Mapping[str, np.ndarray],
+    rec_out: list[list[Any]],
+    trainable: list[str],
+) -> dict[str, Any]:
+    """The tape in float64: {"outputs": {role: array}, "loss": array,
+    "grads": {param: array}, "updates": {buffer: array}}. ``params`` and
+    ``buffers`` are the values when the batch began; ``rec_out`` the tensors
+    each record produced (for the random draws)."""
+    if tape.loss is None:
+        raise ReferenceUnavailable("the batch has no loss")
+    sources: dict[Ref, torch.Tensor] = {}
+    leaves: dict[str, torch.Tensor] = {}
+    for name, array in params.items():
+        t = _up(torch.from_numpy(np.array(array)))
+        if name in trainable and t.is_floating_point():
+            t.requires_grad_(True)
+            leaves[name] = t
+        sources[("p", name)] = t
+    for name, array in buffers.items():
+        sources[("b", name)] = _up(torch.from_numpy(np.array(array)))
+    for name, t in inputs.items():
+        sources[("i", name)] = _up(t)
+    for k, t in enumerate(targets):
+        sources[("t", k)] = _up(t)
+    for k, c in enumerate(tape.consts):
+        sources[("c", k)] = _up(c.tensor)
+    drawn = {
+        rec.index: rec_out[rec.index] for rec in tape.recs if rec.op in _DRAWS or rec.op in _RANDOM
+    }
+    replay = _Replay(sources, drawn)
+    with torch.enable_grad():
+        for rec in tape.recs:
+            try:
+                replay.run(rec)
+            except ReferenceUnavailable:
+                raise
+            except Exception as e:  # an op with no float64 kernel, say
+                raise ReferenceUnavailable(
+                    f"{rec.op} in float64: {type(e).__name__}: {str(e).splitlines()[0][:120]}"
+                ) from None
+        loss = replay.values[tape.loss]
+        names = [n for n in trainable if n in leaves]
+        found = torch.autograd.grad(loss, [leaves[n] for n in names], allow_unused=True)
+    return {
+        "outputs": {role: _array(replay.values[ref]) for role, ref in tape.outputs},
+        "loss": _array(loss),
+        "grads": {n: _array(g) for n, g in zip(names, found, strict=True) if g is not None},
+        "updates": {name: _array(replay.values[ref]) for name, ref in tape.buffer_updates},
+    }
+
+
+def _array(t: torch.Tensor) -> np.ndarray:
+    return t.detach().cpu().numpy().copy()
