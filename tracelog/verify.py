@@ -77,11 +77,48 @@ def compare(name: str, got: Any, want: Any, atol: float, rtol: float) -> Compari
     return Comparison(name, float(err.max()), float(rel.max()), ok)
 
 
+def _sequence_lens_ops() -> list[type]:
+    """onnx.reference's LSTM, GRU and RNN with ONNX's sequence_lens, which they ignore:
+    each row runs alone on its first lens[b] steps (the reverse direction starts at
+    lens[b] - 1), and Y is zeros past its length. The cell's math stays onnx's."""
+    from onnx.reference.ops.op_gru import GRU
+    from onnx.reference.ops.op_lstm import LSTM
+    from onnx.reference.ops.op_rnn import RNN_14
+
+    def _run(
+        self: Any,
+        X: Any,
+        W: Any,
+        R: Any,
+        B: Any = None,
+        sequence_lens: Any = None,
+        *rest: Any,
+        **attrs: Any,
+    ) -> Any:
+        base = super(type(self), self)._run
+        seq = X.shape[0]
+        if sequence_lens is None or bool((np.asarray(sequence_lens) == seq).all()):
+            return base(X, W, R, B, None, *rest, **attrs)
+        rows = []
+        for k, n in enumerate(np.asarray(sequence_lens).tolist()):
+            states = [None if s is None else s[:, k : k + 1] for s in rest[:2]]  # initial h, c
+            out = base(X[:n, k : k + 1], W, R, B, None, *states, *rest[2:], **attrs)
+            y = np.zeros((seq, *out[0].shape[1:]), out[0].dtype)
+            y[:n] = out[0]
+            rows.append((y, *out[1:]))
+        return tuple(np.concatenate([r[j] for r in rows], axis=-2) for j in range(len(rows[0])))
+
+    return [
+        type(name, (base,), {"_run": _run})
+        for name, base in (("LSTM", LSTM), ("GRU", GRU), ("RNN", RNN_14))
+    ]
+
+
 def _runner(model: Any, runtime: str) -> Any:
     if runtime == "reference":
         from onnx.reference import ReferenceEvaluator
 
-        ev = ReferenceEvaluator(model)
+        ev = ReferenceEvaluator(model, new_ops=_sequence_lens_ops())
         return lambda feeds: ev.run(None, feeds)
     if runtime == "onnxruntime":
         import onnxruntime as ort
