@@ -51,6 +51,12 @@ def _initial_state() -> Any:
     return keras.Model(x, L.Dense(5)(y))
 
 
+def _bidirectional_return_state() -> Any:
+    x = keras.Input((SEQ, FEATURES))
+    out, h_f, c_f, h_b, c_b = L.Bidirectional(L.LSTM(5, return_state=True))(x)
+    return keras.Model(x, L.Dense(5)(L.Concatenate()([out, h_f, c_f, h_b, c_b])))
+
+
 # name -> (model, kind of data: "real" sequences or "tokens" with padding; per-step labels)
 MODELS: dict[str, tuple[Callable[[], Any], str, bool]] = {
     "LSTM": (lambda: _seq(L.LSTM(5), L.Dense(5)), "real", False),
@@ -68,6 +74,8 @@ MODELS: dict[str, tuple[Callable[[], Any], str, bool]] = {
         True,
     ),
     "GRU_initial_state": (_initial_state, "real", False),
+    "LSTM_no_bias": (lambda: _seq(L.LSTM(5, use_bias=False), L.Dense(5)), "real", False),
+    "RNN_of_an_LSTMCell": (lambda: _seq(L.RNN(L.LSTMCell(5)), L.Dense(5)), "real", False),
     "SimpleRNN": (lambda: _seq(L.SimpleRNN(5), L.Dense(5)), "real", False),
     "SimpleRNN_relu_backwards": (
         lambda: _seq(L.SimpleRNN(5, activation="relu", go_backwards=True), L.Dense(5)),
@@ -81,6 +89,11 @@ MODELS: dict[str, tuple[Callable[[], Any], str, bool]] = {
     ),
     "GRU_masked_sequences": (
         lambda: _tokens(L.GRU(5, return_sequences=True), L.Dense(5)),
+        "tokens",
+        True,
+    ),
+    "LSTM_masked_backwards_sequences": (
+        lambda: _tokens(L.LSTM(5, go_backwards=True, return_sequences=True), L.Dense(5)),
         "tokens",
         True,
     ),
@@ -99,6 +112,7 @@ MODELS: dict[str, tuple[Callable[[], Any], str, bool]] = {
         "tokens",
         False,
     ),
+    "Bidirectional_LSTM_return_state": (_bidirectional_return_state, "real", False),
 }
 for _mode in ("sum", "mul", "ave"):
     MODELS[f"Bidirectional_{_mode}"] = (
@@ -165,7 +179,7 @@ def test_ir_matches_tensorflow(rnn_log) -> None:
         assert report.ok, (runtime, report.table())
 
 
-@pytest.mark.parametrize("target", ["torch", "jax", "onnx"])
+@pytest.mark.parametrize("target", ["torch", "jax", "onnx", "tensorflow"])
 def test_emitted_program_matches_tensorflow(rnn_log, target: str) -> None:
     _, log_dir, _ = rnn_log
     report = tracelog.check(log_dir, target=target)
@@ -196,6 +210,24 @@ def test_program_size_does_not_grow_with_the_sequence_length(tmp_path) -> None:
         return re.sub(r"\b(5|12)\b", "T", re.sub(r"graph [0-9a-f]{12}", "graph H", line))
 
     assert [norm(x) for x in texts[0].splitlines()] == [norm(x) for x in texts[1].splitlines()]
+
+
+def test_only_keras_own_layers_and_cells_are_recorded_whole() -> None:
+    """A subclass that overrides call, or a cell of another class, may compute something
+    else: it is recorded op by op (and refused there), never taken for an LSTM."""
+    from tracelog.adapters.tensorflow.recurrent import is_recurrent
+
+    class Peephole(L.LSTM):
+        def call(self, *args: Any, **kwargs: Any) -> Any:
+            return super().call(*args, **kwargs) * 2.0
+
+    class MyCell(L.GRUCell):
+        pass
+
+    assert is_recurrent(L.LSTM(3)) and is_recurrent(L.RNN(L.SimpleRNNCell(3)))
+    assert not is_recurrent(Peephole(3))
+    assert not is_recurrent(L.RNN(MyCell(3)))
+    assert not is_recurrent(L.RNN([L.LSTMCell(3), L.LSTMCell(3)]))  # stacked cells
 
 
 def test_recurrent_dropout_in_training_is_counted_unrecorded_and_training_goes_on(

@@ -30,14 +30,27 @@ from .tensors import to_numpy
 
 # the cell's class -> the record's op
 _CELLS = {"LSTMCell": "keras.LSTM", "GRUCell": "keras.GRU", "SimpleRNNCell": "keras.SimpleRNN"}
-_LAYERS = {"LSTM", "GRU", "SimpleRNN"}
+# the layers whose call is recorded whole: these, or RNN given one of the cells above
+_LAYERS = ("LSTM", "GRU", "SimpleRNN", "RNN")
 
 
 def is_recurrent(layer: Any) -> bool:
-    """Whether the layer is a Keras LSTM, GRU or SimpleRNN (or a subclass) with its own cell."""
-    names = {c.__name__ for c in type(layer).__mro__}
+    """Whether the layer is a Keras LSTM, GRU, SimpleRNN or RNN running one of Keras'
+    own cells, with Keras' own call: a subclass that overrides ``call`` or
+    ``inner_loop``, or a cell of another class (a subclass too), may compute
+    something else, so it is recorded op by op."""
+    keras_class = next((c for c in type(layer).__mro__ if c.__name__ in _LAYERS), None)
+    if keras_class is None or not keras_class.__module__.startswith("keras."):
+        return False
+    same_code = all(
+        getattr(type(layer), m, None) is getattr(keras_class, m, None)
+        for m in ("call", "inner_loop")
+    )
     cell = getattr(layer, "cell", None)
-    return bool(names & _LAYERS) and type(cell).__name__ in _CELLS
+    cell_class = type(cell)
+    return (
+        same_code and cell_class.__name__ in _CELLS and cell_class.__module__.startswith("keras.")
+    )
 
 
 def _activation_name(fn: Any) -> str:
@@ -85,6 +98,9 @@ def check_form(layer: Any, training: bool) -> None:
         raise NotSupported(
             f"{name} with {' and '.join(drawn)} in training (masks drawn inside the layer)"
         )
+    dtypes = {str(v.dtype) for v in cell.weights} | {str(layer.compute_dtype)}
+    if len(dtypes) > 1:
+        raise NotSupported(f"{name} with weights and compute in {sorted(dtypes)} (mixed precision)")
     if getattr(layer, "stateful", False):
         raise NotSupported(f"{name} with stateful=True (state carried across batches)")
     act = _activation_name(cell.activation)
@@ -100,7 +116,7 @@ def check_form(layer: Any, training: bool) -> None:
         )
 
 
-def check_mask(layer: Any, mask: Any, has_state: bool) -> None:
+def check_mask(layer: Any, mask: Any) -> None:
     """The mask must be right padding (ONNX sequence_lens), with no empty row."""
     m = to_numpy(mask).astype(bool)
     if m.ndim != 2:
@@ -132,7 +148,7 @@ def _record(
     check_form(layer, bool(kwargs.get("training")))
     seq, init, mask = _call_args(args, kwargs)
     if mask is not None:
-        check_mask(layer, mask, init is not None)
+        check_mask(layer, mask)
     tensors = [seq, mask, *(init or [])]
     targs = [None if t is None else w.arg(t, region) for t in tensors]
     tainted = any(a is not None and a.ref in w.taint for a in targs)
