@@ -230,6 +230,28 @@ def test_only_keras_own_layers_and_cells_are_recorded_whole() -> None:
     assert not is_recurrent(L.RNN([L.LSTMCell(3), L.LSTMCell(3)]))  # stacked cells
 
 
+def test_an_inference_batch_through_dropout_layers_draws_no_extra_random_numbers(tmp_path) -> None:
+    """Keras draws an RNN cell's dropout masks even in inference; the batch-dim replay
+    of the layer runs it again, and must leave the seed generators as the run left them."""
+    keras.utils.set_random_seed(0)
+    model = _seq(L.LSTM(5, dropout=0.3, recurrent_dropout=0.2), L.Dense(5))
+    seeds = [v for v in model.variables if "seed_generator" in v.path]
+    x, y = _data("real", False)
+    start = [v.numpy() for v in seeds]
+    model(x[:6], training=False)
+    expected = [v.numpy() for v in seeds]
+    assert any(not np.array_equal(a, b) for a, b in zip(start, expected, strict=True))
+    for v, value in zip(seeds, start, strict=True):
+        v.assign(value)
+    loss = keras.losses.SparseCategoricalCrossentropy(from_logits=True)
+    listener = tracelog.Listener(model, tmp_path / "log", strict=True)
+    with listener.batch():
+        loss(y[:6], model(x[:6], training=False))
+    log = listener.close()
+    assert log.unrecorded == 0 and [e.phase for e in log.entries_sorted()] == ["eval", "eval"]
+    assert all(np.array_equal(v.numpy(), e) for v, e in zip(seeds, expected, strict=True))
+
+
 def test_recurrent_dropout_in_training_is_counted_unrecorded_and_training_goes_on(
     tmp_path,
 ) -> None:
@@ -258,7 +280,8 @@ def test_a_mask_that_is_not_right_padding_is_counted_unrecorded(tmp_path) -> Non
     }
 
 
-def test_fit_in_graph_mode_records_the_recurrent_layers_whole(tmp_path) -> None:
+def _fit_tagger(log_dir: Any) -> list[np.ndarray]:
+    """A seeded graph-mode fit (with the callback when log_dir is given): final weights."""
     from tracelog.keras import TracelogCallback
 
     keras.backend.clear_session()
@@ -271,9 +294,15 @@ def test_fit_in_graph_mode_records_the_recurrent_layers_whole(tmp_path) -> None:
     )
     x, y = _data("tokens", False)
     x, y = np.concatenate([x] * 4), np.concatenate([y] * 4)
-    model.fit(
-        x, y, epochs=2, batch_size=8, verbose=0, callbacks=[TracelogCallback(tmp_path / "log")]
-    )
+    callbacks = [TracelogCallback(log_dir)] if log_dir is not None else []
+    model.fit(x, y, epochs=2, batch_size=8, verbose=0, callbacks=callbacks)
+    return [v.numpy() for v in model.variables]
+
+
+def test_fit_in_graph_mode_records_the_recurrent_layers_whole(tmp_path) -> None:
+    plain = _fit_tagger(None)
+    weights = _fit_tagger(tmp_path / "log")
+    assert all(np.array_equal(a, b) for a, b in zip(plain, weights, strict=True))
     log = tracelog.load(tmp_path / "log")
     assert log.unrecorded == 0, log.failures
     pred = log.graphs[log.entries_sorted()[0].hash].op_histogram()

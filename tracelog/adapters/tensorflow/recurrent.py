@@ -185,25 +185,36 @@ def _record(
         outs,
         len(outs),
         tainted,
-        _LayerReplay(original, mask is not None, init is not None),
+        _LayerReplay(layer, original, mask is not None, init is not None),
     )
     w.model_refs.update(("o", index, k) for k in range(len(outs)))
 
 
 class _LayerReplay:
     """The layer's own computation on the batch-dim replay's grown inputs
-    (adapters/tensorflow/batch_dims.py), in inference (no dropout, no RNG)."""
+    (adapters/tensorflow/batch_dims.py), in inference. Keras' RNN.call draws its
+    cell's dropout masks even in inference: the seed generators' states are put
+    back afterwards, so the replay leaves the run's random numbers as they were."""
 
-    def __init__(self, original: Callable[..., Any], masked: bool, with_state: bool) -> None:
+    def __init__(
+        self, layer: Any, original: Callable[..., Any], masked: bool, with_state: bool
+    ) -> None:
+        self.layer = layer
         self.original = original
         self.masked = masked
         self.with_state = with_state
 
     def __call__(self, seq: Any, mask: Any, states: tuple[Any, ...], params: Any) -> list[Any]:
-        out = self.original(
-            seq,
-            initial_state=list(states) if self.with_state else None,
-            mask=mask if self.masked else None,
-            training=False,
-        )
+        seeds = [v for v in self.layer.variables if "seed_generator" in str(v.path)]
+        saved = [v.numpy() for v in seeds]
+        try:
+            out = self.original(
+                seq,
+                initial_state=list(states) if self.with_state else None,
+                mask=mask if self.masked else None,
+                training=False,
+            )
+        finally:
+            for v, value in zip(seeds, saved, strict=True):
+                v.assign(value)
         return list(out) if isinstance(out, (list, tuple)) else [out]
