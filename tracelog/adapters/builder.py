@@ -165,8 +165,11 @@ class Builder:
     def _batch_scalar(self, targ: TArg) -> str:
         """A constant the adapter saw equal to the batch size (Keras' mean
         reduction divides by it): computed from the data input's shape, so that
-        batches of other sizes run the same graph."""
-        name = internal_name(f"batch_size_{targ.dtype}_{len(targ.shape)}", self._user)
+        batches of other sizes run the same graph. A ref ("n", dtype, rank, k) is k
+        times the batch size (a mean over per-step losses divides by B * T)."""
+        k = int(targ.ref[3]) if len(targ.ref) > 3 else 1
+        times = f"_x{k}" if k > 1 else ""
+        name = internal_name(f"batch_size_{targ.dtype}_{len(targ.shape)}{times}", self._user)
         if name in self.values:
             return name
         first_name, first = next(iter(self.tape.inputs.items()))
@@ -196,7 +199,14 @@ class Builder:
             )
             cur = sq
         self.values[name] = Value(name, targ.type, "node")
-        steps.append(Node("Cast", [cur], [name], {"to": targ.dtype}, "", *module, "batch size"))
+        if k > 1:  # the batch size in the dtype, then times k
+            cast = self.helper_name()
+            self.values[cast] = Value(cast, targ.type, "node")
+            steps.append(Node("Cast", [cur], [cast], {"to": targ.dtype}, "", *module, "batch size"))
+            k_name = self.new_const(k, targ.dtype)
+            steps.append(Node("Mul", [cast, k_name], [name], {}, "", *module, "batch size"))
+        else:
+            steps.append(Node("Cast", [cur], [name], {"to": targ.dtype}, "", *module, "batch size"))
         for node in steps:
             self.nodes.append(node)
             self.node_region.append(region)

@@ -228,8 +228,8 @@ for _variant in ("add", "mul", "max", "min"):
 # -- recurrent layers (issue 12) --
 JAX.spell(
     {
-        "LSTM": "_lstm({0}, {1}, {2}, {bias}, {h0}, {c0}, {direction}){take}",
-        "GRU": "_gru({0}, {1}, {2}, {bias}, {h0}, {direction}){take}",
-        "RNN": "_rnn({0}, {1}, {2}, {bias}, {h0}, {direction}, {activation}){take}",
+        "LSTM": "_lstm({0}, {1}, {2}, {bias}, {h0}, {c0}, {direction}{extra}){take}",
+        "GRU": "_gru({0}, {1}, {2}, {bias}, {h0}, {direction}{extra}){take}",
+        "RNN": "_rnn({0}, {1}, {2}, {bias}, {h0}, {direction}, {activation}{extra}){take}",
     }
 )

@@ -108,6 +108,7 @@ TORCH.spell(
 )
 not_yet_everywhere(TORCH)
 TORCH.not_yet("Slice/reversed", reason="torch tensors take no negative slice step")
+TORCH.add("Slice/flip", "torch.flip({0}, {flip})")  # whole axes reversed (Keras go_backwards)
 
 
 def _symmetric(pads: list[int]) -> list[int] | None:
@@ -286,8 +287,8 @@ TORCH.spell(
 # -- recurrent layers (issue 12) --
 TORCH.spell(
     {
-        "LSTM": "_lstm({0}, {1}, {2}, {bias}, {h0}, {c0}, {direction}){take}",
-        "GRU": "_gru({0}, {1}, {2}, {bias}, {h0}, {direction}){take}",
-        "RNN": "_rnn({0}, {1}, {2}, {bias}, {h0}, {direction}, {activation}){take}",
+        "LSTM": "_lstm({0}, {1}, {2}, {bias}, {h0}, {c0}, {direction}{extra}){take}",
+        "GRU": "_gru({0}, {1}, {2}, {bias}, {h0}, {direction}{extra}){take}",
+        "RNN": "_rnn({0}, {1}, {2}, {bias}, {h0}, {direction}, {activation}{extra}){take}",
     }
 )

@@ -443,11 +443,26 @@ def _slice(c: RuleCtx) -> dict[str, Any]:
         index[a % rank] = f"{s if s else ''}:{end}{step}"
     while index and index[-1] == ":":
         index.pop()
+    # whole axes reversed (x[::-1]): a form targets without negative steps spell as a flip
+    whole = all(
+        s == -1 and isinstance(e, int) and e <= -(2**62) and st == -1
+        for s, e, st in zip(starts, ends, steps, strict=True)
+    )
     # x[a:b:s]: subscript syntax every Python target's tensors accept
-    return {"index": ", ".join(index), "steps": steps}
+    return {
+        "index": ", ".join(index),
+        "steps": steps,
+        "flip": [a % rank for a in axes] if whole else None,
+    }
 
 
-OPS.add("Slice", OpRule(_slice, variant=lambda c: "reversed" if min(c.f["steps"]) < 0 else ""))
+def _slice_variant(c: RuleCtx) -> str:
+    if min(c.f["steps"]) >= 0:
+        return ""
+    return "flip" if c.f["flip"] is not None else "reversed"
+
+
+OPS.add("Slice", OpRule(_slice, variant=_slice_variant))
 
 
 @OPS.op("Gather")
@@ -700,8 +715,8 @@ OPS.add(
 # -- recurrent layers (issue 12) --
 # Every target spells these as its runtime's _lstm, _gru and _rnn, which hold the time loop
 # (a program's size does not depend on the sequence length). The fields check the forms
-# those helpers compute: ONNX's default activations (RNN: tanh or relu), layout 0, GRU's
-# linear_before_reset=1 (torch's and Keras' GRU), no sequence_lens, clip or peepholes.
+# those helpers compute: ONNX's default activations (RNN: tanh or relu), layout 0, no clip
+# or peepholes; sequence_lens and GRU's linear_before_reset either way.
 _GATE_ACTIVATIONS = {"LSTM": ["Sigmoid", "Tanh", "Tanh"], "GRU": ["Sigmoid", "Tanh"]}
 
 
@@ -710,8 +725,6 @@ def _recurrent_form(c: RuleCtx) -> None:
     op = c.node.op
     if str(c.attr("direction", "forward")) not in ("forward", "reverse", "bidirectional"):
         raise NotImplementedError(f"{op} with direction {c.attr('direction')!r}")
-    if c.has(4):
-        raise NotImplementedError(f"{op} with sequence_lens")
     if int(c.attr("layout", 0)) != 0:
         raise NotImplementedError(f"{op} with layout=1 (batch first)")
     for key in ("clip", "activation_alpha", "activation_beta"):
@@ -719,8 +732,6 @@ def _recurrent_form(c: RuleCtx) -> None:
             raise NotImplementedError(f"{op} with {key}")
     if op == "LSTM" and (c.has(7) or int(c.attr("input_forget", 0))):
         raise NotImplementedError("LSTM with peepholes or input_forget")
-    if op == "GRU" and int(c.attr("linear_before_reset", 0)) != 1:
-        raise NotImplementedError("GRU with linear_before_reset=0")
 
 
 def _recurrent(c: RuleCtx) -> dict[str, Any]:
@@ -735,7 +746,14 @@ def _recurrent(c: RuleCtx) -> dict[str, Any]:
     if (activations and activations != allowed) or activation not in ("Tanh", "Relu"):
         raise NotImplementedError(f"{op} with activations {activations}")
     n_out = len(c.node.outputs)
+    # forms beyond torch's own layers, as keyword arguments (a program without them reads
+    # as before): sequence_lens (Keras masks) and GRU's linear_before_reset=0 (Keras
+    # reset_after=False)
+    extra = f", lens={c.i(4)}" if c.has(4) else ""
+    if op == "GRU" and int(c.attr("linear_before_reset", 0)) != 1:
+        extra += ", linear_before_reset=0"
     return {
+        "extra": extra,
         "bias": c.i(3) if c.has(3) else "None",
         "h0": c.i(5) if c.has(5) else "None",
         "c0": c.i(6) if c.has(6) else "None",

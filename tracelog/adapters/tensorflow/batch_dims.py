@@ -17,6 +17,8 @@ from __future__ import annotations
 
 from typing import Any
 
+import numpy as np
+
 from tracelog.adapters.tape import Ref, Tape, TArg, concrete_shape, replay_tape
 from tracelog.ir import batch_dim
 
@@ -30,6 +32,23 @@ def exact_batch_dims(tape: Tape, source: dict[Ref, Any]) -> Tape | None:
     if batch is None or batch < 2:
         return None
     return replay_tape(tape, _Replay(batch, source))
+
+
+def batch_multiple(tape: Tape, value: float) -> int:
+    """k > 1 where value is k times the batch size and the element count of a
+    batch-derived value the tape recorded in the loss (a mean over per-step
+    losses divides by B * T); 0 otherwise."""
+    batch = tape.batch_size
+    if batch is None or batch < 2 or value <= batch or value % batch or value != int(value):
+        return 0
+    for rec in reversed(tape.recs):
+        if rec.region != "post":
+            break
+        for a in rec.outs:
+            symbolic = any(isinstance(d, str) for d in a.shape)
+            if symbolic and int(np.prod(concrete_shape(a.shape, batch))) == value:
+                return int(value) // batch
+    return 0
 
 
 class _Replay:
@@ -52,28 +71,39 @@ class _Replay:
         """B -> B + 1 rows, the first row repeated."""
         return self.tf.concat([t, t[:1]], axis=0)
 
-    def value_of(self, a: TArg, follow_ints: bool) -> Any:
+    def value_of(self, a: TArg, follow_ints: int) -> Any:
         tf, batch = self.tf, self.batch
         kind = a.ref[0]
         if kind == "o":
             return self.values[a.ref]
-        if kind == "n":  # the batch size as a number
-            return tf.cast(tf.fill(concrete_shape(a.shape, batch), self.other), a.dtype)
+        if kind == "n":  # the batch size (times a.ref[3]) as a number
+            k = int(a.ref[3]) if len(a.ref) > 3 else 1
+            return tf.cast(tf.fill(concrete_shape(a.shape, batch), self.other * k), a.dtype)
         t = tf.convert_to_tensor(self.source[a.ref])  # a variable: its value
+        if kind == "t" and len(t.shape) and t.shape[0] != batch:
+            # labels flattened with the batch ([B*T] for per-step labels): k more rows
+            k = int(t.shape[0]) // batch
+            return self.tf.concat([t, t[:k]], axis=0)
         if kind in ("i", "t") or (kind == "r" and len(t.shape) and t.shape[0] == batch):
             return self.grown(t)
         if follow_ints and kind == "c" and t.dtype.is_integer and len(t.shape) <= 1:
-            return self._batch_followed(t)
+            return self._batch_followed(t, follow_ints > 1)
         return t
 
-    def _batch_followed(self, t: Any) -> Any:
-        """An integer constant with every entry equal to B replaced by B + 1
-        (t itself when none is)."""
+    def _batch_followed(self, t: Any, multiples: bool) -> Any:
+        """An integer constant with every entry equal to B replaced by B + 1, or
+        with ``multiples`` every k*B by k*(B + 1) (a Dense on [B, T, F] reshapes
+        to [B*T, F]); t itself when none is."""
         arr = t.numpy()
-        if not (arr == self.batch).any():
+        batch = self.batch
+        hit = (arr % batch == 0) & (arr > 0) if multiples else arr == batch
+        if not hit.any():
             return t
         return self.tf.constant(
-            [self.other if int(v) == self.batch else int(v) for v in arr.reshape(-1)],
+            [
+                int(v) // batch * self.other if h else int(v)
+                for v, h in zip(arr.reshape(-1), hit.reshape(-1), strict=True)
+            ],
             dtype=t.dtype,
             shape=t.shape,
         )
@@ -87,10 +117,12 @@ class _Replay:
         the first run whose outputs change only by B -> B + 1, else None."""
         if rec.func is None:
             return None
+        if not isinstance(rec.func, tuple):  # a layer recorded whole replays itself
+            return self._run_whole(rec)
         op_type, attrs = rec.func
         # the callback reports an empty list attr (Squeeze's squeeze_dims) as None
         attrs = tuple([] if v is None else v for v in attrs)
-        for follow_ints in (False, True) if rec.tainted else (False,):
+        for follow_ints in (0, 1, 2) if rec.tainted else (0,):
             try:
                 inputs = [self.value_of(a, follow_ints) for a in rec.args]
                 outs = self.execute(op_type, len(rec.outs), inputs, attrs, self.ctx)
@@ -100,6 +132,20 @@ class _Replay:
             if self.changes(rec, outs):
                 return outs
         return None
+
+    def _run_whole(self, rec: Any) -> list[Any] | None:
+        """A record whose func is a callable of its (nested) arguments (recurrent.py)."""
+
+        def value(a: Any) -> Any:
+            if isinstance(a, TArg):
+                return self.value_of(a, 0)
+            return tuple(value(x) for x in a) if isinstance(a, tuple) else a
+
+        try:
+            outs = list(rec.func(*value(rec.args)))
+        except Exception:  # the guess stands
+            return None
+        return outs if self.changes(rec, outs) else None
 
     def changes(self, rec: Any, outs: list[Any]) -> bool:
         """Whether every output dim is as recorded or went from k*B to k*(B + 1)."""
@@ -123,7 +169,8 @@ class _Replay:
         if a.ref[0] == "o":
             shape = tuple(self.values[a.ref].shape)
         elif a.ref[0] in ("i", "t"):
-            shape = (self.other, *concrete[1:]) if concrete else ()
+            lead = concrete[0] // batch * self.other if concrete else 0
+            shape = (lead, *concrete[1:]) if concrete else ()
         else:
             return a  # RNG draws keep the guess
         return a._replace(

@@ -30,7 +30,8 @@ from tracelog.adapters.builder import NotSupported
 from tracelog.adapters.tape import Ref, Tape
 from tracelog.log import TraceLog
 
-from .batch_dims import exact_batch_dims
+from .batch_dims import batch_multiple, exact_batch_dims
+from .recurrent import is_recurrent, recurrent_call
 from .rules import TF_OPS
 from .tensors import dtype_name, tensor_digest, to_numpy
 
@@ -70,6 +71,7 @@ class _Window(WindowBase):
     randomness kept aside as rng refs."""
 
     listener: TFListener
+    merged_targets = True  # per-step labels flattened by a Keras loss: [B*T] rows
 
     def __init__(self, listener: TFListener, epoch: int) -> None:
         # the phase is the root call's ``training`` argument; the batch index is taken at the end
@@ -77,6 +79,7 @@ class _Window(WindowBase):
         self.model_refs: set[Ref] = set()  # computed from data, parameters or buffers
         self.rng: dict[Ref, Any] = {}
         self.buffer_values: dict[str, Ref] = {}
+        self.inside = 0  # > 0 inside a layer recorded whole (recurrent.py): ops unrecorded
 
     # -- tensors ---------------------------------------------------------------------
     def dtype_of(self, t: Any) -> str:
@@ -115,7 +118,7 @@ class _Window(WindowBase):
                 "ops built while tracing a tf.function are not recorded; run the batch eagerly "
                 "(keras.TracelogCallback replays model.fit's traced steps eagerly)"
             )
-        if op_type in _BOOKKEEPING:
+        if op_type in _BOOKKEEPING or self.inside:
             return
         if op_type == "ReadVariableOp":
             self._read_variable(inputs, outputs)
@@ -192,20 +195,26 @@ class _Window(WindowBase):
             self.buffer_values[path] = ref
 
     def constant(self, t: Any, region: str) -> Ref:
-        if region == "post" and self._is_batch_size(t):
-            ref: Ref = ("n", str(t.dtype.name), len(t.shape))
+        k = self._batch_multiple(t) if region == "post" else 0
+        if k:
+            ref: Ref = ("n", str(t.dtype.name), len(t.shape), *((k,) if k > 1 else ()))
             self.taint.add(ref)
             return ref
         return super().constant(t, region)
 
-    def _is_batch_size(self, t: Any) -> bool:
-        """A one-element constant equal to the batch size, met in the loss:
-        Keras' mean reduction divides by the number of samples, computed from
-        static shapes before it reaches TensorFlow."""
+    def _batch_multiple(self, t: Any) -> int:
+        """k for a one-element constant equal to k times the batch size, met in
+        the loss (0 for any other): Keras' mean reduction divides by the number
+        of samples (k = 1), or of per-step losses (the element count of a
+        batch-derived value recorded), computed from static shapes before it
+        reaches TensorFlow."""
         batch = self.tape.batch_size
         if batch is None or batch < 2 or int(np.prod(t.shape)) != 1:
-            return False
-        return float(to_numpy(t).reshape(-1)[0]) == float(batch)
+            return 0
+        value = float(to_numpy(t).reshape(-1)[0])
+        if value == float(batch):
+            return 1
+        return batch_multiple(self.tape, value)
 
     # -- the loss -----------------------------------------------------------------------
     def mark_loss(self, t: Any) -> None:
@@ -280,6 +289,7 @@ class TFListener(ListenerBase):
         original = layer.call
         path = "" if is_root else str(getattr(layer, "path", None) or layer.name)
         tname = type(layer).__name__
+        whole = recurrent_call(layer, original) if is_recurrent(layer) else None
 
         def call(*args: Any, **kwargs: Any) -> Any:
             w = self._window
@@ -292,7 +302,7 @@ class TFListener(ListenerBase):
                     self._tf.convert_to_tensor(a) if isinstance(a, np.ndarray) else a for a in args
                 )
             w.guarded(w.enter_module, path, tname, is_root, args, kwargs)
-            out = original(*args, **kwargs)
+            out = original(*args, **kwargs) if whole is None else whole(w, args, kwargs)
             w.guarded(w.exit_module, is_root, out)
             return out
 

@@ -153,6 +153,13 @@ def _greater_equal(ctx: Ctx) -> Names:
     return ctx.one("Not", [less])
 
 
+@TF_OPS.register("tf.NotEqual")
+def _not_equal(ctx: Ctx) -> Names:
+    # Embedding(mask_zero=True)'s mask: ONNX has no NotEqual, so Not(Equal)
+    eq = ctx.helper("Equal", [ctx.t(0), ctx.t(1)], ctx.out_type())
+    return ctx.one("Not", [eq])
+
+
 @TF_OPS.register("tf.Cast")
 def _cast(ctx: Ctx) -> Names:
     src, dst = ctx.in_type(0).dtype, ctx.out_type().dtype
@@ -362,6 +369,15 @@ def _reshape(ctx: Ctx) -> Names:
 @TF_OPS.register("tf.Transpose")
 def _transpose(ctx: Ctx) -> Names:
     return ctx.one("Transpose", [ctx.t(0)], perm=_axes_of(ctx, 1))
+
+
+@TF_OPS.register("tf.ReverseV2")
+def _reverse(ctx: Ctx) -> Names:
+    # ONNX has no Reverse: a Slice with step -1 along each axis (Bidirectional's flip)
+    axes = _axes_of(ctx, 1)
+    big = 2**62
+    inputs = [ctx.ints([-1] * len(axes)), ctx.ints([-big] * len(axes)), ctx.ints(axes)]
+    return ctx.one("Slice", [ctx.t(0), *inputs, ctx.ints([-1] * len(axes))])
 
 
 @TF_OPS.register("tf.ConcatV2")

@@ -279,18 +279,26 @@ def _recurrent(
     b: jax.Array | None,
     states: list[jax.Array | None],
     direction: str,
+    lens: jax.Array | None = None,
 ) -> tuple[jax.Array, ...]:
-    """An ONNX LSTM, GRU or RNN node (layout 0), `cell` "lstm", "gru", "tanh" or "relu":
-    one lax.scan over time per direction. Returns Y [seq, dirs, batch, hidden] and the
-    final states [dirs, batch, hidden]."""
+    """An ONNX LSTM, GRU or RNN node (layout 0), `cell` "lstm", "gru", "gru0" (GRU with
+    linear_before_reset=0), "tanh" or "relu": one lax.scan over time per direction.
+    With `lens` (ONNX sequence_lens) a row's steps from its length on output zeros and
+    keep its state. Returns Y [seq, dirs, batch, hidden] and the final states
+    [dirs, batch, hidden]."""
     hidden = int(r.shape[-1])
+    valid = None if lens is None else jnp.arange(x.shape[0])[:, None] < lens[None, :]
     ys, finals = [], []
     for d in range(int(w.shape[0])):
-        wb, rb = (0.0, 0.0) if b is None else jnp.split(b[d], 2)
+        if b is None:
+            wb = rb = jnp.zeros((int(w.shape[1]),), x.dtype)
+        else:
+            wb, rb = jnp.split(b[d], 2)
         xw = jnp.einsum("tbi,gi->tbg", x, w[d]) + wb  # every step's input projection at once
         zeros = jnp.zeros((x.shape[1], hidden), x.dtype)
         init = tuple(zeros if s is None else s[d] for s in states)
-        y, final = _recurrent_direction(cell, xw, r[d], rb, init, direction == "reverse" or d == 1)
+        reverse = direction == "reverse" or d == 1
+        y, final = _recurrent_direction(cell, xw, r[d], rb, init, reverse, valid)
         ys.append(y)
         finals.append(final)
     y = jnp.stack(ys, axis=1)
@@ -298,24 +306,45 @@ def _recurrent(
 
 
 def _recurrent_direction(
-    cell: str, xw: jax.Array, r: jax.Array, rb: Any, init: tuple, reverse: bool
+    cell: str,
+    xw: jax.Array,
+    r: jax.Array,
+    rb: jax.Array,
+    init: tuple,
+    reverse: bool,
+    valid: jax.Array | None,
 ) -> tuple[jax.Array, list[jax.Array]]:
     """One direction of a layer: each step's hidden state, and the final carry."""
 
-    def step(carry: tuple, xw_t: jax.Array) -> tuple:
-        carry = _recurrent_cell(cell, carry, xw_t, carry[0] @ r.T + rb)
-        return carry, carry[0]  # the carry on, the hidden state out
+    def step(carry: tuple, xs: tuple) -> tuple:
+        xw_t, valid_t = xs
+        new = _recurrent_cell(cell, carry, xw_t, r, rb)
+        if valid_t is None:
+            return new, new[0]  # the carry on, the hidden state out
+        keep = valid_t[:, None]  # past a row's length: the state stays, the output is 0
+        new = tuple(jnp.where(keep, n, c) for n, c in zip(new, carry, strict=True))
+        return new, jnp.where(keep, new[0], jnp.zeros_like(new[0]))
 
     # lax.scan keeps each step's output at its step's index, reversed or not
     y: jax.Array
-    final, y = lax.scan(step, init, xw, reverse=reverse)
+    final, y = lax.scan(step, init, (xw, valid), reverse=reverse)
     return y, list(final)
 
 
-def _recurrent_cell(cell: str, carry: tuple, xw: jax.Array, hr: jax.Array) -> tuple:
-    """One step, from xw = x W^T + Wb and hr = h R^T + Rb: an LSTM (ONNX's gates
-    i, o, f, c), a GRU (z, r, h; linear_before_reset=1, as torch and Keras compute it:
-    the reset gate scales hr's candidate part) or an RNN with tanh or relu."""
+def _recurrent_cell(cell: str, carry: tuple, xw: jax.Array, r: jax.Array, rb: jax.Array) -> tuple:
+    """One step, from xw = x W^T + Wb: an LSTM (ONNX's gates i, o, f, c), a GRU (z, r, h;
+    "gru": linear_before_reset=1, as torch and Keras' default compute it: the reset gate
+    scales h R_h^T + Rb_h; "gru0": it scales h before R_h, Keras' reset_after=False) or
+    an RNN with tanh or relu."""
+    h = carry[0]
+    if cell == "gru0":
+        hidden = h.shape[-1]
+        xz, xr, xh = jnp.split(xw, 3, axis=-1)
+        hz, hr_ = jnp.split(h @ r[: 2 * hidden].T + rb[: 2 * hidden], 2, axis=-1)
+        z = jax.nn.sigmoid(xz + hz)
+        n = jnp.tanh(xh + (jax.nn.sigmoid(xr + hr_) * h) @ r[2 * hidden :].T + rb[2 * hidden :])
+        return ((1.0 - z) * n + z * h,)
+    hr = h @ r.T + rb
     if cell == "lstm":
         i, o, f, g = jnp.split(xw + hr, 4, axis=-1)
         c = jax.nn.sigmoid(f) * carry[1] + jax.nn.sigmoid(i) * jnp.tanh(g)
@@ -325,7 +354,7 @@ def _recurrent_cell(cell: str, carry: tuple, xw: jax.Array, hr: jax.Array) -> tu
         hz, hr_, hh = jnp.split(hr, 3, axis=-1)
         z = jax.nn.sigmoid(xz + hz)
         n = jnp.tanh(xh + jax.nn.sigmoid(xr + hr_) * hh)
-        return ((1.0 - z) * n + z * carry[0],)
+        return ((1.0 - z) * n + z * h,)
     return (jax.nn.relu(xw + hr) if cell == "relu" else jnp.tanh(xw + hr),)
 
 
@@ -337,8 +366,9 @@ def _lstm(
     h0: jax.Array | None,
     c0: jax.Array | None,
     direction: str,
+    lens: jax.Array | None = None,
 ) -> tuple[jax.Array, ...]:
-    return _recurrent("lstm", x, w, r, b, [h0, c0], direction)
+    return _recurrent("lstm", x, w, r, b, [h0, c0], direction, lens)
 
 
 def _gru(
@@ -348,8 +378,10 @@ def _gru(
     b: jax.Array | None,
     h0: jax.Array | None,
     direction: str,
+    lens: jax.Array | None = None,
+    linear_before_reset: int = 1,
 ) -> tuple[jax.Array, ...]:
-    return _recurrent("gru", x, w, r, b, [h0], direction)
+    return _recurrent("gru" if linear_before_reset else "gru0", x, w, r, b, [h0], direction, lens)
 
 
 def _rnn(
@@ -360,8 +392,9 @@ def _rnn(
     h0: jax.Array | None,
     direction: str,
     activation: str,
+    lens: jax.Array | None = None,
 ) -> tuple[jax.Array, ...]:
-    return _recurrent(activation, x, w, r, b, [h0], direction)
+    return _recurrent(activation, x, w, r, b, [h0], direction, lens)
 
 
 INLINED = ("_as_param", "_as_const", "_numpy", "_value_and_grads", "_runs")

@@ -309,18 +309,29 @@ def _recurrent(
     b: tf.Tensor | None,
     states: list[tf.Tensor | None],
     direction: str,
+    lens: tf.Tensor | None = None,
 ) -> tuple[tf.Tensor, ...]:
-    """An ONNX LSTM, GRU or RNN node (layout 0), `cell` "lstm", "gru", "tanh" or "relu":
-    one tf.scan over time per direction. Returns Y [seq, dirs, batch, hidden] and the
-    final states [dirs, batch, hidden]."""
+    """An ONNX LSTM, GRU or RNN node (layout 0), `cell` "lstm", "gru", "gru0" (GRU with
+    linear_before_reset=0), "tanh" or "relu": one tf.scan over time per direction.
+    With `lens` (ONNX sequence_lens) a row's steps from its length on output zeros and
+    keep its state. Returns Y [seq, dirs, batch, hidden] and the final states
+    [dirs, batch, hidden]."""
     hidden = int(r.shape[-1])
+    valid = None
+    if lens is not None:
+        steps = tf.range(tf.shape(x)[0], dtype=lens.dtype)
+        valid = steps[:, None] < lens[None, :]
     ys, finals = [], []
     for d in range(int(w.shape[0])):
-        wb, rb = (0.0, 0.0) if b is None else tf.split(b[d], 2)
+        if b is None:
+            wb = rb = tf.zeros([int(w.shape[1])], x.dtype)
+        else:
+            wb, rb = tf.split(b[d], 2)
         xw = tf.einsum("tbi,gi->tbg", x, w[d]) + wb  # every step's input projection at once
         zeros = tf.zeros_like(xw[0, :, :hidden])
         init = tuple(zeros if s is None else s[d] for s in states)
-        y, final = _recurrent_direction(cell, xw, r[d], rb, init, direction == "reverse" or d == 1)
+        reverse = direction == "reverse" or d == 1
+        y, final = _recurrent_direction(cell, xw, r[d], rb, init, reverse, valid)
         ys.append(y)
         finals.append(final)
     y = tf.stack(ys, axis=1)
@@ -328,24 +339,54 @@ def _recurrent(
 
 
 def _recurrent_direction(
-    cell: str, xw: tf.Tensor, r: tf.Tensor, rb: Any, init: tuple, reverse: bool
+    cell: str,
+    xw: tf.Tensor,
+    r: tf.Tensor,
+    rb: tf.Tensor,
+    init: tuple,
+    reverse: bool,
+    valid: tf.Tensor | None,
 ) -> tuple[tf.Tensor, list[tf.Tensor]]:
     """One direction of a layer: each step's hidden state, and the final carry."""
+    if valid is None:
 
-    def step(carry: tuple, xw_t: tf.Tensor) -> tuple:
-        return _recurrent_cell(
-            cell, carry, xw_t, tf.linalg.matmul(carry[0], r, transpose_b=True) + rb
+        def step(carry: tuple, xw_t: tf.Tensor) -> tuple:
+            return _recurrent_cell(cell, carry, xw_t, r, rb)
+
+        # tf.scan keeps each step's carry at its step's index, reversed or not
+        carries = tf.scan(step, xw, init, reverse=reverse)
+        return carries[0], [c[0] if reverse else c[-1] for c in carries]
+
+    def masked(acc: tuple, xs: tuple) -> tuple:
+        xw_t, valid_t = xs
+        carry = acc[1:]
+        new = _recurrent_cell(cell, carry, xw_t, r, rb)
+        keep = valid_t[:, None]  # past a row's length: the state stays, the output is 0
+        new = tuple(tf.where(keep, n, c) for n, c in zip(new, carry, strict=True))
+        return (tf.where(keep, new[0], tf.zeros_like(new[0])), *new)
+
+    acc = tf.scan(masked, (xw, valid), (tf.zeros_like(init[0]), *init), reverse=reverse)
+    return acc[0], [c[0] if reverse else c[-1] for c in acc[1:]]
+
+
+def _recurrent_cell(cell: str, carry: tuple, xw: tf.Tensor, r: tf.Tensor, rb: tf.Tensor) -> tuple:
+    """One step, from xw = x W^T + Wb: an LSTM (ONNX's gates i, o, f, c), a GRU (z, r, h;
+    "gru": linear_before_reset=1, as torch and Keras' default compute it: the reset gate
+    scales h R_h^T + Rb_h; "gru0": it scales h before R_h, Keras' reset_after=False) or
+    an RNN with tanh or relu."""
+    h = carry[0]
+    if cell == "gru0":
+        hidden = int(h.shape[-1])
+        xz, xr, xh = tf.split(xw, 3, axis=-1)
+        hzr = tf.linalg.matmul(h, r[: 2 * hidden], transpose_b=True) + rb[: 2 * hidden]
+        hz, hr_ = tf.split(hzr, 2, axis=-1)
+        z = tf.math.sigmoid(xz + hz)
+        rh = tf.math.sigmoid(xr + hr_) * h
+        n = tf.math.tanh(
+            xh + tf.linalg.matmul(rh, r[2 * hidden :], transpose_b=True) + rb[2 * hidden :]
         )
-
-    # tf.scan keeps each step's carry at its step's index, reversed or not
-    carries = tf.scan(step, xw, init, reverse=reverse)
-    return carries[0], [c[0] if reverse else c[-1] for c in carries]
-
-
-def _recurrent_cell(cell: str, carry: tuple, xw: tf.Tensor, hr: tf.Tensor) -> tuple:
-    """One step, from xw = x W^T + Wb and hr = h R^T + Rb: an LSTM (ONNX's gates
-    i, o, f, c), a GRU (z, r, h; linear_before_reset=1, as torch and Keras compute it:
-    the reset gate scales hr's candidate part) or an RNN with tanh or relu."""
+        return ((1.0 - z) * n + z * h,)
+    hr = tf.linalg.matmul(h, r, transpose_b=True) + rb
     if cell == "lstm":
         i, o, f, g = tf.split(xw + hr, 4, axis=-1)
         c = tf.math.sigmoid(f) * carry[1] + tf.math.sigmoid(i) * tf.math.tanh(g)
@@ -355,7 +396,7 @@ def _recurrent_cell(cell: str, carry: tuple, xw: tf.Tensor, hr: tf.Tensor) -> tu
         hz, hr_, hh = tf.split(hr, 3, axis=-1)
         z = tf.math.sigmoid(xz + hz)
         n = tf.math.tanh(xh + tf.math.sigmoid(xr + hr_) * hh)
-        return ((1.0 - z) * n + z * carry[0],)
+        return ((1.0 - z) * n + z * h,)
     return (tf.nn.relu(xw + hr) if cell == "relu" else tf.math.tanh(xw + hr),)
 
 
@@ -367,8 +408,9 @@ def _lstm(
     h0: tf.Tensor | None,
     c0: tf.Tensor | None,
     direction: str,
+    lens: tf.Tensor | None = None,
 ) -> tuple[tf.Tensor, ...]:
-    return _recurrent("lstm", x, w, r, b, [h0, c0], direction)
+    return _recurrent("lstm", x, w, r, b, [h0, c0], direction, lens)
 
 
 def _gru(
@@ -378,8 +420,10 @@ def _gru(
     b: tf.Tensor | None,
     h0: tf.Tensor | None,
     direction: str,
+    lens: tf.Tensor | None = None,
+    linear_before_reset: int = 1,
 ) -> tuple[tf.Tensor, ...]:
-    return _recurrent("gru", x, w, r, b, [h0], direction)
+    return _recurrent("gru" if linear_before_reset else "gru0", x, w, r, b, [h0], direction, lens)
 
 
 def _rnn(
@@ -390,8 +434,9 @@ def _rnn(
     h0: tf.Tensor | None,
     direction: str,
     activation: str,
+    lens: tf.Tensor | None = None,
 ) -> tuple[tf.Tensor, ...]:
-    return _recurrent(activation, x, w, r, b, [h0], direction)
+    return _recurrent(activation, x, w, r, b, [h0], direction, lens)
 
 
 INLINED = ("_as_param", "_as_const", "_numpy", "_value_and_grads")

@@ -90,11 +90,14 @@ def _recurrent(
     states: list[torch.Tensor | None],
     direction: str,
     order: list[int],
+    lens: torch.Tensor | None = None,
 ) -> tuple[torch.Tensor, ...]:
     """An ONNX LSTM, GRU or RNN node (layout 0) through torch's own fused layer `fn`
     (torch.lstm, torch.gru, torch.rnn_tanh, torch.rnn_relu): one layer, both directions
     at once, the weights back in torch's gate order (`order`: torch's k-th gate is ONNX's
-    gate order[k]). Returns Y [seq, dirs, batch, hidden] and the final states."""
+    gate order[k]). With `lens` (ONNX sequence_lens) the layer runs on a packed
+    sequence, as nn.LSTM does: zeros past each row's length, its state kept from there.
+    Returns Y [seq, dirs, batch, hidden] and the final states."""
     dirs, hidden = w.shape[0], r.shape[-1]
     params = []
     for d in range(dirs):
@@ -103,6 +106,8 @@ def _recurrent(
             params += [_gates(half, order) for half in b[d].chunk(2)]  # Wb, Rb
     zeros = x.new_zeros(dirs, x.shape[1], hidden)
     hx = [zeros if s is None else s for s in states]
+    if lens is not None:
+        return _recurrent_packed(fn, x, params, b is not None, hx, direction, lens)
     if direction == "reverse":
         x = x.flip(0)
     # dropout 0: the layer alone (train=True keeps the kernel torch trains with)
@@ -113,6 +118,95 @@ def _recurrent(
     return (y.flip(0) if direction == "reverse" else y, *finals)
 
 
+def _reverse_rows(x: torch.Tensor, lens: torch.Tensor) -> torch.Tensor:
+    """x [seq, batch, ...] with each row's first lens[b] steps reversed, the rest in place."""
+    t = torch.arange(x.shape[0], device=x.device)[:, None]
+    n = lens.to(device=x.device, dtype=torch.int64)[None, :]
+    index = torch.where(t < n, n - 1 - t, t)
+    index = index.reshape(*index.shape, *[1] * (x.dim() - 2)).expand(x.shape)
+    return x.gather(0, index)
+
+
+def _recurrent_packed(
+    fn: Callable[..., Any],
+    x: torch.Tensor,
+    params: list[torch.Tensor],
+    biased: bool,
+    hx: list[torch.Tensor],
+    direction: str,
+    lens: torch.Tensor,
+) -> tuple[torch.Tensor, ...]:
+    """The layer over a packed sequence (torch's packed overloads of `fn`); one reverse
+    direction runs forward over each row's steps reversed (ONNX starts it at lens - 1)."""
+    rnn = torch.nn.utils.rnn
+    dirs, hidden = hx[0].shape[0], hx[0].shape[2]
+    if direction == "reverse":
+        x = _reverse_rows(x, lens)
+    packed = rnn.pack_padded_sequence(
+        x, lens.to(device="cpu", dtype=torch.int64), enforce_sorted=False
+    )
+    order, unorder = packed.sorted_indices, packed.unsorted_indices
+    assert order is not None and unorder is not None  # set by enforce_sorted=False
+    hx = [s.index_select(1, order) for s in hx]
+    data, *finals = fn(
+        packed.data,
+        packed.batch_sizes,
+        hx if len(hx) > 1 else hx[0],
+        params,
+        biased,
+        1,
+        0.0,
+        True,
+        dirs == 2,
+    )
+    out = rnn.PackedSequence(
+        data, packed.batch_sizes, packed.sorted_indices, packed.unsorted_indices
+    )
+    y, _ = rnn.pad_packed_sequence(out, total_length=x.shape[0])
+    if direction == "reverse":
+        y = _reverse_rows(y, lens)
+    y = y.reshape(y.shape[0], y.shape[1], dirs, hidden).transpose(1, 2)
+    return (y, *(f.index_select(1, unorder) for f in finals))
+
+
+def _gru_reset_before(
+    x: torch.Tensor,
+    w: torch.Tensor,
+    r: torch.Tensor,
+    b: torch.Tensor | None,
+    h0: torch.Tensor | None,
+    direction: str,
+    lens: torch.Tensor | None,
+) -> tuple[torch.Tensor, ...]:
+    """ONNX GRU with linear_before_reset=0 (Keras reset_after=False): the reset gate
+    scales h before R_h. torch has no such kernel: one step at a time."""
+    dirs, hidden = w.shape[0], r.shape[-1]
+    seq = x.shape[0]
+    ys, finals = [], []
+    for d in range(dirs):
+        wb, rb = (x.new_zeros(2, 3 * hidden) if b is None else b[d].reshape(2, -1)).unbind(0)
+        xw = torch.einsum("tbi,gi->tbg", x, w[d]) + wb
+        h = x.new_zeros(x.shape[1], hidden) if h0 is None else h0[d]
+        out: list[torch.Tensor] = [h] * seq
+        reverse = direction == "reverse" or d == 1
+        for t in reversed(range(seq)) if reverse else range(seq):
+            xz, xr, xh = xw[t].chunk(3, dim=-1)
+            hz, hr = (h @ r[d, : 2 * hidden].T + rb[: 2 * hidden]).chunk(2, dim=-1)
+            z = torch.sigmoid(xz + hz)
+            rh = torch.sigmoid(xr + hr) * h
+            n = torch.tanh(xh + rh @ r[d, 2 * hidden :].T + rb[2 * hidden :])
+            new = (1.0 - z) * n + z * h
+            if lens is None:
+                h = out[t] = new
+                continue
+            keep = (t < lens.to(torch.int64))[:, None]  # past a row's length: state kept, 0 out
+            h = torch.where(keep, new, h)
+            out[t] = torch.where(keep, new, torch.zeros_like(new))
+        ys.append(torch.stack(out))
+        finals.append(h)
+    return torch.stack(ys, dim=1), torch.stack(finals)
+
+
 def _lstm(
     x: torch.Tensor,
     w: torch.Tensor,
@@ -121,9 +215,10 @@ def _lstm(
     h0: torch.Tensor | None,
     c0: torch.Tensor | None,
     direction: str,
+    lens: torch.Tensor | None = None,
 ) -> tuple[torch.Tensor, ...]:
     """ONNX LSTM (gates i, o, f, c) as torch.lstm (gates i, f, g, o)."""
-    return _recurrent(torch.lstm, x, w, r, b, [h0, c0], direction, [0, 2, 3, 1])
+    return _recurrent(torch.lstm, x, w, r, b, [h0, c0], direction, [0, 2, 3, 1], lens)
 
 
 def _gru(
@@ -133,9 +228,13 @@ def _gru(
     b: torch.Tensor | None,
     h0: torch.Tensor | None,
     direction: str,
+    lens: torch.Tensor | None = None,
+    linear_before_reset: int = 1,
 ) -> tuple[torch.Tensor, ...]:
     """ONNX GRU with linear_before_reset=1 (gates z, r, h) as torch.gru (gates r, z, n)."""
-    return _recurrent(torch.gru, x, w, r, b, [h0], direction, [1, 0, 2])
+    if not linear_before_reset:
+        return _gru_reset_before(x, w, r, b, h0, direction, lens)
+    return _recurrent(torch.gru, x, w, r, b, [h0], direction, [1, 0, 2], lens)
 
 
 def _rnn(
@@ -146,10 +245,11 @@ def _rnn(
     h0: torch.Tensor | None,
     direction: str,
     activation: str,
+    lens: torch.Tensor | None = None,
 ) -> tuple[torch.Tensor, ...]:
     """ONNX RNN with a tanh or relu activation as torch.rnn_tanh / torch.rnn_relu."""
     fn = torch.rnn_relu if activation == "relu" else torch.rnn_tanh
-    return _recurrent(fn, x, w, r, b, [h0], direction, [0])
+    return _recurrent(fn, x, w, r, b, [h0], direction, [0], lens)
 
 
 # Inlined into every program; every other function here is a helper, inlined on use.
