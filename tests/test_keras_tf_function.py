@@ -302,3 +302,51 @@ def test_mirrored_strategy_counts_a_global_step_once(tmp_path) -> None:
             assert report.ok, report.table()
             if target != "onnx":
                 assert any(c.name.startswith("grad ") for c in report.comparisons)
+
+
+def test_a_tf_function_preparing_data_before_the_model_is_not_taken_for_the_step(
+    tmp_path,
+) -> None:
+    keras.backend.clear_session()
+    keras.utils.set_random_seed(0)
+    model, (x, y) = _model(helpers=False), _data()
+    loss_fn = keras.losses.SparseCategoricalCrossentropy(from_logits=True)
+
+    @tf.function
+    def prepare(xb):
+        return xb * 2.0 - 1.0
+
+    listener = tracelog.Listener(model, tmp_path / "log", strict=True)
+    for i in range(0, 32, 16):
+        with listener.batch(), tf.GradientTape():
+            loss_fn(y[i : i + 16], model(prepare(x[i : i + 16]), training=True))
+    log = listener.close()
+    assert log.unrecorded == 0, log.failures
+    assert _rows(log) == [("prediction", "train", 2), ("loss", "train", 2)]
+
+
+def _fit(log_dir):
+    from tracelog.keras import TracelogCallback
+
+    keras.backend.clear_session()
+    keras.utils.set_random_seed(0)
+    model, (x, y) = _model(), _data()
+    model.compile(
+        optimizer="adam", loss=keras.losses.SparseCategoricalCrossentropy(from_logits=True)
+    )
+    callbacks = [TracelogCallback(log_dir, strict=True)] if log_dir else []
+    history = model.fit(x, y, batch_size=16, epochs=2, verbose=0, callbacks=callbacks)
+    return [v.numpy() for v in model.variables], history.history
+
+
+def test_fit_in_graph_mode_follows_the_tf_functions_of_the_forward(tmp_path) -> None:
+    """The traced step's eager replay runs the nested functions op by op; the
+    real step runs them as traced."""
+    weights, history = _fit(tmp_path / "log")
+    plain, plain_history = _fit(None)
+    assert _same(weights, plain) and history == plain_history
+    log = tracelog.load(tmp_path / "log")
+    assert log.unrecorded == 0, log.failures
+    assert _rows(log) == [("prediction", "train", 6), ("loss", "train", 6)]
+    report = tracelog.check(tmp_path / "log", target="torch")
+    assert report.ok, report.table()

@@ -6,8 +6,9 @@ on a thread, ``tf.function``'s ``__call__`` and ``GradientTape.gradient`` are
 hooked (class-level wrappers, installed while a TFListener lives, that do
 nothing but call through when no window is open on the thread):
 
-- a step: a function called before the model (``with listener.batch():
-  train_step(x, y)``). The first batch of each trace (each concrete function)
+- a step: a function called before the model that captures the model's
+  variables (``with listener.batch(): train_step(x, y)``); one that captures
+  none is data preparation, run as it is. The first batch of each trace (each concrete function)
   is replayed eagerly under the window, every variable the trace captures
   (model, optimizer, metrics, seed generators) is put back, and then the real
   call runs unwatched: training computes what it would without the listener.
@@ -130,8 +131,13 @@ def install() -> None:
 
         def hooked_call(fn: Any, *args: Any, **kwargs: Any) -> Any:
             w = active()
-            if w is None or not w.recording or w.suspended or w.done or _running_eagerly():
+            if w is None or _running_eagerly():
                 return call(fn, *args, **kwargs)
+            if not w.recording or w.suspended or w.done:
+                # not the batch's graphs: nor the sample's tape (under a tape a
+                # function is traced and run otherwise)
+                with _tape_paused(w):
+                    return call(fn, *args, **kwargs)
             return _follow(w, call, fn, args, kwargs)
 
         def hooked_gradient(tape: Any, *args: Any, **kwargs: Any) -> Any:
@@ -214,6 +220,17 @@ def _follow(w: Any, call: Any, fn: Any, args: tuple, kwargs: dict) -> Any:
     return _helper(w, call, fn, args, kwargs)
 
 
+def _uses_model(listener: Any, concrete: Any) -> bool:
+    """Does the traced function capture a variable of the listener's model
+    (for a distributed variable, any of its replicas')?"""
+    model = set()
+    for v in listener._variables.values():
+        tf_var = v.value
+        model.add(id(tf_var))
+        model.update(id(c) for c in getattr(tf_var, "values", ()) or ())
+    return any(id(v) in model for v in concrete.graph.variables)
+
+
 def _step(w: Any, call: Any, fn: Any, args: tuple, kwargs: dict) -> Any:
     listener = w.listener
     if getattr(fn, "_jit_compile", None):
@@ -226,6 +243,11 @@ def _step(w: Any, call: Any, fn: Any, args: tuple, kwargs: dict) -> Any:
     except Exception as e:  # fail open: the real call below still runs
         w.fail(e)
         return call(fn, *args, **kwargs)
+    if not _uses_model(listener, concrete):
+        # data preparation before the model (a tf.function that touches none
+        # of its variables): its outputs reach the model as data
+        with _unwatched(w):
+            return call(fn, *args, **kwargs)
     known = listener._steps.get(key)
     if known is not None:  # a later batch of a replayed trace: counted alike
         w.phase = known[0]
