@@ -186,9 +186,12 @@ def test_a_user_tf_function_step_is_recorded_counted_and_changes_nothing(tmp_pat
 
 
 def test_a_jit_compiled_step_is_counted_unrecorded_with_the_reason(tmp_path) -> None:
-    log, _, _ = _step_run(tmp_path / "log", jit_compile=True)
+    log, weights, _ = _step_run(tmp_path / "log", jit_compile=True)
+    _, plain, _ = _step_run(None, jit_compile=True)
+    assert _same(weights, plain)
     assert log.recorded == 0 and log.unrecorded == 6
     assert "jit_compile=True" in log.failures[0]["error"]
+    assert {f["phase"] for f in log.failures} == {"train"}  # the trace applies gradients
 
 
 def test_convnext_tiny_is_recorded(tmp_path) -> None:
@@ -208,6 +211,9 @@ def test_convnext_tiny_is_recorded(tmp_path) -> None:
     assert log.unrecorded == 0, log.failures
     pred = log.graphs[log.entries_sorted()[0].hash]
     assert pred.op_histogram()["Conv"] == 22  # 4 stem/downsampling + 18 depthwise
+    for target in ("torch", "onnx"):  # jax passes too, in 45 s of compilation
+        report = tracelog.check(tmp_path / "log", target=target)
+        assert report.ok, report.table()
 
 
 _MIRRORED = r"""
@@ -350,3 +356,39 @@ def test_fit_in_graph_mode_follows_the_tf_functions_of_the_forward(tmp_path) -> 
     assert _rows(log) == [("prediction", "train", 6), ("loss", "train", 6)]
     report = tracelog.check(tmp_path / "log", target="torch")
     assert report.ok, report.table()
+
+
+def test_a_step_whose_eager_replay_fails_is_counted_with_the_reason(tmp_path) -> None:
+    """Fail open: the replay raises (here: code that only fails eagerly), the
+    real step runs as it would, every batch of that trace says why."""
+
+    def run(log_dir):
+        keras.backend.clear_session()
+        keras.utils.set_random_seed(0)
+        model, (x, y) = _model(helpers=False), _data()
+        opt = keras.optimizers.SGD(0.1)
+        loss_fn = keras.losses.SparseCategoricalCrossentropy(from_logits=True)
+
+        @tf.function
+        def train_step(xb, yb):
+            if tf.executing_eagerly():
+                raise ValueError("only eagerly")
+            with tf.GradientTape() as tape:
+                loss = loss_fn(yb, model(xb, training=True))
+            grads = tape.gradient(loss, model.trainable_variables)
+            opt.apply_gradients(zip(grads, model.trainable_variables, strict=True))
+
+        listener = tracelog.Listener(model, log_dir) if log_dir else None
+        for i in range(0, 48, 16):
+            with listener.batch() if listener else _nothing():
+                train_step(x[i : i + 16], y[i : i + 16])
+        return (listener.close() if listener else None), _weights(model, opt)
+
+    log, weights = run(tmp_path / "log")
+    _, plain = run(None)
+    assert _same(weights, plain)
+    assert log.recorded == 0 and log.unrecorded == 3
+    assert {f["error"] for f in log.failures} == {
+        "the eager replay of the tf.function step raised ValueError: only eagerly"
+    }
+    assert {f["phase"] for f in log.failures} == {"train"}

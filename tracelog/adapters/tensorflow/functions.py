@@ -170,24 +170,41 @@ def uninstall() -> None:
         backprop.GradientTape.gradient = _originals.pop("gradient")
 
 
-def _snapshot(w: Any, concrete: Any) -> list[tuple[Any, Any]]:
-    """Every variable the trace captures, with its value now (a read holds the
-    buffer: TensorFlow copies before updating a buffer still referenced)."""
-    seen: set[int] = set()
-    saved = []
-    with w.suspend():
-        for v in concrete.graph.variables:
-            if id(v) in seen:
-                continue
-            seen.add(id(v))
-            saved.append((v, v.read_value()))
-    return saved
+class _Saved:
+    """What a replay may change, as it was: every variable the trace captures
+    (a read holds the buffer: TensorFlow copies before updating a buffer still
+    referenced) and the eager context's op-seed generator (an eager random op
+    without an op seed draws one from it)."""
+
+    def __init__(self, w: Any, concrete: Any) -> None:
+        from tensorflow.python.eager import context
+
+        seen: set[int] = set()
+        self.values: list[tuple[Any, Any]] = []
+        with w.suspend():
+            for v in concrete.graph.variables:
+                if id(v) in seen:
+                    continue
+                seen.add(id(v))
+                self.values.append((v, v.read_value()))
+        self.rng = getattr(context.context(), "_rng", None)
+        self.rng_state = self.rng.getstate() if self.rng is not None else None
+
+    def restore(self, w: Any) -> None:
+        with w.suspend():
+            for v, value in self.values:
+                v.assign(value)
+        if self.rng is not None:
+            self.rng.setstate(self.rng_state)
 
 
-def _restore(w: Any, saved: list[tuple[Any, Any]]) -> None:
-    with w.suspend():
-        for v, value in saved:
-            v.assign(value)
+def is_training_step(concrete: Any) -> bool:
+    """Does the traced step take a gradient or apply one (TensorFlow names a
+    tape's gradient ops under ``gradient_tape/``)?"""
+    for op in concrete.graph.get_operations():
+        if op.name.startswith("gradient_tape/") or op.type.startswith("ResourceApply"):
+            return True
+    return False
 
 
 @contextlib.contextmanager
@@ -233,17 +250,22 @@ def _uses_model(listener: Any, concrete: Any) -> bool:
 
 def _step(w: Any, call: Any, fn: Any, args: tuple, kwargs: dict) -> Any:
     listener = w.listener
-    if getattr(fn, "_jit_compile", None):
-        w.stop(JIT_STEP_REASON)
-        return call(fn, *args, **kwargs)
     try:
         with _unwatched(w):
             concrete = fn.get_concrete_function(*args, **kwargs)
         key = str(concrete.name)
+        uses_model = _uses_model(listener, concrete)
+        if uses_model and getattr(fn, "_jit_compile", None):
+            w.phase = "train" if is_training_step(concrete) else "eval"
+            w.stop(JIT_STEP_REASON)
+        saved = _Saved(w, concrete) if uses_model and w.recording else None
     except Exception as e:  # fail open: the real call below still runs
         w.fail(e)
-        return call(fn, *args, **kwargs)
-    if not _uses_model(listener, concrete):
+        uses_model = True
+    if not w.recording:
+        with _unwatched(w):
+            return call(fn, *args, **kwargs)
+    if not uses_model:
         # data preparation before the model (a tf.function that touches none
         # of its variables): its outputs reach the model as data
         with _unwatched(w):
@@ -255,17 +277,19 @@ def _step(w: Any, call: Any, fn: Any, args: tuple, kwargs: dict) -> Any:
         with _unwatched(w):
             return call(fn, *args, **kwargs)
     w.step_key = key
-    saved = _snapshot(w, concrete)
+    assert saved is not None
     try:
         with functions_eagerly():
             call(fn, *args, **kwargs)
     except Exception as e:
         if w.recording:
+            if w.phase != "train" and is_training_step(concrete):
+                w.phase = "train"
             w.stop(f"the eager replay of the tf.function step raised {type(e).__name__}: {e}"[:300])
             if listener.strict:
                 raise
     finally:
-        _restore(w, saved)
+        saved.restore(w)
         w.done = True  # the window's step ran; the real call is not watched
     with _unwatched(w):
         return call(fn, *args, **kwargs)
@@ -277,7 +301,7 @@ def _helper(w: Any, call: Any, fn: Any, args: tuple, kwargs: dict) -> Any:
     try:
         with w.suspend():
             concrete = fn.get_concrete_function(*args, **kwargs)
-        saved = _snapshot(w, concrete)
+        saved = _Saved(w, concrete)
     except Exception as e:  # fail open
         w.fail(e)
         return call(fn, *args, **kwargs)
@@ -288,7 +312,7 @@ def _helper(w: Any, call: Any, fn: Any, args: tuple, kwargs: dict) -> Any:
     except Exception as e:
         w.fail(e)
     finally:
-        _restore(w, saved)
+        saved.restore(w)
     with w.suspend():
         out = call(fn, *args, **kwargs)
     if side is not None and w.recording:
