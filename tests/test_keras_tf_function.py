@@ -398,3 +398,19 @@ def test_a_step_whose_eager_replay_fails_is_counted_with_the_reason(tmp_path) ->
         "the eager replay of the tf.function step raised ValueError: only eagerly"
     }
     assert {f["phase"] for f in log.failures} == {"train"}
+
+
+def test_the_hooks_live_as_long_as_a_listener(tmp_path) -> None:
+    from tensorflow.python.eager import backprop
+    from tensorflow.python.eager.polymorphic_function import polymorphic_function
+
+    call = polymorphic_function.Function.__call__
+    gradient = backprop.GradientTape.gradient
+    first = tracelog.Listener(_model(helpers=False), tmp_path / "a")
+    second = tracelog.Listener(_model(helpers=False), tmp_path / "b")
+    assert polymorphic_function.Function.__call__ is not call
+    first.close()
+    assert polymorphic_function.Function.__call__ is not call  # the second still listens
+    second.close()
+    assert polymorphic_function.Function.__call__ is call
+    assert backprop.GradientTape.gradient is gradient
