@@ -107,16 +107,21 @@ def test_emitted_programs_match_tensorflow(keras_log, target: str) -> None:
         assert len([n for n in names if n.endswith(" (no jit)")]) * 2 == len(names)
 
 
-def test_graph_mode_is_reported_not_recorded(tmp_path) -> None:
+def test_a_tf_function_step_is_replayed_eagerly_and_recorded(tmp_path) -> None:
+    """A traced step inside a window (tests/test_keras_tf_function.py has the
+    training loop): its first batch is replayed eagerly and recorded."""
     model = _mlp()
-    listener = tracelog.Listener(model, tmp_path / "log")
+    listener = tracelog.Listener(model, tmp_path / "log", strict=True)
 
     @tf.function
     def step(x):
         return model(x, training=False)
 
-    with listener.batch():
-        step(np.zeros((4, 64), np.float32))
+    for _ in range(2):
+        with listener.batch():
+            step(np.zeros((4, 64), np.float32))
     log = listener.close()
-    assert log.unrecorded == 1 and log.recorded == 0
-    assert "tf.function" in log.failures[0]["error"]
+    assert log.unrecorded == 0 and log.recorded == 2
+    assert [(e.kind, e.phase, e.usage.batches) for e in log.entries_sorted()] == [
+        ("prediction", "eval", 2)
+    ]

@@ -42,6 +42,7 @@ from typing import Any
 import keras
 
 from tracelog.adapters.tensorflow import TFListener
+from tracelog.adapters.tensorflow.functions import functions_eagerly
 from tracelog.log import claim_log_dir, holds_log
 
 logger = logging.getLogger("tracelog")
@@ -256,6 +257,8 @@ class TracelogCallback(keras.callbacks.Callback):
         def step(data: Any) -> Any:
             if tf.executing_eagerly():  # run_eagerly turned on after compile
                 return original(data)
+            if _replica_id() != 0:  # a global step is one batch: replica 0 records and counts
+                return original(data)
             traced = _TracedStep(phase)  # this code runs once per trace
             leaves = tf.nest.flatten(data)
             where = [k for k, t in enumerate(leaves) if tf.is_tensor(t)]
@@ -297,7 +300,9 @@ class TracelogCallback(keras.callbacks.Callback):
         saved = [(v, keras.ops.copy(v.value)) for v in touched]
         listener.last_counted = None
         try:
-            with listener.batch():
+            # nested tf.functions (Keras' grouped convolution) run op by op here:
+            # the replay is apart from the real step, which runs them as traced
+            with functions_eagerly(), listener.batch():
                 if getattr(model, "_call_has_training_arg", True):
                     y_pred = model(x, training=training)
                 else:
@@ -314,6 +319,18 @@ class TracelogCallback(keras.callbacks.Callback):
                 v.assign(value)
         counted = listener.last_counted
         return counted if counted is not None else "the eager replay of the traced step failed"
+
+
+def _replica_id() -> int:
+    """The replica a step is being traced for (0 outside a distribution
+    strategy): MirroredStrategy traces the step once per replica."""
+    import tensorflow as tf
+
+    ctx = tf.distribute.get_replica_context()
+    if ctx is None:
+        return 0
+    rid = tf.get_static_value(ctx.replica_id_in_sync_group)
+    return 0 if rid is None else int(rid)
 
 
 __all__ = ["TracelogCallback"]

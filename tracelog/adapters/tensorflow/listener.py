@@ -10,8 +10,15 @@ state, and everything computed from it is the dropout mask's randomness.
 Rules as in the PyTorch listener: no numerics change (the callback only
 looks), fail open (an error drops that batch's record), one fingerprint per
 batch and IR only for new ones. Ops built while tracing a tf.function are not
-recorded here: ``tracelog.keras.TracelogCallback`` replays the first batch of
-each traced step eagerly instead.
+followed op by op: the listener follows the function instead
+(``tracelog/adapters/tensorflow/functions.py``): a ``tf.function`` step called
+inside a window is replayed eagerly on the first batch of each trace, with
+every variable it touches put back, and counted against that record on later
+batches; a ``tf.function`` helper the forward calls is run eagerly a second
+time, on the side, and its outputs stand for the real call's. Ops run by
+``GradientTape.gradient`` and every op after it (the optimizer) belong to
+neither graph. ``tracelog.keras.TracelogCallback`` replays ``fit``'s traced
+steps eagerly the same way.
 """
 
 from __future__ import annotations
@@ -20,6 +27,7 @@ import contextlib
 import logging
 import os
 import platform
+import threading
 from collections.abc import Iterator
 from typing import Any
 
@@ -30,6 +38,7 @@ from tracelog.adapters.builder import NotSupported
 from tracelog.adapters.tape import Ref, Tape
 from tracelog.log import TraceLog
 
+from . import functions
 from .batch_dims import batch_multiple, exact_batch_dims
 from .recurrent import is_recurrent, recurrent_call
 from .rules import TF_OPS
@@ -80,6 +89,23 @@ class _Window(WindowBase):
         self.rng: dict[Ref, Any] = {}
         self.buffer_values: dict[str, Ref] = {}
         self.inside = 0  # > 0 inside a layer recorded whole (recurrent.py): ops unrecorded
+        self.private_tape: Any = None  # the sample's GradientTape, while it records
+        self.tape_paused = False
+        self.forward_tape: Any = None  # the sample's tape in another thread (a replica's)
+        self.thread = threading.current_thread()
+        self.suspended = 0  # > 0: ops run now are not the batch's (a replay's bookkeeping)
+        self.done = False  # the backward ran: later ops (the optimizer) are in neither graph
+        self.step_key: str | None = None  # the traced step this window replayed
+        self.counted_as: tuple[str, tuple[str, str | None] | str] | None = None
+
+    @contextlib.contextmanager
+    def suspend(self) -> Iterator[None]:
+        """Ops run inside are not recorded (nor are their variable reads)."""
+        self.suspended += 1
+        try:
+            yield
+        finally:
+            self.suspended -= 1
 
     # -- tensors ---------------------------------------------------------------------
     def dtype_of(self, t: Any) -> str:
@@ -96,6 +122,12 @@ class _Window(WindowBase):
 
     def start_forward(self, args: Any, kwargs: Any) -> None:
         self.phase = "train" if kwargs.get("training") else "eval"
+        if self.private_tape is not None and threading.current_thread() is not self.thread:
+            # a MirroredStrategy replica thread runs the forward: tapes record
+            # per thread, so the sample's gradients need a tape here
+            tape = self.listener._tf.GradientTape(watch_accessed_variables=True)
+            tape.__enter__()
+            self.private_tape = self.forward_tape = tape
         super().start_forward(args, kwargs)
 
     def named_inputs(self, args: Any, kwargs: Any) -> list[tuple[str, Any]]:
@@ -111,13 +143,12 @@ class _Window(WindowBase):
 
     # -- ops --------------------------------------------------------------------------
     def on_op(self, op_type: Any, inputs: tuple, attrs: tuple, outputs: tuple, graph: Any) -> None:
+        if self.suspended or self.done or graph is not None:
+            # graph: a tf.function being traced; the window follows its call
+            # instead (functions.py), eagerly: the trace itself computes nothing
+            return
         if isinstance(op_type, bytes):
             op_type = op_type.decode()
-        if graph is not None:
-            raise NotSupported(
-                "ops built while tracing a tf.function are not recorded; run the batch eagerly "
-                "(keras.TracelogCallback replays model.fit's traced steps eagerly)"
-            )
         if op_type in _BOOKKEEPING or self.inside:
             return
         if op_type == "ReadVariableOp":
@@ -129,6 +160,11 @@ class _Window(WindowBase):
         region = self.region()
         if region is None:
             return
+        if f"tf.{op_type}" not in TF_OPS and functions.is_function_call(op_type):
+            raise NotSupported(
+                f"a traced function ({op_type}) was called other than through tf.function "
+                "(a ConcreteFunction called directly); its ops cannot be followed"
+            )
         in_refs = [self.refs.get(id(t)) for t in inputs]
         from_rng = any(r is not None and r[0] == "r" for r in in_refs)
         only_rng = not any(
@@ -269,6 +305,11 @@ class TFListener(ListenerBase):
         self._paths = {id(v.value.handle): v.path for v in model.variables}  # by handle
         self._window: _Window | None = None
         self._unwrap: list[tuple[Any, Any, str]] = []
+        # traced steps seen (by concrete function name): the phase and what the
+        # eager replay of its first batch counted, or why it was not recorded
+        self._steps: dict[str, tuple[str, tuple[str, str | None] | str]] = {}
+        functions.install()
+        self._hooked = True
         layers = [model] + list(model._flatten_layers(include_self=False, recursive=True))
         for layer in layers:
             self._wrap(layer, layer is model)
@@ -293,7 +334,9 @@ class TFListener(ListenerBase):
 
         def call(*args: Any, **kwargs: Any) -> Any:
             w = self._window
-            if w is None or not w.recording:
+            if w is None or not w.recording or w.suspended or w.done:
+                return original(*args, **kwargs)
+            if not self._tf.executing_eagerly():  # traced: the window follows the call
                 return original(*args, **kwargs)
             if is_root:
                 # NumPy data would become a tensor inside each first layer, out of
@@ -332,6 +375,7 @@ class TFListener(ListenerBase):
         if before is not None:
             grad_tape = before.grad_state = self._tf.GradientTape(watch_accessed_variables=True)
             grad_tape.__enter__()
+            w.private_tape = grad_tape
 
         def callback(
             op_type: Any,
@@ -345,12 +389,32 @@ class TFListener(ListenerBase):
             return None
 
         self._op_callbacks.add_op_callback(callback)
+        functions.push(w)
         try:
             yield
         finally:
+            functions.pop(w)
             self._op_callbacks.remove_op_callback(callback)
             if grad_tape is not None:
+                w.private_tape = None
                 grad_tape.__exit__(None, None, None)
+
+    def _record(self, w: WindowBase, before: StateBefore | None) -> None:
+        assert isinstance(w, _Window)
+        if w.counted_as is None:
+            super()._record(w, before)
+            return
+        w.phase, counted = w.counted_as  # a traced step already replayed: count it alike
+        if isinstance(counted, str):
+            w.stop(counted)
+            return
+        self.log.count(w.phase, counted[0], counted[1], w.epoch, w.batch)
+        self.last_counted = counted
+
+    def _finish(self, w: WindowBase, before: StateBefore | None) -> None:
+        super()._finish(w, before)
+        if isinstance(w, _Window) and w.step_key is not None and self.last_counted is not None:
+            self._steps[w.step_key] = (w.phase, self.last_counted)
 
     # -- the graphs ------------------------------------------------------------------------
     def _close_tape(self, w: _Window) -> None:
@@ -390,7 +454,8 @@ class TFListener(ListenerBase):
 
     def _gradients(self, w: _Window, before: StateBefore, loss: Any) -> dict[str, np.ndarray]:
         trainable = [(p, v) for p, v in self._variables.items() if v.trainable]
-        found = before.grad_state.gradient(loss, [v.value for _, v in trainable])
+        tape = w.forward_tape or before.grad_state
+        found = tape.gradient(loss, [v.value for _, v in trainable])
         return {
             p: to_numpy(self._tf.convert_to_tensor(g))
             for (p, _), g in zip(trainable, found, strict=True)
@@ -405,6 +470,9 @@ class TFListener(ListenerBase):
 
     # -- closing ---------------------------------------------------------------------------
     def _detach(self) -> None:
+        if self._hooked:
+            self._hooked = False
+            functions.uninstall()
         for obj, original, attr_name in self._unwrap:
             setattr(obj, attr_name, original)
         self._unwrap.clear()

@@ -105,6 +105,19 @@ for _arity, _ops in ((1, _UNARY), (2, _BINARY)):
         TF_OPS.add(f"tf.{_tf}", partial(_same_op, _op, _arity))
 
 
+@TF_OPS.register("tf.AddN")
+def _add_n(ctx: Ctx) -> Names:
+    # the sum of N same-shaped tensors (tf.nn.compute_average_loss, a
+    # distribution strategy's reduction): Add, left to right
+    n = len(ctx.rec.args)
+    if n == 1:
+        return [ctx.t(0)]
+    acc = ctx.t(0)
+    for i in range(1, n - 1):
+        acc = ctx.helper("Add", [acc, ctx.t(i)], ctx.out_type())
+    return ctx.one("Add", [acc, ctx.t(n - 1)])
+
+
 @TF_OPS.register("tf.BiasAdd")
 def _bias_add(ctx: Ctx) -> Names:
     fmt = attr(ctx, "data_format", "NHWC")
