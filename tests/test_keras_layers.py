@@ -38,95 +38,362 @@ def _concat_add() -> Any:
     return keras.Model(x, L.Dense(5)(L.GlobalAveragePooling2D()(h)))
 
 
-def _attention() -> Any:
+def _seq(shape: tuple[int, ...], *layers: Any, dtype: str = "float32") -> Any:
+    return keras.Sequential([keras.Input(shape, dtype=dtype), *layers])
+
+
+def _flat_head() -> list[Any]:
+    return [L.Flatten(), L.Dense(5)]
+
+
+def _attention(mask: str | None = None) -> Any:
     x = keras.Input((6, 8))
-    h = L.MultiHeadAttention(num_heads=2, key_dim=4)(x, x)
+    if mask == "attention_mask":
+        # a constant mask: each query sees the keys up to two past its own position
+        m = np.tril(np.ones((6, 6), dtype=bool), 2)
+        h = L.MultiHeadAttention(num_heads=2, key_dim=4)(x, x, attention_mask=m[None])
+    else:
+        h = L.MultiHeadAttention(num_heads=2, key_dim=4)(x, x, use_causal_mask=mask == "causal")
     h = L.LayerNormalization()(L.Add()([x, h]))
     return keras.Model(x, L.Dense(5)(L.Flatten()(h)))
 
 
+def _normalization() -> Any:
+    norm = L.Normalization()
+    norm.adapt(np.random.default_rng(1).standard_normal((32, 8, 8, 3)).astype("float32") * 3 + 1)
+    return _img(norm, *_head())
+
+
 LAYERS: dict[str, Callable[[], Any]] = {
     "Dense": lambda: _img(L.Flatten(), L.Dense(5)),
+    # -- convolutions
+    "Conv1D": lambda: _seq((9, 3), L.Conv1D(5, 3, strides=2, padding="same"), *_flat_head()),
+    "Conv1D_causal": lambda: _seq((8, 3), L.Conv1D(5, 3, padding="causal"), *_flat_head()),
+    "Conv1D_causal_dilated": lambda: _seq(
+        (8, 3), L.Conv1D(4, 3, padding="causal", dilation_rate=2), *_flat_head()
+    ),
     "Conv2D": lambda: _img(L.Conv2D(4, 3, strides=2, padding="same"), *_head()),
+    "Conv2D_dilated": lambda: _img(L.Conv2D(4, 3, dilation_rate=2, padding="same"), *_head()),
+    "Conv3D": lambda: _seq((3, 5, 5, 2), L.Conv3D(3, 2, strides=(1, 2, 2)), *_flat_head()),
+    "Conv3D_same": lambda: _seq((3, 5, 3, 2), L.Conv3D(3, 3, 2, padding="same"), *_flat_head()),
+    "Conv1DTranspose": lambda: _seq(
+        (5, 3), L.Conv1DTranspose(5, 3, strides=2, padding="same"), *_flat_head()
+    ),
+    "Conv2DTranspose": lambda: _img(
+        L.Conv2DTranspose(4, 3, strides=2, padding="valid", output_padding=1), *_head()
+    ),
+    "Conv2DTranspose_same": lambda: _img(
+        L.Conv2DTranspose(4, 3, strides=2, padding="same"), *_head(), shape=(5, 5, 3)
+    ),
+    "Conv2DTranspose_dilated": lambda: _img(
+        L.Conv2DTranspose(4, 3, dilation_rate=2), *_head(), shape=(5, 5, 3)
+    ),
+    "Conv3DTranspose": lambda: _seq(
+        (2, 3, 2, 2), L.Conv3DTranspose(3, 3, strides=2), *_flat_head()
+    ),
+    "DepthwiseConv1D": lambda: _seq(
+        (8, 3), L.DepthwiseConv1D(3, depth_multiplier=2, padding="same"), *_flat_head()
+    ),
     "DepthwiseConv2D": lambda: _img(L.DepthwiseConv2D(3, depth_multiplier=2), *_head()),
+    "SeparableConv1D": lambda: _seq(
+        (8, 3), L.SeparableConv1D(6, 3, strides=2, padding="same"), *_flat_head()
+    ),
     "SeparableConv2D": lambda: _img(L.SeparableConv2D(6, 3, padding="same"), *_head()),
+    # -- normalisation
     "BatchNormalization": lambda: _img(L.Conv2D(4, 1), L.BatchNormalization(), *_head()),
+    "GroupNormalization": lambda: _img(L.Conv2D(9, 1), L.GroupNormalization(3), *_head()),
+    "LayerNormalization": lambda: _seq((6, 8), L.LayerNormalization(), *_flat_head()),
+    "LayerNormalization_image": lambda: _img(L.LayerNormalization(), *_head()),
+    "LayerNormalization_axes": lambda: _img(L.LayerNormalization(axis=[1, 2, 3]), *_head()),
+    "LayerNormalization_axis1": lambda: _seq((6, 8), L.LayerNormalization(axis=1), *_flat_head()),
+    "UnitNormalization": lambda: _seq((6, 8), L.UnitNormalization(), *_flat_head()),
+    "Rescaling": lambda: _img(L.Rescaling(1 / 127.5, offset=-1), L.Conv2D(4, 1), *_head()),
+    "Normalization": _normalization,
+    # -- resampling, padding, cropping
+    "UpSampling1D": lambda: _seq((5, 2), L.UpSampling1D(2), *_flat_head()),
+    "UpSampling2D": lambda: _img(L.UpSampling2D(2), L.Conv2D(2, 3), *_head(), shape=(5, 5, 2)),
+    "UpSampling2D_bilinear": lambda: _img(
+        L.UpSampling2D((2, 3), interpolation="bilinear"), L.Conv2D(2, 3), *_head(), shape=(5, 5, 2)
+    ),
+    "ZeroPadding1D": lambda: _seq((7, 3), L.ZeroPadding1D((1, 2)), L.Conv1D(2, 3), *_flat_head()),
+    "ZeroPadding2D": lambda: _img(L.ZeroPadding2D(1), L.Conv2D(2, 3), *_head()),
+    "ZeroPadding3D": lambda: _seq(
+        (2, 3, 2, 2), L.ZeroPadding3D(((1, 0), (0, 1), (1, 1))), L.Conv3D(2, 2), *_flat_head()
+    ),
+    "Cropping1D": lambda: _seq((8, 3), L.Cropping1D((1, 2)), *_flat_head()),
+    "Cropping2D": lambda: _img(L.Conv2D(4, 1), L.Cropping2D(((1, 2), (0, 1))), *_head()),
+    "Cropping3D": lambda: _seq((5, 5, 5, 2), L.Cropping3D(((1, 1), (0, 1), (1, 1))), *_flat_head()),
+    # -- pooling
+    "MaxPooling1D": lambda: _seq((9, 3), L.MaxPooling1D(3, 2, padding="same"), *_flat_head()),
     "MaxPooling2D": lambda: _img(L.MaxPooling2D(3, 2, padding="same"), L.Flatten(), L.Dense(5)),
+    "AveragePooling1D": lambda: _seq((10, 3), L.AveragePooling1D(2), *_flat_head()),
+    "AveragePooling1D_same": lambda: _seq(
+        (7, 3), L.AveragePooling1D(3, 2, padding="same"), *_flat_head()
+    ),
     "AveragePooling2D": lambda: _img(L.AveragePooling2D(2), L.Flatten(), L.Dense(5)),
     "AveragePooling2D_same": lambda: _img(
         L.AveragePooling2D(3, 2, padding="same"), L.Flatten(), L.Dense(5)
     ),
+    "GlobalAveragePooling1D": lambda: _seq(
+        (5, 8), L.Conv1D(3, 1), L.GlobalAveragePooling1D(), L.Dense(5)
+    ),
+    "GlobalAveragePooling1D_keepdims": lambda: _seq(
+        (5, 8), L.Conv1D(3, 1), L.GlobalAveragePooling1D(keepdims=True), *_flat_head()
+    ),
     "GlobalAveragePooling2D": lambda: _img(L.Conv2D(4, 1), *_head()),
+    "GlobalAveragePooling2D_keepdims": lambda: _img(
+        L.Conv2D(3, 1), L.GlobalAveragePooling2D(keepdims=True), *_flat_head()
+    ),
+    "GlobalMaxPooling1D": lambda: _seq((5, 8), L.Conv1D(3, 1), L.GlobalMaxPooling1D(), L.Dense(5)),
+    "GlobalMaxPooling1D_keepdims": lambda: _seq(
+        (5, 8), L.Conv1D(3, 1), L.GlobalMaxPooling1D(keepdims=True), *_flat_head()
+    ),
+    "GlobalMaxPooling2D": lambda: _img(L.Conv2D(4, 1), L.GlobalMaxPooling2D(), L.Dense(5)),
+    "GlobalMaxPooling2D_keepdims": lambda: _img(
+        L.Conv2D(3, 1), L.GlobalMaxPooling2D(keepdims=True), *_flat_head()
+    ),
+    # -- shapes and merges
     "Reshape_Flatten": lambda: _img(L.Reshape((16, 12)), L.Flatten(), L.Dense(5)),
     "Concatenate_Add": _concat_add,
+    # -- dropout
     "Dropout": lambda: _img(L.Flatten(), L.Dropout(0.3), L.Dense(5)),
-    "ZeroPadding2D": lambda: _img(L.ZeroPadding2D(1), L.Conv2D(2, 3), *_head()),
-    "Embedding": lambda: keras.Sequential(
-        [
-            keras.Input((7,), dtype="int32"),
-            L.Embedding(20, 8),
-            L.GlobalAveragePooling1D(),
-            L.Dense(5),
-        ]
+    "SpatialDropout1D": lambda: _seq(
+        (5, 3), L.Conv1D(3, 1), L.SpatialDropout1D(0.3), *_flat_head()
     ),
-    "LayerNormalization": lambda: keras.Sequential(
-        [keras.Input((6, 8)), L.LayerNormalization(), L.Flatten(), L.Dense(5)]
+    "SpatialDropout2D": lambda: _img(L.Conv2D(4, 1), L.SpatialDropout2D(0.3), *_head()),
+    # -- embeddings and attention
+    "Embedding": lambda: _seq(
+        (7,), L.Embedding(20, 8), L.GlobalAveragePooling1D(), L.Dense(5), dtype="int32"
     ),
     "MultiHeadAttention": _attention,
+    "MultiHeadAttention_attention_mask": lambda: _attention("attention_mask"),
+    "MultiHeadAttention_causal": lambda: _attention("causal"),
+    # -- activation layers
+    "LeakyReLU": lambda: _img(L.Conv2D(4, 1), L.LeakyReLU(0.1), *_head()),
+    "PReLU": lambda: _img(L.Conv2D(4, 1), L.PReLU(shared_axes=[1, 2]), *_head()),
+    "PReLU_full": lambda: _seq((5, 3), L.Dense(3), L.PReLU(), *_flat_head()),
+    "ELU": lambda: _img(L.Conv2D(4, 1), L.ELU(0.7), *_head()),
+    "ReLU": lambda: _img(
+        L.Conv2D(4, 1), L.ReLU(max_value=1.5, negative_slope=0.1, threshold=0.2), *_head()
+    ),
+    "Softmax": lambda: _seq((5, 3), L.Dense(3), L.Softmax(axis=1), *_flat_head()),
 }
-for _act in ("relu", "relu6", "gelu", "swish", "sigmoid", "tanh", "softmax"):
-    LAYERS[f"activation_{_act}"] = lambda a=_act: _img(
-        L.Flatten(), L.Dense(8), L.Activation(a), L.Dense(5)
+
+A = keras.activations
+ACTIVATIONS: dict[str, Any] = {
+    name: name
+    for name in (
+        "relu relu6 gelu swish sigmoid tanh softmax elu selu softplus softsign hard_sigmoid "
+        "hard_silu hard_swish leaky_relu mish log_softmax exponential linear silu celu "
+        "log_sigmoid hard_tanh squareplus"
+    ).split()
+}
+ACTIVATIONS.update(
+    {
+        "gelu_tanh": lambda x: A.gelu(x, approximate=True),
+        "relu_max_value": lambda x: A.relu(x, max_value=0.5),
+        "relu_threshold": lambda x: A.relu(x, threshold=0.3),
+        "relu_negative_slope": lambda x: A.relu(x, negative_slope=0.1, max_value=1.0),
+        "leaky_relu_0.1": lambda x: A.leaky_relu(x, negative_slope=0.1),
+        "celu_alpha": lambda x: A.celu(x, alpha=0.5),
+        "softmax_axis1": lambda x: A.softmax(x, axis=1),
+    }
+)
+for _name, _act in ACTIVATIONS.items():
+    LAYERS[f"activation_{_name}"] = lambda a=_act: _seq(
+        (5, 3), L.Dense(8), L.Activation(a), *_flat_head()
     )
 
+
+def _glu(axis: int) -> Any:
+    """glu halves an axis, which the Activation layer's output shape does
+    not know: the op is called on the symbolic tensor instead."""
+    x = keras.Input((8, 3))
+    h = A.glu(L.Dense(8)(x), axis=axis)
+    return keras.Model(x, L.Dense(5)(L.Flatten()(h)))
+
+
+LAYERS["activation_glu"] = lambda: _glu(-1)
+LAYERS["activation_glu_axis1"] = lambda: _glu(1)
+
+
+def _l(cls: Any, **kw: Any) -> Callable[[], Any]:
+    return lambda: cls(**kw)
+
+
+K = keras.losses
 # loss -> (loss, activation on the model's output, kind of target)
 LOSSES: dict[str, tuple[Callable[[], Any], str | None, str]] = {
-    "SparseCCE_logits": (
-        lambda: keras.losses.SparseCategoricalCrossentropy(from_logits=True),
+    "SparseCCE_logits": (_l(K.SparseCategoricalCrossentropy, from_logits=True), None, "sparse"),
+    "SparseCCE_probabilities": (K.SparseCategoricalCrossentropy, "softmax", "sparse"),
+    "SparseCCE_ignore_class": (
+        _l(K.SparseCategoricalCrossentropy, from_logits=True, ignore_class=1),
         None,
         "sparse",
     ),
-    "SparseCCE_probabilities": (keras.losses.SparseCategoricalCrossentropy, "softmax", "sparse"),
-    "CCE_logits": (
-        lambda: keras.losses.CategoricalCrossentropy(from_logits=True),
+    "SparseCCE_probabilities_ignore_class": (
+        _l(K.SparseCategoricalCrossentropy, ignore_class=1),
+        "softmax",
+        "sparse",
+    ),
+    "CCE_logits": (_l(K.CategoricalCrossentropy, from_logits=True), None, "onehot"),
+    "CCE_probabilities": (K.CategoricalCrossentropy, "softmax", "onehot"),
+    "CCE_logits_smoothing": (
+        _l(K.CategoricalCrossentropy, from_logits=True, label_smoothing=0.1),
         None,
         "onehot",
     ),
-    "CCE_probabilities": (keras.losses.CategoricalCrossentropy, "softmax", "onehot"),
-    "MeanSquaredError": (keras.losses.MeanSquaredError, None, "real"),
-    "BinaryCrossentropy": (keras.losses.BinaryCrossentropy, "sigmoid", "binary"),
-    "BinaryCrossentropy_logits": (
-        lambda: keras.losses.BinaryCrossentropy(from_logits=True),
+    "CCE_probabilities_smoothing": (
+        _l(K.CategoricalCrossentropy, label_smoothing=0.1),
+        "softmax",
+        "onehot",
+    ),
+    "CategoricalFocal_logits": (
+        _l(K.CategoricalFocalCrossentropy, from_logits=True),
+        None,
+        "onehot",
+    ),
+    "CategoricalFocal_probabilities": (
+        _l(K.CategoricalFocalCrossentropy, label_smoothing=0.1),
+        "softmax",
+        "onehot",
+    ),
+    "BinaryCrossentropy": (K.BinaryCrossentropy, "sigmoid", "binary"),
+    "BinaryCrossentropy_logits": (_l(K.BinaryCrossentropy, from_logits=True), None, "binary"),
+    "BinaryCrossentropy_smoothing": (
+        _l(K.BinaryCrossentropy, label_smoothing=0.1),
+        "sigmoid",
+        "binary",
+    ),
+    "BinaryCrossentropy_logits_smoothing": (
+        _l(K.BinaryCrossentropy, from_logits=True, label_smoothing=0.1),
         None,
         "binary",
     ),
+    "BinaryFocal": (K.BinaryFocalCrossentropy, "sigmoid", "binary"),
+    "BinaryFocal_logits_balanced": (
+        _l(K.BinaryFocalCrossentropy, from_logits=True, apply_class_balancing=True),
+        None,
+        "binary",
+    ),
+    "BinaryFocal_smoothing": (
+        _l(K.BinaryFocalCrossentropy, label_smoothing=0.1, gamma=1.5),
+        "sigmoid",
+        "binary",
+    ),
+    "MeanSquaredError": (K.MeanSquaredError, None, "real"),
+    "MeanAbsoluteError": (K.MeanAbsoluteError, None, "real"),
+    "MeanAbsolutePercentageError": (K.MeanAbsolutePercentageError, None, "real"),
+    "MeanSquaredLogarithmicError": (K.MeanSquaredLogarithmicError, "softplus", "positive"),
+    "Huber": (_l(K.Huber, delta=0.5), None, "real"),
+    "LogCosh": (K.LogCosh, None, "real"),
+    "KLDivergence": (K.KLDivergence, "softmax", "distribution"),
+    "Poisson": (K.Poisson, "softplus", "positive"),
+    "CosineSimilarity": (K.CosineSimilarity, None, "real"),
+    "Hinge": (K.Hinge, None, "binary"),
+    "SquaredHinge": (K.SquaredHinge, None, "binary"),
+    "CategoricalHinge": (K.CategoricalHinge, None, "onehot"),
+    # sample weights: one per sample (the loss reduction weighs and divides)
+    "SparseCCE_logits_weighted": (
+        _l(K.SparseCategoricalCrossentropy, from_logits=True),
+        None,
+        "sparse+weights",
+    ),
+    "BinaryCrossentropy_weighted": (K.BinaryCrossentropy, "sigmoid", "binary+weights"),
+    "MeanSquaredError_weighted": (K.MeanSquaredError, None, "real+weights"),
+    "Huber_sum_weighted": (_l(K.Huber, reduction="sum"), None, "real+weights"),
 }
 
 
 def _record(model: Any, loss: Any, kind: str, log_dir: Any) -> tracelog.TraceLog:
+    """Two batches (6, then a short 4) in an eager GradientTape loop; a kind
+    "<target>+weights" passes a per-sample weight to the loss."""
     rng = np.random.default_rng(0)
     shape = tuple(model.inputs[0].shape[1:])
     if str(model.inputs[0].dtype).startswith("int"):
         x = rng.integers(0, 20, (10, *shape)).astype("int32")
     else:
         x = rng.standard_normal((10, *shape)).astype("float32")
+    target, _, weighted = kind.partition("+")
     y = {
         "sparse": lambda: rng.integers(0, 5, 10),
         "onehot": lambda: np.eye(5, dtype="float32")[rng.integers(0, 5, 10)],
         "binary": lambda: rng.integers(0, 2, (10, 5)).astype("float32"),
         "real": lambda: rng.standard_normal((10, 5)).astype("float32"),
-    }[kind]()
+        "positive": lambda: rng.uniform(0.1, 3.0, (10, 5)).astype("float32"),
+        "distribution": lambda: rng.dirichlet(np.ones(5), 10).astype("float32"),
+    }[target]()
+    sw = rng.uniform(0.0, 2.0, 10).astype("float32") if weighted else None
     opt = keras.optimizers.SGD(0.01)
     listener = tracelog.Listener(model, log_dir, strict=True)
     for i in (0, 6):  # a batch of 6, then a short one of 4
         with listener.batch(), tf.GradientTape() as tape:
-            value = loss(y[i : i + 6], model(x[i : i + 6], training=True))
+            pred = model(x[i : i + 6], training=True)
+            if sw is None:
+                value = loss(y[i : i + 6], pred)
+            else:
+                value = loss(y[i : i + 6], pred, sample_weight=sw[i : i + 6])
         grads = tape.gradient(value, model.trainable_variables)
         opt.apply_gradients(zip(grads, model.trainable_variables, strict=True))
     return listener.close()
 
 
 CASES = [(f"layer_{n}", n) for n in LAYERS] + [(f"loss_{n}", n) for n in LOSSES]
+
+_1D_LAYOUT = (
+    "Keras writes 1-D convolutions and pools as ExpandDims + the 2-D op + Squeeze; "
+    "the layout pass does not yet move transposes through Unsqueeze/Squeeze"
+)
+_DILATED = "TF runs dilated convolutions as SpaceToBatchND + Conv2D + BatchToSpaceND: no rules yet"
+# case -> {test: reason}: known failures, declared here rather than inside the tests
+KNOWN: dict[str, dict[str, str]] = {
+    **{
+        f"layer_{n}": {"layout": _1D_LAYOUT}
+        for n in (
+            "Conv1D Conv1D_causal Conv1DTranspose DepthwiseConv1D SeparableConv1D ZeroPadding1D "
+            "MaxPooling1D AveragePooling1D AveragePooling1D_same GlobalAveragePooling1D "
+            "GlobalAveragePooling1D_keepdims GlobalMaxPooling1D GlobalMaxPooling1D_keepdims "
+            "SpatialDropout1D"
+        ).split()
+    },
+    "layer_Rescaling": {
+        "layout": "the pass sinks transposes but does not hoist one above element-wise ops "
+        "to the data input"
+    },
+    "layer_Cropping2D": {"layout": "the layout pass does not yet move transposes through Slice"},
+    "layer_SpatialDropout2D": {
+        "layout": "a [B, 1, 1, C] dropout mask is drawn in NHWC: the pass stops at Dropout"
+    },
+    **{
+        f"layer_{n}": {"jax": "the JAX emitter writes 2-D Conv only"}
+        for n in ("Conv3D", "Conv3D_same", "ZeroPadding3D")
+    },
+    "layer_UpSampling2D_bilinear": {
+        "torch": "the torch emitter resizes only the spatial axes of NCHW data, and this "
+        "Resize runs over axes 1 and 2 of the NHWC value",
+        "layout": "Resize over NHWC axes is not moved by the layout pass",
+    },
+}
+_ALL = ("record", "reference", "torch", "jax", "onnx", "layout")
+for _n in ("Conv1D_causal_dilated", "Conv2D_dilated"):
+    KNOWN[f"layer_{_n}"] = dict.fromkeys(_ALL, _DILATED)
+for _n in ("UpSampling1D", "UpSampling2D"):
+    KNOWN[f"layer_{_n}"] = dict.fromkeys(
+        _ALL, "nearest upsampling is tf.repeat: Tile with multiples built at run time (Pack)"
+    )
+for _n in ("Softmax", "activation_softmax_axis1"):
+    KNOWN[f"layer_{_n}"] = dict.fromkeys(
+        _ALL, "softmax over a non-last axis transposes by a perm built with Range at run time"
+    )
+KNOWN["layer_MultiHeadAttention_causal"] = dict.fromkeys(
+    _ALL, "the causal mask's StridedSlice uses an ellipsis/new-axis mask: no rule yet"
+)
+
+
+def _known(case: str, test: str) -> None:
+    reason = KNOWN.get(case, {}).get(test)
+    if reason is not None:
+        pytest.xfail(reason)
 
 
 @pytest.fixture(scope="module", params=CASES, ids=[c[0] for c in CASES])
@@ -141,25 +408,28 @@ def layer_log(request, tmp_path_factory):
         model = LAYERS[name]()
         loss, kind = keras.losses.SparseCategoricalCrossentropy(from_logits=True), "sparse"
     log_dir = tmp_path_factory.mktemp(case)
-    return log_dir, _record(model, loss, kind, log_dir)
+    return case, log_dir, _record(model, loss, kind, log_dir)
 
 
 def test_both_batches_count_against_one_graph_pair(layer_log) -> None:
-    _, log = layer_log
+    case, _, log = layer_log
+    _known(case, "record")
     assert log.unrecorded == 0, log.failures
     rows = [(e.kind, e.usage.batches) for e in log.entries_sorted()]
     assert rows == [("prediction", 2), ("loss", 2)]
 
 
 def test_ir_matches_tensorflow(layer_log) -> None:
-    log_dir, _ = layer_log
+    case, log_dir, _ = layer_log
+    _known(case, "reference")
     report = verify(log_dir, runtime="reference")
     assert report.ok, report.table()
 
 
 @pytest.mark.parametrize("target", ["torch", "jax", "onnx"])
 def test_emitted_program_matches_tensorflow(layer_log, target: str) -> None:
-    log_dir, _ = layer_log
+    case, log_dir, _ = layer_log
+    _known(case, target)
     report = tracelog.check(log_dir, target=target)
     assert report.ok, report.table()
     if target != "onnx":
@@ -172,7 +442,8 @@ def test_channels_first_layout_keeps_transposes_only_at_the_edges(layer_log) -> 
     leaving for a flatten or reshape."""
     from tracelog.passes.layout import to_channels_first
 
-    _, log = layer_log
+    case, _, log = layer_log
+    _known(case, "layout")
     for e in log.entries_sorted():
         graph, report = to_channels_first(log.graphs[e.hash])
         entering = [

@@ -8,8 +8,9 @@ when a feature dim happens to equal it: batch 4 through a stride-2 conv on
 B to B + 1 rows (its first row repeated: real values, so no op meets a
 domain error), and a dim is the batch exactly where the two runs differ by
 that change. Integer constants holding the batch size (a Reshape's target
-shape built from a static shape) are tried both as they are and with B
-replaced by B + 1. If an op cannot be replayed or changes in another way,
+shape built from a static shape) are tried as they are, with B replaced by
+B + 1, and then with every multiple k * B replaced by k * (B + 1) (Keras'
+Dense on a [B, T, F] input reshapes to [T * B, F]). If an op cannot be replayed or changes in another way,
 the guess stands.
 """
 
@@ -87,21 +88,27 @@ class _Replay:
         if kind in ("i", "t") or (kind == "r" and len(t.shape) and t.shape[0] == batch):
             return self.grown(t)
         if follow_ints and kind == "c" and t.dtype.is_integer and len(t.shape) <= 1:
-            return self._batch_followed(t, follow_ints > 1)
+            return self._batch_followed(t, follow_ints)
         return t
 
-    def _batch_followed(self, t: Any, multiples: bool) -> Any:
-        """An integer constant with every entry equal to B replaced by B + 1, or
-        with ``multiples`` every k*B by k*(B + 1) (a Dense on [B, T, F] reshapes
-        to [B*T, F]); t itself when none is."""
+    def _batch_followed(self, t: Any, mode: int) -> Any:
+        """An integer constant with every entry equal to B replaced by B + 1
+        (mode 1), every k * B by k * (B + 1) (mode 2), or only entry -1 - mode
+        when it equals B (mode < 0); t itself when none is."""
         arr = t.numpy()
-        batch = self.batch
-        hit = (arr % batch == 0) & (arr > 0) if multiples else arr == batch
+        b, hit = self.batch, (arr == self.batch)
+        if mode == 2:
+            hit = (arr > 0) & (arr % b == 0)
+        elif mode < 0:
+            only = np.zeros(arr.size, dtype=bool)
+            if -1 - mode < arr.size:
+                only[-1 - mode] = True
+            hit = hit & only.reshape(arr.shape)
         if not hit.any():
             return t
         return self.tf.constant(
             [
-                int(v) // batch * self.other if h else int(v)
+                int(v) // b * self.other if h else int(v)
                 for v, h in zip(arr.reshape(-1), hit.reshape(-1), strict=True)
             ],
             dtype=t.dtype,
@@ -122,7 +129,10 @@ class _Replay:
         op_type, attrs = rec.func
         # the callback reports an empty list attr (Squeeze's squeeze_dims) as None
         attrs = tuple([] if v is None else v for v in attrs)
-        for follow_ints in (0, 1, 2) if rec.tainted else (0,):
+        # integer constants: as recorded, B -> B + 1 everywhere, k * B -> k * (B + 1),
+        # then B -> B + 1 in one entry only (Conv2DBackpropInput's input_sizes
+        # [B, H, W, C] where C happens to equal B)
+        for follow_ints in (0, 1, 2, *(-1 - i for i in range(8))) if rec.tainted else (0,):
             try:
                 inputs = [self.value_of(a, follow_ints) for a in rec.args]
                 outs = self.execute(op_type, len(rec.outs), inputs, attrs, self.ctx)

@@ -8,7 +8,9 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 from functools import partial
-from typing import SupportsInt
+from typing import Any, SupportsInt
+
+import numpy as np
 
 from tracelog.adapters.builder import Converter, Ctx, NotSupported
 from tracelog.adapters.tape import TArg
@@ -209,7 +211,31 @@ def _dropout(ctx: Ctx) -> Names:
     keep_scale = float(
         scale_v.const.data if not isinstance(scale_v.const.data, list) else scale_v.const.data[0]
     )
-    return [ctx.dropout(x, 1.0 - 1.0 / keep_scale, ctx.rec.index)]
+    rate = 1.0 - 1.0 / keep_scale
+    keep, out = ctx.in_type(0), ctx.out_type()
+    # the draws' shape is concrete: a dim is the data's where it is not a broadcast 1
+    shape = tuple(
+        1 if k == 1 and o != 1 else o for k, o in zip(keep.shape, out.shape, strict=False)
+    )
+    if len(keep.shape) != len(out.shape) or shape == tuple(out.shape):
+        return [ctx.dropout(x, rate, ctx.rec.index)]
+    keep = TensorType(keep.dtype, shape)
+    # a noise_shape mask (SpatialDropout, EfficientNet's stochastic depth): one draw
+    # per [B, 1, 1, C] broadcast over x. The IR Dropout's mask has its data's shape, so
+    # the Dropout runs on ones of the mask's shape, giving keep / (1 - rate), and x is
+    # multiplied by that (x * keep * scale, as SelectV2 selects it)
+    ones = ctx.helper(
+        "Expand",
+        [ctx.const(1.0, out.dtype), ctx.dynamic_shape(list(keep.shape))],
+        TensorType(out.dtype, keep.shape),
+    )
+    y, _mask = ctx.node(
+        "Dropout",
+        [ones, ctx.const(rate, out.dtype), ctx.const(True, "bool")],
+        outs=[TensorType(out.dtype, keep.shape), TensorType("bool", keep.shape)],
+    )
+    ctx.b.random_recs[y] = ctx.rec.index
+    return ctx.one("Mul", [x, y])
 
 
 # -- linear algebra ------------------------------------------------------------------------
@@ -235,13 +261,28 @@ def _batch_matmul(ctx: Ctx) -> Names:
     return ctx.one("MatMul", [a, b])
 
 
-def _nhwc_op(ctx: Ctx, op: str, inputs: list[str], **attrs: object) -> Names:
-    """Transpose NHWC -> NCHW, the ONNX op, Transpose back."""
-    xt = ctx.in_type(0)
-    x_nchw = ctx.helper("Transpose", [inputs[0]], _perm(xt, TO_NCHW), perm=TO_NCHW)
+def _nhwc_op(
+    ctx: Ctx, op: str, inputs: list[str], x_type: TensorType | None = None, **attrs: object
+) -> Names:
+    """Transpose channels-last -> channels-first (NHWC -> NCHW, NDHWC -> NCDHW),
+    the ONNX op, Transpose back. x_type: the type of inputs[0] when it is not
+    the record's argument 0."""
+    xt = ctx.in_type(0) if x_type is None else x_type
+    first, last = channels_first_perm(len(xt.shape)), channels_last_perm(len(xt.shape))
+    x_nchw = ctx.helper("Transpose", [inputs[0]], _perm(xt, first), perm=first)
     out = ctx.out_type()
-    y = ctx.helper(op, [x_nchw, *inputs[1:]], _perm(out, TO_NCHW), **attrs)
-    return ctx.one("Transpose", [y], perm=TO_NHWC)
+    y = ctx.helper(op, [x_nchw, *inputs[1:]], _perm(out, first), **attrs)
+    return ctx.one("Transpose", [y], perm=last)
+
+
+def channels_first_perm(rank: int) -> list[int]:
+    """[0, rank - 1, 1, ..., rank - 2]: NHWC -> NCHW, NDHWC -> NCDHW."""
+    return [0, rank - 1, *range(1, rank - 1)]
+
+
+def channels_last_perm(rank: int) -> list[int]:
+    """[0, 2, ..., rank - 1, 1]: the inverse of channels_first_perm."""
+    return [0, *range(2, rank), 1]
 
 
 def _perm(ty: TensorType, perm: list[int]) -> TensorType:
@@ -265,32 +306,42 @@ def _same_pads(
     return begin + end
 
 
-def _padding(ctx: Ctx, k: list[int], s: list[int], d: list[int]) -> list[int]:
+def _padding(
+    ctx: Ctx, k: list[int], s: list[int], d: list[int], x_type: TensorType | None = None
+) -> list[int]:
+    """ONNX pads (begins, then ends) of an N-d channels-last TF op, from its
+    padding attribute and the spatial sizes of x_type (default: argument 0)."""
+    n = len(k)
     mode = attr(ctx, "padding", b"VALID")
     mode = mode.decode() if isinstance(mode, bytes) else str(mode)
     if mode == "VALID":
-        return [0, 0, 0, 0]
+        return [0] * (2 * n)
     if mode == "SAME":
-        return _same_pads(ctx.in_type(0).shape[1:3], k, s, d, ctx.batch)
+        xt = ctx.in_type(0) if x_type is None else x_type
+        return _same_pads(xt.shape[1 : 1 + n], k, s, d, ctx.batch)
     if mode == "EXPLICIT":
-        p = attr_ints(ctx, "explicit_paddings")
-        return [p[2], p[4], p[3], p[5]]
+        p = attr_ints(ctx, "explicit_paddings")  # (begin, end) per axis, N first
+        return [p[2 + 2 * i] for i in range(n)] + [p[3 + 2 * i] for i in range(n)]
     raise NotSupported(f"padding {mode}")
 
 
 def _nhwc_attr(ctx: Ctx, name: str) -> list[int]:
+    """A per-axis attribute (strides, dilations, ksize) of an N-d channels-last
+    op: its spatial entries."""
     v = attr_ints(ctx, name, (1, 1, 1, 1))
-    if attr(ctx, "data_format", b"NHWC") not in (b"NHWC", "NHWC"):
-        raise NotSupported("NCHW data format")
-    return [v[1], v[2]]
+    if attr(ctx, "data_format", b"NHWC") not in (b"NHWC", "NHWC", b"NDHWC", "NDHWC"):
+        raise NotSupported("a channels-first data format")
+    return v[1:-1]
 
 
-@TF_OPS.register("tf.Conv2D")
+@TF_OPS.register("tf.Conv2D", "tf.Conv3D")
 def _conv2d(ctx: Ctx) -> Names:
-    w = ctx.in_type(1)  # HWIO
-    w_oihw = ctx.helper("Transpose", [ctx.t(1)], _perm(w, [3, 2, 0, 1]), perm=[3, 2, 0, 1])
-    groups = int(ctx.in_type(0).shape[3]) // int(w.shape[2])
-    return _nhwc_conv(ctx, w_oihw, [int(w.shape[0]), int(w.shape[1])], groups)
+    w = ctx.in_type(1)  # HWIO, DHWIO
+    n = len(w.shape) - 2
+    to_oihw = [n + 1, n, *range(n)]
+    w_oihw = ctx.helper("Transpose", [ctx.t(1)], _perm(w, to_oihw), perm=to_oihw)
+    groups = int(ctx.in_type(0).shape[-1]) // int(w.shape[n])
+    return _nhwc_conv(ctx, w_oihw, [int(x) for x in w.shape[:n]], groups)
 
 
 def _nhwc_conv(ctx: Ctx, w_oihw: str, k: list[int], group: int) -> Names:
@@ -326,8 +377,8 @@ def _pool(op: str) -> Converter:
     def rule(ctx: Ctx) -> Names:
         k = _nhwc_attr(ctx, "ksize")
         s = _nhwc_attr(ctx, "strides")
-        pads = _padding(ctx, k, s, [1, 1])
-        extra = {"count_include_pad": 0} if op == "AveragePool" else {}
+        pads = _padding(ctx, k, s, [1] * len(k))
+        extra: dict[str, Any] = {"count_include_pad": 0} if op == "AveragePool" else {}
         return _nhwc_op(ctx, op, [ctx.t(0)], kernel_shape=k, strides=s, pads=pads, **extra)
 
     return rule
@@ -338,11 +389,28 @@ TF_OPS.add("tf.AvgPool", _pool("AveragePool"))
 
 
 # -- reductions and shapes ------------------------------------------------------------------
-def _axes_of(ctx: Ctx, i: int) -> list[int]:
+def const_array(ctx: Ctx, i: int) -> np.ndarray | None:
+    """Argument i's value where it is known when recording: a tensor created
+    eagerly (a tape constant), or the output of an op this table folded to a
+    constant (Range, Pack of constants); None for a computed tensor."""
     a = ctx.arg(i)
-    if not isinstance(a, TArg) or a.ref[0] != "c":
-        raise NotSupported("reduction axes computed at run time")
-    arr = ctx.b.to_numpy(ctx.b.tape.consts[a.ref[1]].tensor)
+    if not isinstance(a, TArg):
+        return None
+    if a.ref[0] == "c":
+        return np.asarray(ctx.b.to_numpy(ctx.b.tape.consts[a.ref[1]].tensor))
+    if a.ref[0] == "o":
+        v = ctx.b.values.get(ctx.b.names.get(a.ref) or "")
+        if v is not None and v.kind == "const" and v.const is not None and v.const.data is not None:
+            return np.asarray(v.const.data, dtype=np.dtype(v.type.dtype)).reshape(
+                [int(d) for d in v.type.shape]
+            )
+    return None
+
+
+def _axes_of(ctx: Ctx, i: int) -> list[int]:
+    arr = const_array(ctx, i)
+    if arr is None:
+        raise NotSupported("axes computed at run time")
     return [int(x) for x in list(arr.reshape(-1))]
 
 
@@ -520,3 +588,6 @@ TF_OPS.not_yet(
     "tf.FusedBatchNormV3",
     reason="fused batch norm (Keras 3 writes batch norm as arithmetic instead)",
 )
+
+
+from tracelog.adapters.tensorflow import layer_rules  # noqa: E402,F401  (fills TF_OPS)
