@@ -5,10 +5,15 @@ target): recorded, emitted, check verdict and worst error.
     python benchmarks/models_matrix.py                  # every model, every target
     python benchmarks/models_matrix.py gpt2 bert --targets tensorflow onnx
     python benchmarks/models_matrix.py --extra           # and families no issue names
+    python benchmarks/models_matrix.py --keras           # the Keras side: torch, jax, onnx
 
-The models are tests/real_models.py's (Hugging Face models from small
-configs with random weights, and torch.nn recurrent, attention and vision
-models); the slow tests (tests/test_real_models.py) run the same cases.
+The PyTorch side's models are tests/real_models.py's (Hugging Face models from
+small configs with random weights, and torch.nn recurrent, attention and vision
+models); the Keras side's are tests/real_models_keras.py's (keras.applications
+with weights=None at 32x32, recurrent, attention and autoencoder models, a
+custom tf.function loop, fit under MirroredStrategy on two logical CPUs). The
+tests (tests/test_real_models.py, tests/test_real_models_keras.py) run the
+same cases.
 Exit status 1 when any row fails.
 """
 
@@ -22,10 +27,9 @@ import time
 from collections import Counter
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent / "tests"))
-
-import real_models
 
 import tracelog
 
@@ -61,6 +65,9 @@ def recorded_summary(log_dir: Path) -> tuple[str, list[str]]:
         text += f", {pairs} batches"
     if log.failures:
         text += f", {len(log.failures)} unrecorded ({log.failures[0]['error'][:60]})"
+    reference = (log.sample_info or {}).get("reference", "none")
+    if reference != "float64":  # the float32 verdicts then fall back to atol/rtol
+        text += f", no float64 reference ({reference[:60]})"
     return text, [f"{op} x{n}" for op, n in unsupported.most_common()]
 
 
@@ -92,11 +99,11 @@ def run_target(name: str, log_dir: Path, target: str, started: float) -> Row:
     )
 
 
-def run_model(case: real_models.ModelCase, targets: list[str], root: Path) -> list[Row]:
+def run_model(side: Any, case: Any, targets: list[str], root: Path) -> list[Row]:
     log_dir = root / case.name
     t0 = time.perf_counter()
     try:
-        real_models.train(case, log_dir)
+        side.train(case, log_dir)
     except Exception as e:
         return [
             Row(case.name, t, f"no: {type(e).__name__}: {e}"[:90], "-", "-", "-", 0)
@@ -108,24 +115,35 @@ def run_model(case: real_models.ModelCase, targets: list[str], root: Path) -> li
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("models", nargs="*", help="model names (default: all)")
-    parser.add_argument("--targets", nargs="+", default=list(TARGETS), choices=TARGETS)
+    parser.add_argument("--targets", nargs="+", choices=TARGETS, help="default: the other side's")
+    parser.add_argument("--keras", action="store_true", help="the Keras side's models")
     parser.add_argument("--keep", metavar="DIR", help="write the logs here instead of a temp dir")
     parser.add_argument(
         "--extra", action="store_true", help="also the families no issue names (EXTRA_CASES)"
     )
     args = parser.parse_args(argv)
     logging.getLogger("tracelog").setLevel(logging.ERROR)
-    unknown = [m for m in args.models if m not in real_models.BY_NAME]
+    if args.keras:
+        import real_models_keras as side
+
+        devices = side.use_logical_cpus(2)  # before TensorFlow starts: MirroredStrategy on two
+        print(f"MirroredStrategy runs on {devices} logical CPU device(s)")
+        targets = args.targets or ["torch", "jax", "onnx"]
+    else:
+        import real_models as side
+
+        targets = args.targets or list(TARGETS)
+    unknown = [m for m in args.models if m not in side.BY_NAME]
     if unknown:
-        parser.error(f"unknown model(s) {unknown}; known: {sorted(real_models.BY_NAME)}")
-    cases = [real_models.BY_NAME[m] for m in args.models] or real_models.CASES + (
-        real_models.EXTRA_CASES if args.extra else []
+        parser.error(f"unknown model(s) {unknown}; known: {sorted(side.BY_NAME)}")
+    cases = [side.BY_NAME[m] for m in args.models] or side.CASES + (
+        getattr(side, "EXTRA_CASES", []) if args.extra else []
     )
     rows: list[Row] = []
     with tempfile.TemporaryDirectory() as tmp:
         root = Path(args.keep or tmp)
         for case in cases:
-            for row in run_model(case, args.targets, root):
+            for row in run_model(side, case, targets, root):
                 rows.append(row)
                 print(
                     f"{row.model:<20} {row.target:<10} {row.recorded:<22} "

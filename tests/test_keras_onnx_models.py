@@ -1,11 +1,13 @@
-"""The emitted ONNX model of every Keras-side model is valid ONNX and runs:
+"""The emitted ONNX model of keras.applications networks trained for two
+batches with model.fit at 32x32, batch 2, is valid ONNX and runs:
 onnx.checker (full_check, which runs shape and type inference through every
-function) and an onnxruntime InferenceSession on fresh data, for each case of
-tests/test_keras_layers.py and for keras.applications networks trained for
-two batches with model.fit at 32x32, batch 2.
+function) and an onnxruntime InferenceSession on the recorded batch.
 
-Parity of the layer cases is checked in tests/test_keras_layers.py. The deep
-applications are checked for validity and execution only: their float32
+Every case of tests/test_keras_layers.py gets the same through the ONNX
+target's own check (``tracelog.check(..., "onnx")`` runs the full checker and
+onnxruntime). ResNet50, DenseNet121 and ConvNeXtTiny are in
+``python benchmarks/models_matrix.py --keras`` (minutes each). The deep
+applications are checked for validity and execution here: their float32
 parity at batch 2 (batch norm over two values at 1x1 spatial size) is left
 to the float64 reference (docs/keras-adapter-notes.md)."""
 
@@ -15,7 +17,6 @@ import os
 
 import numpy as np
 import pytest
-import test_keras_layers as layers
 
 import tracelog
 
@@ -43,25 +44,6 @@ def _valid_and_runs(log_dir) -> list[np.ndarray]:
     return outs
 
 
-@pytest.mark.parametrize("case", [c[0] for c in layers.CASES])
-def test_layer_case_onnx_is_valid_and_runs(case: str, tmp_path) -> None:
-    name = case.split("_", 1)[1]
-    known = layers.KNOWN.get(case, {})
-    if "onnx" in known:
-        pytest.xfail(known["onnx"])
-    keras.utils.set_random_seed(0)
-    if case.startswith("loss_"):
-        make_loss, activation, kind = layers.LOSSES[name]
-        act = [layers.L.Activation(activation)] if activation else []
-        model = layers._img(layers.L.Flatten(), layers.L.Dense(5), *act)
-        loss = make_loss()
-    else:
-        model = layers.LAYERS[name]()
-        loss, kind = keras.losses.SparseCategoricalCrossentropy(from_logits=True), "sparse"
-    layers._record(model, loss, kind, tmp_path)
-    _valid_and_runs(tmp_path)
-
-
 def _fit(name: str, log_dir) -> None:
     from tracelog.keras import TracelogCallback
 
@@ -74,7 +56,6 @@ def _fit(name: str, log_dir) -> None:
     model.fit(x, y, batch_size=2, epochs=1, verbose=0, callbacks=[TracelogCallback(log_dir)])
 
 
-# ResNet50 and DenseNet121: benchmarks/keras_applications_onnx.py (slower)
 @pytest.mark.slow
 @pytest.mark.parametrize("name", ["EfficientNetB0", "MobileNetV2"])
 def test_application_onnx_is_valid_and_runs(name: str, tmp_path) -> None:
