@@ -248,10 +248,13 @@ define(
 <domain: "tracelog", opset_import: ["" : 21]>
 BatchNormTraining <epsilon, momentum, axes> (X, scale, B, running_mean, running_var)
     => (Y, new_running_mean, new_running_var) {
-  eps = Constant <value_float: float = @epsilon> ()
-  mom = Constant <value_float: float = @momentum> ()
+  eps_f = Constant <value_float: float = @epsilon> ()
+  eps = CastLike (eps_f, X)
+  mom_f = Constant <value_float: float = @momentum> ()
+  mom = CastLike (mom_f, X)
   ax = Constant <value_ints: ints = @axes> ()
-  one = Constant <value_float = 1.0> ()
+  one_f = Constant <value_float = 1.0> ()
+  one = CastLike (one_f, X)
   mean = ReduceMean <keepdims = 0> (X, ax)
   mean_b = Unsqueeze (mean, ax)
   centred = Sub (X, mean_b)

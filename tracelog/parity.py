@@ -14,6 +14,7 @@ import numpy as np
 
 from tracelog.emit import targets
 from tracelog.emit.program import Target, build_program, write_program
+from tracelog.emit.runtime.parity import TRANSLATION_RTOL
 from tracelog.errors import TracelogError
 from tracelog.ir import Node
 from tracelog.log import TraceLog, stored_dtypes
@@ -76,9 +77,15 @@ def check_program(
     module = _import_path(path)
     rows = module.check_parity(str(log_dir), atol, rtol, grad_atol)
     comparisons = [Comparison(*row) for row in rows]
-    title = f"{path.name} vs recorded batch (atol {atol:g}, rtol {rtol:g}; gradients atol {grad_atol:g})"
-    if any(c.source_err is not None for c in comparisons):
-        title += "; ratio: its error against the float64 reference over the source's own"
+    if any(c.name.endswith(" [float64]") for c in comparisons):
+        title = (
+            f"{path.name}: translation ([float64] rows: in float64 vs the float64 reference, "
+            f"within {TRANSLATION_RTOL:g} of each output's largest value) and float32 (vs the "
+            f"recorded batch, atol {atol:g}, rtol {rtol:g}; gradients atol {grad_atol:g}; "
+            "ratio: error against the reference over the source's own)"
+        )
+    else:
+        title = f"{path.name} vs recorded batch (atol {atol:g}, rtol {rtol:g}; gradients atol {grad_atol:g})"
     report = Report(title, comparisons)
     if not report.ok:
         report.divergence = first_divergence(TraceLog.load(log_dir), tgt, log_dir, atol, rtol)

@@ -94,9 +94,10 @@ def compare(name: str, got: Any, want: Any, atol: float, rtol: float) -> Compari
     return Comparison(name, float(err.max()), float(rel.max()), ok)
 
 
-def calibrated(name: str, got: Any, source: Any, reference: Any) -> Comparison:
+def calibrated(name: str, got: Any, source: Any, reference: Any, typical: float) -> Comparison:
     """A float32 result against the float64 reference, judged by the source
-    framework's own float32 error (what every program's check does)."""
+    framework's own float32 error, as every program's check does
+    (``tracelog.emit.runtime.parity._calibrated``)."""
     from tracelog.emit.runtime.parity import FLOAT32_FACTOR, FLOOR_ULPS, _error
 
     g = np.asarray(got, dtype=np.float64)
@@ -108,22 +109,87 @@ def calibrated(name: str, got: Any, source: Any, reference: Any) -> Comparison:
     err = _error(g, ref)
     own = _error(np.asarray(source, dtype=np.float64), ref)
     scale = float(np.abs(ref[np.isfinite(ref)]).max(initial=0.0))
-    unit = max(own, FLOOR_ULPS * 2.0**-23 * scale, float(np.finfo(np.float64).tiny))
+    unit = max(own, max(FLOOR_ULPS * 2.0**-23, typical) * scale, float(np.finfo(np.float64).tiny))
     return Comparison(
         name, err, err / max(scale, 1e-12), err <= FLOAT32_FACTOR * unit, own, err / unit
     )
 
 
+def typical_error(sample: dict[str, np.ndarray]) -> float:
+    """The source's median relative float32 error over its outputs
+    (``tracelog.emit.runtime.parity._typical_error``)."""
+    from tracelog.emit.runtime import parity
+
+    found = []
+    for key, value in sample.items():
+        ref = sample.get(reference_key(key))
+        if ref is None or value.dtype.kind != "f":
+            continue
+        scale = float(np.abs(ref[np.isfinite(ref)]).max(initial=0.0))
+        if scale > 0:
+            found.append(parity._error(value.astype(np.float64), ref.astype(np.float64)) / scale)
+    return float(np.median(found)) if found else 0.0
+
+
 def checked(
     name: str, got: Any, sample: dict[str, np.ndarray], key: str, atol: float, rtol: float
 ) -> Comparison:
-    """`got` against the sample's entry `key` within atol/rtol; where the sample
-    has a float64 reference, with the source's own float32 error and the ratio."""
+    """`got` (float32) against the sample's entry `key` within atol/rtol; where
+    the sample has a float64 reference, with the source's own float32 error
+    against it and the accuracy ratio."""
     found = compare(name, got, sample[key], atol, rtol)
     ref = sample.get(reference_key(key))
     if ref is not None:
-        c = calibrated(name, got, sample[key], ref)
+        c = calibrated(name, got, sample[key], ref, typical_error(sample))
         found.source_err, found.ratio = c.source_err, c.ratio
+    return found
+
+
+def translated(name: str, got: Any, reference: Any) -> Comparison:
+    """A float64 result against the float64 reference: within TRANSLATION_RTOL
+    of the output's largest value (what every program's translation check does)."""
+    from tracelog.emit.runtime.parity import TRANSLATION_RTOL, _error
+
+    g = np.asarray(got, dtype=np.float64)
+    ref = np.asarray(reference, dtype=np.float64)
+    if g.shape != ref.shape:
+        return Comparison(
+            f"{name} (shape {g.shape} != {ref.shape})", float("inf"), float("inf"), False
+        )
+    err = _error(g, ref)
+    scale = float(np.abs(ref[np.isfinite(ref)]).max(initial=0.0))
+    return Comparison(name, err, err / max(scale, 1e-300), err <= TRANSLATION_RTOL * scale)
+
+
+def translation(log: TraceLog, runtime: str = "reference") -> list[Comparison]:
+    """The translation check of the IR: the sample's prediction and loss graphs
+    in float64 (tracelog.passes.precision), run by an ONNX runtime on the
+    recorded batch, against the sample's float64 reference."""
+    from tracelog.passes.precision import promoted_arrays, promoted_float64
+
+    info = log.sample_info
+    if not info:
+        raise LogError("this log has no recorded sample batch (no training batch with a loss)")
+    sample = log.sample()
+    weights = promoted_arrays(log.weights())
+    feeds = promoted_arrays(sample_feeds(sample))
+    found: list[Comparison] = []
+
+    def against(name: str, value: Any, key: str) -> None:
+        ref = sample.get(reference_key(key))
+        if ref is not None:
+            found.append(translated(f"{name} [float64]", value, ref))
+
+    pred = promoted_float64(log.graph(info["prediction"]))
+    got = run_graph(pred, feeds, runtime=runtime, constants=weights)
+    for role, value in got.items():
+        if role.startswith("prediction"):
+            against(role, value, output_key(role))
+        elif role.startswith("update:"):
+            against(role, value, update_key(role.split(":", 1)[1]))
+    loss = promoted_float64(log.graph(info["loss"]))
+    got_loss = run_graph(loss, {**feeds, **got}, runtime=runtime, constants=weights)
+    against("loss", got_loss["loss"], LOSS_KEY)
     return found
 
 

@@ -157,7 +157,10 @@ class Builder:
                 info = self.tape.consts[ref[1]]
                 arr = np.asarray(self.to_numpy(info.tensor))
                 self.values[name] = Value(
-                    name, targ.type, "const", const=_const_data(arr, info.digest, self.constants)
+                    name,
+                    targ.type,
+                    "const",
+                    const=_const_data(arr, info.digest, self.constants, arr),
                 )
             return name
         raise NotSupported(f"unknown tensor origin {ref}")
@@ -214,7 +217,13 @@ class Builder:
 
     def new_const(self, data: Any, dtype: str) -> str:
         arr = np.asarray(data, dtype=_np_dtype(dtype))
-        key = (dtype, arr.shape, arr.tobytes())
+        exact = arr
+        if arr.dtype.kind == "f" and arr.dtype != np.float64:
+            # the values as given (a Python 0.3, not float32's 0.30000001): the same
+            # float32 constant, and exact where a translation check runs in float64
+            wide = np.asarray(data, dtype=np.float64)
+            exact = wide if wide.shape == arr.shape else arr
+        key = (dtype, arr.shape, exact.tobytes())
         if key in self._const_cache:
             return self._const_cache[key]
         name = internal_name(f"k{self._n_const}", self._user)
@@ -224,7 +233,7 @@ class Builder:
             name,
             TensorType(dtype, tuple(arr.shape)),
             "const",
-            const=_const_data(arr, digest, self.constants),
+            const=_const_data(arr, digest, self.constants, exact),
         )
         self._const_cache[key] = name
         return name
@@ -635,8 +644,10 @@ def _np_dtype(dtype: str) -> np.dtype:
     return np.dtype(dtype)
 
 
-def _const_data(arr: np.ndarray, digest: str, store: dict[str, np.ndarray]) -> ConstData:
+def _const_data(
+    arr: np.ndarray, digest: str, store: dict[str, np.ndarray], exact: np.ndarray
+) -> ConstData:
     if arr.size <= INLINE_CONSTANT_LIMIT:
-        return ConstData(data=arr.tolist())  # a plain number for a 0-d array
+        return ConstData(data=exact.tolist())  # a plain number for a 0-d array
     store[digest] = arr
     return ConstData(digest=digest)

@@ -38,6 +38,8 @@ class Inlinable:
                 if isinstance(node, ast.Assign | ast.AnnAssign):
                     targets = node.targets if isinstance(node, ast.Assign) else [node.target]
                     names.update(t.id for t in targets if isinstance(t, ast.Name))
+                elif isinstance(node, ast.ClassDef):
+                    names.add(node.name)
         return names
 
     def helpers_used(self, code: str) -> list[str]:

@@ -221,6 +221,8 @@ def _const_text(target: Target, v: Value, constants: dict[str, np.ndarray]) -> s
     if v.const is not None and v.const.digest is not None:
         return f"params[{literal('const/' + v.const.digest)}]"
     value = const_array(v, constants)
+    if value.dtype.kind == "f":  # inline values as recorded: float32 rounds them alike
+        value = np.asarray(v.const.data if v.const is not None else value, dtype=np.float64)
     return target.const_expr.format(value=literal(value.tolist()), dtype=v.type.dtype)
 
 

@@ -341,21 +341,37 @@ def adaptive_pool(ctx: Ctx, kind: str) -> Names:
 
 
 def _adaptive_avg_einsum(ctx: Ctx, ins: list[int], outs: list[int]) -> Names:
+    """Window sums by an Einsum with 0/1 matrices, divided by each window's
+    element count: exact integers in any float dtype, where a matrix of
+    1 / length would carry float32's rounding of 1/3 into a float64 run."""
     dt = ctx.in_type(0).dtype
     letters_in, letters_out = "dhw"[3 - len(ins) :], "pqr"[3 - len(ins) :]
     operands, terms, result = [], [], ""
-    for i, o, a, b in zip(ins, outs, letters_in, letters_out, strict=True):
+    counts = np.ones([1] * len(ins))
+    for axis, (i, o, a, b) in enumerate(zip(ins, outs, letters_in, letters_out, strict=True)):
         if i == o:  # every window one element: nothing to average
             result += a
+            counts = np.repeat(counts, i, axis=axis)
             continue
-        weights = np.zeros((o, i))
-        for k, (start, end) in enumerate(_adaptive_windows(i, o)):
-            weights[k, start:end] = 1.0 / (end - start)
-        operands.append(ctx.const(weights, dt))
+        windows = _adaptive_windows(i, o)
+        ones = np.zeros((o, i))
+        for k, (start, end) in enumerate(windows):
+            ones[k, start:end] = 1.0
+        operands.append(ctx.const(ones, dt))
         terms.append(b + a)
         result += b
+        shape = [1] * len(ins)
+        shape[axis] = o
+        counts = counts * np.array([end - start for start, end in windows]).reshape(shape)
     equation = ",".join([*terms, "nc" + letters_in]) + "->nc" + result
-    return ctx.one("Einsum", [*operands, ctx.t(0)], equation=equation)
+    xt = ctx.in_type(0)
+    sums = ctx.helper(
+        "Einsum",
+        [*operands, ctx.t(0)],
+        TensorType(dt, (*xt.shape[:2], *counts.shape)),
+        equation=equation,
+    )
+    return ctx.one("Div", [sums, ctx.const(counts, dt)])
 
 
 def _adaptive_max_slices(ctx: Ctx, ins: list[int], outs: list[int]) -> Names:

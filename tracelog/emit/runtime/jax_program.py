@@ -13,6 +13,10 @@ import numpy as np
 from jax import lax
 from safetensors.numpy import load_file  # noqa: F401 - the program's weight loader
 
+# the modules this program names float32 through (the float64 translation check
+# reads them with float32 meaning float64)
+FLOAT_MODULES = ("jnp", "np")
+
 jax.config.update("jax_enable_x64", True)  # int64 indices and counters stay int64
 
 Step = Callable[[dict[str, Any]], tuple[dict[str, Any], Any]]

@@ -11,6 +11,10 @@ import numpy as np
 import tensorflow as tf
 from safetensors.numpy import load_file  # noqa: F401 - the program's weight loader
 
+# the modules this program names float32 through (the float64 translation check
+# reads them with float32 meaning float64)
+FLOAT_MODULES = ("tf",)
+
 Step = Callable[[dict[str, Any]], tuple[dict[str, Any], Any]]
 
 

@@ -12,6 +12,10 @@ import torch
 import torch.nn.functional as F
 from safetensors.numpy import load_file  # noqa: F401 - the program's weight loader
 
+# the modules this program names float32 through (the float64 translation check
+# reads them with float32 meaning float64)
+FLOAT_MODULES = ("torch",)
+
 Step = Callable[[dict[str, Any]], tuple[dict[str, Any], Any]]
 
 
