@@ -57,19 +57,25 @@ def test_calibrated_judges_float32_by_the_sources_own_error() -> None:
     ns = _parity_with({}, None)
     ref = np.array([1.0, -2.0, 4.0])
     source = ref + np.array([1e-5, 0.0, 0.0])  # the source's own error: 1e-5
-    assert ns._calibrated("a", ref + 3.9e-5, source, ref, 0.0)[3]
-    name, err, _rel, ok, own, ratio = ns._calibrated("a", ref + 4.1e-5, source, ref, 0.0)
+    assert ns._calibrated("a", ref + 3.9e-5, source, ref, 0.0, 0.0)[3]
+    name, err, _rel, ok, own, ratio = ns._calibrated("a", ref + 4.1e-5, source, ref, 0.0, 0.0)
     assert not ok and own == pytest.approx(1e-5) and ratio == pytest.approx(4.1)
-    floor = 4 * 2.0**-23 * 4.0  # the source exact: 4 ulps of max |ref| = 4
-    assert ns._calibrated("a", ref + 3.9 * floor, ref, ref, 0.0)[3]
-    assert not ns._calibrated("a", ref + 4.1 * floor, ref, ref, 0.0)[3]
+    exact = ref.astype(np.float32)  # a float32 source that got it exactly
+    floor = 4 * 2.0**-23 * 4.0  # 4 float32 ulps of max |ref| = 4
+    assert ns._calibrated("a", ref + 3.9 * floor, exact, ref, 0.0, 0.0)[3]
+    assert not ns._calibrated("a", ref + 4.1 * floor, exact, ref, 0.0, 0.0)[3]
     # a source that is typically off by 1e-5 relative: 4e-5 on this output is its unit
-    assert ns._calibrated("a", ref + 1.5e-4, ref, ref, 1e-5)[5] == pytest.approx(1.5e-4 / 4e-5)
-    assert not ns._calibrated("a", np.ones(2), ref, ref, 0.0)[3]  # a shape mismatch
+    found = ns._calibrated("a", ref + 1.5e-4, exact, ref, 1e-5, 0.0)
+    assert found[5] == pytest.approx(1.5e-4 / 4e-5)
+    # an output near zero is judged at the scale of its kind (here 4)
+    tiny = np.array([1e-20, 0.0])
+    assert ns._calibrated("a", tiny + 1e-7, tiny.astype(np.float32), tiny, 0.0, 4.0)[3]
+    assert not ns._calibrated("a", tiny + 1e-7, tiny.astype(np.float32), tiny, 0.0, 0.0)[3]
+    assert not ns._calibrated("a", np.ones(2), exact, ref, 0.0, 0.0)[3]  # a shape mismatch
     # the same infinity agrees; NaN where the reference is finite does not
     inf = np.array([np.inf, 1.0])
-    assert ns._calibrated("a", inf, inf, inf, 0.0)[3]
-    assert not ns._calibrated("a", np.array([np.nan, 1.0]), ref[:2], ref[:2], 0.0)[3]
+    assert ns._calibrated("a", inf, inf.astype(np.float32), inf, 0.0, 0.0)[3]
+    assert not ns._calibrated("a", np.array([np.nan, 1.0]), exact[:2], ref[:2], 0.0, 0.0)[3]
 
 
 def test_check_parity_runs_the_translation_check_where_the_sample_has_a_reference(

@@ -14,7 +14,7 @@ import numpy as np
 
 from tracelog.emit import targets
 from tracelog.emit.program import Target, build_program, write_program
-from tracelog.emit.runtime.parity import TRANSLATION_RTOL
+from tracelog.emit.runtime.parity import FLOAT32_FACTOR, TRANSLATION_RTOL
 from tracelog.errors import TracelogError
 from tracelog.ir import Node
 from tracelog.log import TraceLog, stored_dtypes
@@ -81,8 +81,7 @@ def check_program(
         title = (
             f"{path.name}: translation ([float64] rows: in float64 vs the float64 reference, "
             f"within {TRANSLATION_RTOL:g} of each output's largest value) and float32 (vs the "
-            f"recorded batch, atol {atol:g}, rtol {rtol:g}; gradients atol {grad_atol:g}; "
-            "ratio: error against the reference over the source's own)"
+            f"reference, within {FLOAT32_FACTOR:g}x the source's own float32 error: the ratio)"
         )
     else:
         title = f"{path.name} vs recorded batch (atol {atol:g}, rtol {rtol:g}; gradients atol {grad_atol:g})"

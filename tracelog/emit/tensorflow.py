@@ -66,7 +66,7 @@ TF.spell(
         "Min": "tf.math.minimum({0}, {1})",
         "Celu": "tf.nn.elu({0} / {alpha}) * {alpha}",
         "LeakyRelu": "tf.nn.leaky_relu({0}, alpha={alpha})",
-        "Gelu": "tf.nn.gelu({0}, approximate={tanh})",
+        "Gelu": "_gelu({0}, {tanh})",
         "Where": "tf.where({0}, {1}, {2})",
         "Cast": "tf.cast({0}, tf.{to})",
         "Softmax": "tf.nn.softmax({0}, axis={axis})",

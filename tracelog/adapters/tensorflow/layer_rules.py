@@ -43,7 +43,9 @@ def _folded(ctx: Ctx, fn: Callable[..., np.ndarray], n_args: int) -> Names | Non
 # -- activations -----------------------------------------------------------------------
 @TF_OPS.register("tf.LeakyRelu")
 def _leaky_relu(ctx: Ctx) -> Names:
-    return ctx.one("LeakyRelu", [ctx.t(0)], alpha=float(attr(ctx, "alpha", 0.2)))  # type: ignore[arg-type]
+    # the kernel reads its float attribute as float32, in float64 too
+    alpha = float(np.float32(attr(ctx, "alpha", 0.2)))  # type: ignore[arg-type]
+    return ctx.one("LeakyRelu", [ctx.t(0)], alpha=alpha)
 
 
 @TF_OPS.register("tf.Elu")

@@ -79,6 +79,16 @@ def _batch_norm_eval(
     return y * tf.reshape(scale, shape) + tf.reshape(bias, shape)
 
 
+def _gelu(x: tf.Tensor, approximate: bool) -> tf.Tensor:
+    """GELU as PyTorch and ONNX define it: x/2 (1 + erf(x / sqrt 2)), or with
+    approximate the tanh form. (tf.nn.gelu is off by ~1e-9 in float64: its
+    kernel's constants are float32.)"""
+    if approximate:
+        inner = 0.7978845608028654 * (x + 0.044715 * x * x * x)
+        return 0.5 * x * (1.0 + tf.math.tanh(inner))
+    return 0.5 * x * (1.0 + tf.math.erf(x * 0.7071067811865476))
+
+
 def _layer_norm(
     x: tf.Tensor, scale: tf.Tensor, bias: tf.Tensor | None, axes: list[int], eps: float
 ) -> tf.Tensor:
