@@ -67,7 +67,7 @@ def test_calibrated_judges_float32_by_the_sources_own_error() -> None:
     # a source that is typically off by 1e-5 relative: 4e-5 on this output is its unit
     found = ns._calibrated("a", ref + 1.5e-4, exact, ref, 1e-5, 0.0)
     assert found[5] == pytest.approx(1.5e-4 / 4e-5)
-    # an output near zero is judged at the scale of its kind (here 4)
+    # an output near zero is judged at the scale its kind gives (here 4)
     tiny = np.array([1e-20, 0.0])
     assert ns._calibrated("a", tiny + 1e-7, tiny.astype(np.float32), tiny, 0.0, 4.0)[3]
     assert not ns._calibrated("a", tiny + 1e-7, tiny.astype(np.float32), tiny, 0.0, 0.0)[3]

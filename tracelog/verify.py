@@ -141,6 +141,8 @@ def checked(
     """`got` (float32) against the sample's entry `key`: against its float64
     reference within FLOAT32_FACTOR of the source's own float32 error where the
     sample has one, else within atol/rtol of the recorded value."""
+    from tracelog.emit.runtime.parity import NEAR_ZERO
+
     ref = sample.get(reference_key(key))
     if ref is not None:
         scales = [
@@ -148,7 +150,8 @@ def checked(
             for k, v in sample.items()
             if k.startswith(reference_key("")) and not k.startswith(reference_key("grad/"))
         ]
-        floor = float(np.median(scales)) if scales else 0.0  # for an output near zero
+        # the scale an output near zero is judged at (parity._typical_scales)
+        floor = NEAR_ZERO * float(np.median(scales)) if scales else 0.0
         return calibrated(name, got, sample[key], ref, typical_error(sample), floor)
     return compare(name, got, sample[key], atol, rtol)
 
