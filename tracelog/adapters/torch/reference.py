@@ -39,9 +39,10 @@ class ReferenceUnavailable(Exception):
 
 
 def _up(t: torch.Tensor) -> torch.Tensor:
-    """A float64 copy of a float32/16 tensor; other dtypes as they are."""
+    """A float64 copy of a floating tensor, a copy of any other: the replay may
+    write in place, and must never write into the batch's own tensors."""
     t = t.detach()
-    return t.to(torch.float64) if t.is_floating_point() else t.clone()
+    return t.to(torch.float64, copy=True) if t.is_floating_point() else t.clone()
 
 
 class _Replay:
