@@ -32,6 +32,8 @@ FLOOR_ULPS = 4.0
 
 TRANSLATION_RTOL = 1e-9
 
+NEAR_ZERO = 1e-5  # an output below this times the median scale of its kind counts as zero
+
 
 class _Float64View:
     """A framework module as the translation check's run sees it: the same
@@ -277,7 +279,7 @@ def _calibrated(
     larger of the source's error on this output, and FLOOR_ULPS ulps (of the
     recorded dtype) or the source's `typical` relative error (_typical_error),
     whichever is larger, of the output's largest value (for an output near
-    zero, of `floor`, the median largest value of its kind): one output's error
+    zero, of `floor`: _typical_scales): one output's error
     is one draw of rounding noise (a sum that happens to round well), the
     typical one a steadier measure of what float32 costs on this model."""
     got = np.asarray(_numpy(got), dtype=np.float64)
@@ -342,8 +344,8 @@ def _in_float64() -> Iterator[None]:
 
 def _translated(name: str, got: Any, ref: np.ndarray, floor: float) -> Row:
     """The float64 run's result against the float64 reference: within
-    TRANSLATION_RTOL of the output's largest value, or of `floor` (the typical
-    largest value of outputs of its kind) for an output that is near zero."""
+    TRANSLATION_RTOL of the output's largest value, or of `floor`
+    (_typical_scales) for an output that is near zero."""
     got = np.asarray(_numpy(got), dtype=np.float64)
     ref = np.asarray(ref, dtype=np.float64)
     if got.shape != ref.shape:
@@ -355,8 +357,11 @@ def _translated(name: str, got: Any, ref: np.ndarray, floor: float) -> Row:
 
 
 def _typical_scales(sample: dict[str, np.ndarray]) -> dict[bool, float]:
-    """The median largest |value| of the reference's gradients (True) and of its
-    other outputs (False): the scale a near-zero output is judged at."""
+    """The scale a near-zero output is judged at, for gradients (True) and the
+    other outputs (False): NEAR_ZERO times the median largest |value| of the
+    reference's outputs of that kind. (A gradient that is zero in exact
+    arithmetic, a bias before a batch norm, is float64 noise of the size of
+    the terms it sums; an output larger than this keeps its own scale.)"""
     scales: dict[bool, list[float]] = {True: [], False: []}
     for key, ref in sample.items():
         if key.startswith(reference_key("")):
@@ -364,7 +369,10 @@ def _typical_scales(sample: dict[str, np.ndarray]) -> dict[bool, float]:
             scales[key.startswith(reference_key(grad_key("")))].append(
                 float(finite.max(initial=0.0))
             )
-    return {kind: float(np.median(found)) if found else 0.0 for kind, found in scales.items()}
+    return {
+        kind: NEAR_ZERO * float(np.median(found)) if found else 0.0
+        for kind, found in scales.items()
+    }
 
 
 def _translation(log_dir: str, sample: dict[str, np.ndarray], trainable: list[str]) -> list[Row]:
