@@ -184,7 +184,7 @@ def test_import_block_orders_as_isort() -> None:
         "import numpy as np",
         "import torch",
         "import torch.nn.functional as F",
-        "from safetensors.numpy import load_file",
+        "from safetensors import deserialize",
     ]
 
 
@@ -216,3 +216,29 @@ def test_torch_runtime_dropout_and_batch_norm() -> None:
     assert isinstance(p, torch.nn.Parameter) and not isinstance(
         rt._as_param(np.ones(2, np.float32), False), torch.nn.Parameter
     )
+
+
+def test_load_reads_every_stored_dtype_and_widens_bfloat16_exactly(tmp_path) -> None:
+    import ml_dtypes
+
+    arrays = {
+        "f32": np.array([1.5, -2.25], np.float32),
+        "f16": np.array([[0.1]], np.float16),
+        "i64": np.arange(3, dtype=np.int64),
+        "b": np.array([True, False]),
+        "loss": np.array(0.25, np.float32),  # 0-d stays 0-d
+        "bf16": np.array([[1.0, -3.140625], [1e-3, 65280.0]], ml_dtypes.bfloat16),
+    }
+    path = tmp_path / "t.safetensors"
+    path.write_bytes(sample_format.encode_tensors(arrays))
+    loaded = parity._load(str(path))
+    assert set(loaded) == set(arrays)
+    for name, array in arrays.items():
+        got = loaded[name]
+        assert got.shape == array.shape, name
+        if name == "bf16":
+            assert got.dtype == np.float32
+            np.testing.assert_array_equal(got, array.astype(np.float32))
+        else:
+            assert got.dtype == array.dtype and got.flags.writeable, name
+            np.testing.assert_array_equal(got, array)

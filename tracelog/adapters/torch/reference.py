@@ -124,13 +124,13 @@ def reference64(
     sources: dict[Ref, torch.Tensor] = {}
     leaves: dict[str, torch.Tensor] = {}
     for name, array in params.items():
-        t = _up(torch.from_numpy(np.array(array)))
+        t = _up(_from_numpy(array))
         if name in trainable and t.is_floating_point():
             t.requires_grad_(True)
             leaves[name] = t
         sources[("p", name)] = t
     for name, array in buffers.items():
-        sources[("b", name)] = _up(torch.from_numpy(np.array(array)))
+        sources[("b", name)] = _up(_from_numpy(array))
     for name, t in inputs.items():
         sources[("i", name)] = _up(t)
     for k, t in enumerate(targets):
@@ -160,6 +160,13 @@ def reference64(
         "grads": {n: _array(g) for n, g in zip(names, found, strict=True) if g is not None},
         "updates": {name: _array(replay.values[ref]) for name, ref in tape.buffer_updates},
     }
+
+
+def _from_numpy(array: np.ndarray) -> torch.Tensor:
+    """A copy of a stored array as a tensor; bfloat16 (``ml_dtypes``, which
+    torch cannot read) widened to float32, exactly, on its way to float64."""
+    copy = np.array(array)
+    return torch.from_numpy(copy.astype(np.float32) if copy.dtype.name == "bfloat16" else copy)
 
 
 def _array(t: torch.Tensor) -> np.ndarray:

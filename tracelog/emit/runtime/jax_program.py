@@ -11,7 +11,6 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 from jax import lax
-from safetensors.numpy import load_file  # noqa: F401 - the program's weight loader
 
 # the modules this program names float32 through (the float64 translation check
 # reads them with float32 meaning float64)

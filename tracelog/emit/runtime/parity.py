@@ -15,7 +15,7 @@ from collections.abc import Callable, Iterator
 from typing import TYPE_CHECKING, Any
 
 import numpy as np
-from safetensors.numpy import load_file
+from safetensors import deserialize
 
 if TYPE_CHECKING:  # defined by the program: its target's runtime and its generated code
     from tracelog.sample import (
@@ -57,11 +57,44 @@ FLOOR_ULPS = 4.0
 TRANSLATION_RTOL = 1e-9
 NEAR_ZERO = 1e-5  # an output below this times the median scale of its kind counts as zero
 
+# safetensors' dtype names as numpy reads them; BF16, which numpy lacks, is read by _load
+STORED_DTYPES = {
+    "F64": "<f8",
+    "F32": "<f4",
+    "F16": "<f2",
+    "I64": "<i8",
+    "I32": "<i4",
+    "I16": "<i2",
+    "I8": "i1",
+    "U64": "<u8",
+    "U32": "<u4",
+    "U16": "<u2",
+    "U8": "u1",
+    "BOOL": "?",
+}
+
+
+def _load(path: str) -> dict[str, np.ndarray]:
+    """A safetensors file's arrays. bfloat16 is widened to float32, which holds
+    it exactly (its bits are a float32's upper half): a bfloat16 log's program
+    runs in float32 and in float64, against the float64 reference."""
+    with open(path, "rb") as f:
+        data = f.read()
+    arrays = {}
+    for name, view in deserialize(data):
+        if view["dtype"] == "BF16":
+            bits = np.frombuffer(view["data"], dtype="<u2").astype(np.uint32) << 16
+            array = bits.view("<f4")  # a string: np.float32 means float64 in _in_float64
+        else:
+            array = np.frombuffer(view["data"], dtype=STORED_DTYPES[view["dtype"]]).copy()
+        arrays[name] = array.reshape(view["shape"])
+    return arrays
+
 
 def load_params(path: str) -> dict[str, Any]:
     """Read weights.safetensors: parameters as trainable objects of this
     framework, buffers as plain tensors, large constants by key."""
-    arrays = load_file(path)
+    arrays = _load(path)
     params = {name: _as_param(arrays[name], trainable) for name, trainable in PARAMETERS}
     params.update({k: _as_const(v) for k, v in arrays.items() if k.startswith("const/")})
     return params
@@ -133,8 +166,8 @@ def _promoted(arrays: dict[str, np.ndarray]) -> dict[str, np.ndarray]:
 def sample_params(log_dir: str, float64: bool = False) -> dict[str, Any]:
     """The parameters and buffers as they were when the sample batch ran (in
     float64 for the translation check)."""
-    sample = load_file(os.path.join(log_dir, "sample.safetensors"))
-    weights = load_file(os.path.join(log_dir, "weights.safetensors"))
+    sample = _load(os.path.join(log_dir, "sample.safetensors"))
+    weights = _load(os.path.join(log_dir, "weights.safetensors"))
     if float64:
         sample, weights = _promoted(sample), _promoted(weights)
     params = {}
@@ -267,7 +300,7 @@ def check_parity(
     reference (logs from before it, or a replay that failed): this program in
     float32 against the recorded float32 values within atol/rtol (gradients:
     grad_atol)."""
-    sample = load_file(os.path.join(log_dir, "sample.safetensors"))
+    sample = _load(os.path.join(log_dir, "sample.safetensors"))
     trainable = [name for name, flag in PARAMETERS if flag]
     has_reference = any(reference_key(k) in sample for k in sample)
     rows = _translation(log_dir, sample, trainable) if has_reference else []
@@ -321,6 +354,7 @@ def main() -> int:
 
 # What every program inlines from this module, in this order.
 INLINED = (
+    "_load",
     "load_params",
     "_compare",
     "_error",

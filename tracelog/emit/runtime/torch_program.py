@@ -10,7 +10,6 @@ from typing import Any
 import numpy as np
 import torch
 import torch.nn.functional as F
-from safetensors.numpy import load_file  # noqa: F401 - the program's weight loader
 
 # the modules this program names float32 through (the float64 translation check
 # reads them with float32 meaning float64)
