@@ -7,6 +7,7 @@ from __future__ import annotations
 import importlib.util
 import os
 import types
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -89,27 +90,52 @@ def check_program(
 
 
 def node_comparisons(
-    log: TraceLog, target: Target, log_dir: str | os.PathLike[str], atol: float, rtol: float
+    log: TraceLog,
+    target: Target,
+    log_dir: str | os.PathLike[str],
+    atol: float,
+    rtol: float,
+    *,
+    float64: bool = False,
+    edit: Callable[[str], str] | None = None,
 ) -> list[tuple[str, Node, Comparison]]:
     """Every node output of the sample's prediction and loss graphs, as the
     emitted program computes it, against onnx.reference on the same inputs.
-    Values the program computes in another layout are skipped."""
+    Values the program computes in another layout are skipped.
+
+    float64: both run in float64 (the program as its translation check runs
+    it, the graphs widened by tracelog.passes.precision), each node judged
+    within TRANSLATION_RTOL of its largest value (near-zero values: NEAR_ZERO
+    of the median scale), so float32 rounding never points at a node. `edit`
+    changes the tracing program's text first (a test's mutation)."""
+    from tracelog.passes.precision import promoted_arrays, promoted_float64
+
     info: dict[str, Any] = dict(log.sample_info or {})
-    module = _module_from_text(build_program(log, target, trace=True), "tracelog_trace")
+    text = build_program(log, target, trace=True)
+    module = _module_from_text(edit(text) if edit else text, "tracelog_trace")
     sample = log.sample()
     weights = log.weights()
-    traces: dict[str, dict[str, object]] = {"prediction": {}, "loss": {}}
-    module.sample_step(module.sample_params(str(log_dir)), sample, traces)
     feeds = sample_feeds(sample)
     pred, loss = log.graph(info["prediction"]), log.graph(info["loss"])
+    traces: dict[str, dict[str, object]] = {"prediction": {}, "loss": {}}
+    if float64:
+        stored = module._load(os.path.join(log_dir, "sample.safetensors"))
+        with module._in_float64():
+            params = module.sample_params(str(log_dir), float64=True)
+            module.sample_step(params, module._promoted(stored), traces)
+        pred, loss = promoted_float64(pred), promoted_float64(loss)
+        feeds, weights = promoted_arrays(feeds), promoted_arrays(weights)
+    else:
+        module.sample_step(module.sample_params(str(log_dir)), sample, traces)
     ref_pred = all_values(pred, feeds, constants=weights)
     loss_feeds = dict(feeds)
     for out in pred.outputs:
         if out.name in ref_pred:
             loss_feeds[out.role] = ref_pred[out.name]
         elif input_key(out.name) in sample:
-            loss_feeds[out.role] = sample[input_key(out.name)]
+            loss_feeds[out.role] = feeds.get(input_key(out.name), sample[input_key(out.name)])
     ref_loss = all_values(loss, loss_feeds, constants=weights)
+    judge = _translation_judge(list(ref_pred.values()) + list(ref_loss.values()))
     found = []
     for kind, graph, ref in (("prediction", pred, ref_pred), ("loss", loss, ref_loss)):
         trace = {k: module._numpy(v) for k, v in traces[kind].items()}
@@ -118,15 +144,42 @@ def node_comparisons(
             for o in node.outputs:
                 if o not in ref:
                     continue
+                want = ref[o]
                 if o in trace:
-                    found.append((kind, node, compare(o, trace[o], ref[o], atol, rtol)))
-                elif o in channels_last and np.ndim(ref[o]) == 4:
+                    got = trace[o]
+                elif o in channels_last and np.ndim(want) == 4:
                     # the program computed this value channels-last (layout pass)
-                    want = np.transpose(ref[o], TO_NHWC)
-                    found.append(
-                        (kind, node, compare(o, trace[channels_last[o]], want, atol, rtol))
-                    )
+                    got, want = trace[channels_last[o]], np.transpose(want, TO_NHWC)
+                else:
+                    continue
+                c = judge(o, got, want) if float64 else compare(o, got, want, atol, rtol)
+                found.append((kind, node, c))
     return found
+
+
+def _translation_judge(values: list[np.ndarray]) -> Callable[[str, Any, Any], Comparison]:
+    """A node's float64 value against the float64 graph's: within
+    TRANSLATION_RTOL of its largest value, or of NEAR_ZERO times the median
+    scale of all nodes' values where it is smaller (a value that cancels to
+    near zero carries the rounding of the terms it came from)."""
+    from tracelog.emit.runtime.parity import NEAR_ZERO, _error
+
+    scales = [
+        float(np.abs(v[np.isfinite(v)]).max(initial=0.0))
+        for v in values
+        if np.asarray(v).dtype.kind == "f" and np.size(v)
+    ]
+    floor = NEAR_ZERO * float(np.median(scales)) if scales else 0.0
+
+    def judge(name: str, got: Any, want: Any) -> Comparison:
+        g, w = np.asarray(got, dtype=np.float64), np.asarray(want, dtype=np.float64)
+        if g.shape != w.shape:
+            return Comparison(name, float("inf"), float("inf"), False)
+        err = _error(g, w)
+        scale = max(float(np.abs(w[np.isfinite(w)]).max(initial=0.0)), floor)
+        return Comparison(name, err, err / max(scale, 1e-300), err <= TRANSLATION_RTOL * scale)
+
+    return judge
 
 
 def _channels_last_names(trace: dict[str, object]) -> dict[str, str]:
@@ -140,20 +193,39 @@ def _channels_last_names(trace: dict[str, object]) -> dict[str, str]:
 
 
 def first_divergence(
-    log: TraceLog, target: Target, log_dir: str | os.PathLike[str], atol: float, rtol: float
+    log: TraceLog,
+    target: Target,
+    log_dir: str | os.PathLike[str],
+    atol: float,
+    rtol: float,
+    *,
+    edit: Callable[[str], str] | None = None,
 ) -> str:
     """Name the first node (prediction graph, then loss graph) whose output in
-    the emitted program differs from onnx.reference on the recorded batch."""
-    try:
-        found = node_comparisons(log, target, log_dir, atol, rtol)
-    except Exception as e:  # onnx.reference lacks or miscomputes some ops (grouped ConvTranspose)
-        first = str(e).splitlines()[0][:120] if str(e) else ""
-        return f"the divergent node could not be located: {type(e).__name__}: {first}"
-    for kind, node, c in found:
-        if not c.ok:
-            where = (node.module or "<root>") if kind == "prediction" else "<loss>"
-            return (
-                f"first divergent node: {node.qualified_op} in {kind} graph at {where} "
-                f"({node.module_type or 'loss'}), output {c.name}: max abs err {c.max_abs:.3e}"
-            )
-    return "no single node diverges beyond tolerance: the error accumulates over nodes"
+    the emitted program differs from onnx.reference on the recorded batch:
+    searched in float64 (node_comparisons), where float32 rounding cannot
+    point at the wrong node; in float32 within atol/rtol where the float64
+    run cannot be made (a bfloat16 log, a kernel with no float64 form)."""
+    for float64 in (True, False):
+        try:
+            found = node_comparisons(log, target, log_dir, atol, rtol, float64=float64, edit=edit)
+        except (
+            Exception
+        ) as e:  # onnx.reference lacks or miscomputes some ops (grouped ConvTranspose)
+            if float64:
+                continue
+            first = str(e).splitlines()[0][:120] if str(e) else ""
+            return f"the divergent node could not be located: {type(e).__name__}: {first}"
+        precision = "in float64" if float64 else f"in float32 (atol {atol:g}, rtol {rtol:g})"
+        for kind, node, c in found:
+            if not c.ok:
+                where = (node.module or "<root>") if kind == "prediction" else "<loss>"
+                return (
+                    f"first divergent node {precision}: {node.qualified_op} in {kind} graph at "
+                    f"{where} ({node.module_type or 'loss'}), output {c.name}: "
+                    f"max abs err {c.max_abs:.3e}"
+                )
+        if float64:
+            return "no single node diverges in float64: the outputs differ past the graph"
+        return "no single node diverges beyond tolerance: the error accumulates over nodes"
+    raise AssertionError("unreachable")
