@@ -86,3 +86,39 @@ def test_buffers_updates_are_explicit_outputs(recorded) -> None:
     assert {r.split(":", 1)[1] for r in roles if r.startswith("update:")} == bufs
     (ev,) = _entries(log, "prediction", "eval")
     assert not [o for o in log.graphs[ev.hash].outputs if o.role.startswith("update:")]
+
+
+def test_eval_batch_norm_graph_keeps_a_feature_dim_equal_to_the_batch(tmp_path) -> None:
+    """Batch 4 and 4 features after a flatten: the eval graph (native_batch_norm
+    with empty save_mean outputs, which the meta kernel sizes (C,)) must still
+    find which 4 is the batch, and run at another batch size."""
+    import numpy as np
+    import torch
+    from helpers import record
+
+    from tracelog.verify import run_graph
+
+    torch.manual_seed(0)
+    model = torch.nn.Sequential(
+        torch.nn.Conv2d(3, 4, 3, padding=1),
+        torch.nn.BatchNorm2d(4),
+        torch.nn.AdaptiveAvgPool2d(1),
+        torch.nn.Flatten(),
+        torch.nn.Linear(4, 4),
+        torch.nn.Tanh(),
+        torch.nn.Linear(4, 3),
+    )
+    batches = [(torch.randn(4, 3, 6, 6), torch.randint(0, 3, (4,)))]
+    log = record(model, tmp_path / "log", batches, torch.nn.functional.cross_entropy)
+    weights = log.weights()
+    phases = set()
+    for e in log.entries_sorted():
+        if e.kind != "prediction":
+            continue
+        g = log.graph(e.hash)
+        phases.add(e.phase)
+        x = np.random.default_rng(0).standard_normal((7, 3, 6, 6)).astype(np.float32)
+        (name,) = [v.name for v in g.inputs]
+        got = run_graph(g, {**weights, name: x}, runtime="onnxruntime", constants=weights)
+        assert got["prediction"].shape == (7, 3), e.phase
+    assert phases == {"train", "eval"}

@@ -339,6 +339,10 @@ class _MetaReplay:
         found: list[int] = []
         for k, t in enumerate(outs):
             concrete = concrete_shape(rec.outs[k].shape, self.batch)
+            if 0 in concrete:
+                # an empty output holds no batch dim, and meta kernels may size it
+                # otherwise (native_batch_norm's save_mean in eval: (0,) on CPU, (C,) meta)
+                continue
             if t.dim() != len(concrete):
                 return None
             moved = self._moved(concrete, t.shape)
