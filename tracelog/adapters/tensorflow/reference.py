@@ -31,10 +31,12 @@ import numpy as np
 
 from tracelog.adapters.tape import Ref, Tape, TArg, concrete_shape
 
+from .recurrent import _LayerReplay
+
 
 class ReferenceUnavailable(Exception):
-    """The replay could not run (an op with no float64 kernel, a layer
-    recorded whole); the sample then has no reference."""
+    """The replay could not run (an op with no float64 kernel); the sample
+    then has no reference, and trace.json says why."""
 
 
 def _widened_attrs(op_type: str, attrs: tuple[Any, ...]) -> tuple[Any, ...]:
@@ -110,8 +112,13 @@ class _Replay:
         raise ReferenceUnavailable(f"no value for a {a.ref[0]!r} ref")
 
     def run(self, rec: Any) -> None:
+        if isinstance(rec.func, _LayerReplay):
+            outs = _recurrent64(rec.func.layer, *self._layer_args(rec))
+            for k, t in enumerate(outs):
+                self.values[("o", rec.index, k)] = t
+            return
         if not isinstance(rec.func, tuple):
-            raise ReferenceUnavailable(f"{rec.op} is recorded whole (no float64 replay yet)")
+            raise ReferenceUnavailable(f"{rec.op} has no float64 replay")
         op_type, attrs = rec.func
         inputs = [self.value_of(a) for a in rec.args]
         as_recorded = _AS_RECORDED.get(op_type)
@@ -129,6 +136,60 @@ class _Replay:
         self.execute.record_gradient(op_type, inputs, attrs, outs)
         for k, t in enumerate(outs):
             self.values[("o", rec.index, k)] = t
+
+    def _layer_args(self, rec: Any) -> tuple[Any, Any, list[Any], list[Any]]:
+        """A recurrent record's (sequence, mask or None, initial states, weights
+        (kernel, recurrent_kernel, bias or None)), widened (recurrent.py `_record`)."""
+        seq, mask, states, weights = rec.args
+        return (
+            self.value_of(seq),
+            None if mask is None else self.value_of(mask),
+            [self.value_of(a) for a in states],
+            [None if a is None else self.value_of(a) for a in weights],
+        )
+
+
+def _float64_config(config: dict[str, Any]) -> dict[str, Any]:
+    """A layer's or cell's config in float64, seeded, its initializers zeros:
+    its copy draws no random number (its weights are set before it runs)."""
+    out = {**config, "dtype": "float64", "seed": 0}
+    for key in ("kernel_initializer", "recurrent_initializer", "bias_initializer"):
+        if key in out:
+            out[key] = "zeros"
+    return out
+
+
+def _recurrent64(
+    layer: Any, seq: Any, mask: Any, states: list[Any], weights: list[Any]
+) -> list[Any]:
+    """A Keras LSTM / GRU / SimpleRNN (or RNN of their cell) recorded whole, in
+    float64: a copy of the layer made from its config in float64 (its own code:
+    masks, go_backwards, return_sequences and states as the layer has them),
+    called with its kernel, recurrent kernel and bias read as the given tensors
+    (keras.StatelessScope), so the gradient reaches them. The copy takes the
+    layer's name and draws no random number: training is unchanged."""
+    import random
+
+    import keras
+
+    config = dict(layer.get_config())
+    cell = config.get("cell")
+    if isinstance(cell, dict) and isinstance(cell.get("config"), dict):  # RNN(cell)
+        config = {**config, "dtype": "float64", "cell": {**cell}}
+        config["cell"]["config"] = _float64_config(cell["config"])
+    else:
+        config = _float64_config(config)
+    state = random.getstate()
+    try:
+        copy = type(layer).from_config(config)
+        copy.build(tuple(seq.shape))
+    finally:
+        random.setstate(state)
+    variables = (copy.cell.kernel, copy.cell.recurrent_kernel, getattr(copy.cell, "bias", None))
+    mapping = [(v, t) for v, t in zip(variables, weights, strict=True) if t is not None]
+    with keras.StatelessScope(state_mapping=mapping):
+        out = copy(seq, initial_state=list(states) or None, mask=mask, training=False)
+    return list(out) if isinstance(out, (list, tuple)) else [out]
 
 
 def reference64(
