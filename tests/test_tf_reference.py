@@ -11,7 +11,7 @@ import pytest
 from safetensors.numpy import load_file
 
 import tracelog
-from tracelog.sample import SAMPLE_FILE, grad_key, reference_key
+from tracelog.sample import SAMPLE_FILE, grad_key, reference_key, scale_key
 
 os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "3")
 tf = pytest.importorskip("tensorflow", reason="the Keras adapter needs tensorflow-cpu")
@@ -103,3 +103,23 @@ def test_computing_the_reference_leaves_training_bitwise_unchanged(tmp_path) -> 
     listened = _train(True, tmp_path / "log")
     assert len(plain) == len(listened)
     assert all(np.array_equal(a, b) for a, b in zip(plain, listened, strict=True))
+
+
+def test_the_loss_scale_is_its_sensitivity_to_the_predictions(tmp_path) -> None:
+    """scale64/loss: sum |p * dloss/dp| over the predictions, here for a mean
+    squared error (dloss/dp = 2 (p - y) / n), where the check judges the loss
+    (a mean of cosine similarities of either sign can be far smaller than it)."""
+    keras.backend.clear_session()
+    keras.utils.set_random_seed(0)
+    model = keras.Sequential([keras.Input((6,)), L.Dense(5)])
+    rng = np.random.default_rng(0)
+    x = rng.standard_normal((4, 6)).astype("float32")
+    y = rng.standard_normal((4, 5)).astype("float32")
+    listener = tracelog.Listener(model, tmp_path / "log", strict=True)
+    with listener.batch(), tf.GradientTape():
+        keras.losses.MeanSquaredError()(y, model(x, training=True))
+    listener.close()
+    sample = load_file(os.path.join(tmp_path / "log", SAMPLE_FILE))
+    p = sample[reference_key("output/prediction")]
+    expected = np.abs(p * 2 * (p - y.astype(np.float64)) / p.size).sum()
+    assert abs(float(sample[scale_key("loss")]) - expected) < 1e-14 * expected

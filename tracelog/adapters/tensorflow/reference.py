@@ -201,7 +201,7 @@ def reference64(
     trainable: list[str],
 ) -> dict[str, Any]:
     """The tape in float64: {"outputs": {role: array}, "loss", "grads": {path},
-    "updates": {path}}. ``sources`` holds the tensors behind the tape's refs
+    "updates": {path}, "loss_scale": sum |p * dloss/dp| over the predictions}. ``sources`` holds the tensors behind the tape's refs
     that are not op outputs (data, targets, constants, draws); ``params`` and
     ``buffers`` the variables' values when the batch began."""
     if tape.loss is None:
@@ -219,7 +219,10 @@ def reference64(
         for rec in tape.recs:
             replay.run(rec)
         loss = values[tape.loss]
-    found = grad_tape.gradient(loss, [leaves[p] for p in names])
+    predictions = [values[ref] for _, ref in tape.outputs]
+    found = grad_tape.gradient(loss, [leaves[p] for p in names] + predictions)
+    by_prediction = found[len(names) :]
+    found = found[: len(names)]
 
     def as_array(t: Any) -> np.ndarray:
         return np.array(tf.convert_to_tensor(t).numpy())
@@ -229,4 +232,9 @@ def reference64(
         "loss": as_array(loss),
         "grads": {p: as_array(g) for p, g in zip(names, found, strict=True) if g is not None},
         "updates": {path: as_array(values[ref]) for path, ref in tape.buffer_updates},
+        "loss_scale": sum(  # tracelog.sample.scale_key
+            float(np.abs(as_array(p) * as_array(g)).sum())
+            for p, g in zip(predictions, by_prediction, strict=True)
+            if g is not None and p.dtype.is_floating
+        ),
     }
