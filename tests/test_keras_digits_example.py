@@ -67,4 +67,4 @@ def test_round_trips(run, target: str) -> None:
     assert report.ok, report.table()
     names = [c.name for c in report.comparisons]
     if target == "jax":  # jitted and not, both against TensorFlow
-        assert "loss" in names and "loss (no jit)" in names
+        assert "loss" in names and "loss (no jit) [float64]" in names

@@ -3,11 +3,14 @@ batches (6 and a short 4) in an eager GradientTape loop: each recurrent layer is
 ONNX LSTM / GRU / RNN node (never its time steps), one graph pair counts both batches,
 the IR matches TensorFlow on onnx.reference, and the emitted PyTorch, JAX and ONNX
 programs reproduce TensorFlow's predictions, loss and gradients. Masks from
-Embedding(mask_zero=True) over right-padded data become ONNX sequence_lens."""
+Embedding(mask_zero=True) over right-padded data become ONNX sequence_lens. The
+sample's float64 reference runs each recurrent layer as a float64 copy of itself
+(adapters/tensorflow/reference.py), so the programs are checked in float64 too."""
 
 from __future__ import annotations
 
 import os
+import random
 import re
 from collections.abc import Callable
 from typing import Any
@@ -186,6 +189,9 @@ def test_emitted_program_matches_tensorflow(rnn_log, target: str) -> None:
     assert report.ok, report.table()
     if target != "onnx":
         assert any(c.name.startswith("grad ") for c in report.comparisons)
+        # in float64 against TensorFlow's own float64 run of the batch
+        translated = [c for c in report.comparisons if c.name.endswith("[float64]")]
+        assert translated and max(c.max_rel for c in translated) < 1e-12, report.table()
 
 
 def test_program_size_does_not_grow_with_the_sequence_length(tmp_path) -> None:
@@ -228,6 +234,22 @@ def test_only_keras_own_layers_and_cells_are_recorded_whole() -> None:
     assert not is_recurrent(Peephole(3))
     assert not is_recurrent(L.RNN(MyCell(3)))
     assert not is_recurrent(L.RNN([L.LSTMCell(3), L.LSTMCell(3)]))  # stacked cells
+
+
+def test_the_float64_replay_of_a_recurrent_layer_draws_no_random_number(tmp_path) -> None:
+    """The replay builds a float64 copy of the layer: seeded, zeros-initialised,
+    so Python's random state (Keras' default seeds) is as the run left it."""
+    keras.utils.set_random_seed(0)
+    model = _seq(L.Bidirectional(L.LSTM(4, return_sequences=True)), L.GRU(3), L.Dense(5))
+    x, y = _data("real", False)
+    loss = keras.losses.SparseCategoricalCrossentropy(from_logits=True)
+    listener = tracelog.Listener(model, tmp_path / "log", strict=True)
+    state = random.getstate()
+    with listener.batch(), tf.GradientTape():
+        loss(y[:6], model(x[:6], training=True))
+    assert random.getstate() == state
+    log = listener.close()
+    assert log.sample_info is not None and log.sample_info["reference"] == "float64"
 
 
 def test_an_inference_batch_through_dropout_layers_draws_no_extra_random_numbers(tmp_path) -> None:
@@ -305,6 +327,7 @@ def test_fit_in_graph_mode_records_the_recurrent_layers_whole(tmp_path) -> None:
     assert all(np.array_equal(a, b) for a, b in zip(plain, weights, strict=True))
     log = tracelog.load(tmp_path / "log")
     assert log.unrecorded == 0, log.failures
+    assert log.sample_info is not None and log.sample_info["reference"] == "float64"
     pred = log.graphs[log.entries_sorted()[0].hash].op_histogram()
     assert pred.get("GRU") == 2 and pred.get("LSTM") == 1, pred
     for target in ("torch", "jax", "onnx"):

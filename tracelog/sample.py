@@ -75,6 +75,16 @@ def reference_key(key: str) -> str:
     return "ref64/" + key
 
 
+def scale_key(key: str) -> str:
+    """The scale a sample entry is judged at, where the reference gives one
+    (``scale64/loss``): for the loss, sum |p * dloss/dp| over the predictions p,
+    in float64: what rounding every prediction by one relative unit moves the
+    loss by. A loss that is a small difference of larger terms (a mean of
+    cosine similarities of either sign) is that sensitive to its input, however
+    small its value: its own value would understate the rounding it carries."""
+    return "scale64/" + key
+
+
 def masks_as_rng(sample: dict[str, Any]) -> dict[str, Any]:
     """The sample's dropout masks as the rng dict a program's functions take."""
     return {rng_key(int(k[len("mask/") :])): v for k, v in sample.items() if k.startswith("mask/")}
@@ -92,6 +102,7 @@ INLINED = (
     param_key,
     buffer_key,
     reference_key,
+    scale_key,
     masks_as_rng,
 )
 
@@ -135,7 +146,8 @@ def build_sample(
     recording order; targets are keyed by their names in the loss graph
     (``tracelog.adapters.builder.target_names``), the rest by name or role.
     ``reference``: the float64 replay's outputs, loss, grads and updates,
-    stored under ``reference_key`` of the entries they stand for."""
+    stored under ``reference_key`` of the entries they stand for, and its
+    optional "loss_scale" under ``scale_key(LOSS_KEY)``."""
     sample: dict[str, np.ndarray] = {}
     sample.update((input_key(n), a) for n, a in inputs.items())
     sample.update((target_key(n), a) for n, a in targets.items())
@@ -152,6 +164,8 @@ def build_sample(
         ref.update((grad_key(n), a) for n, a in reference["grads"].items())
         ref.update((update_key(n), a) for n, a in reference["updates"].items())
         sample.update((reference_key(k), a) for k, a in ref.items() if k in sample)
+        if reference.get("loss_scale") is not None:
+            sample[scale_key(LOSS_KEY)] = np.asarray(reference["loss_scale"], dtype=np.float64)
     return sample
 
 

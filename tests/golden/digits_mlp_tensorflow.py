@@ -244,6 +244,16 @@ def reference_key(key: str) -> str:
     return "ref64/" + key
 
 
+def scale_key(key: str) -> str:
+    """The scale a sample entry is judged at, where the reference gives one
+    (``scale64/loss``): for the loss, sum |p * dloss/dp| over the predictions p,
+    in float64: what rounding every prediction by one relative unit moves the
+    loss by. A loss that is a small difference of larger terms (a mean of
+    cosine similarities of either sign) is that sensitive to its input, however
+    small its value: its own value would understate the rounding it carries."""
+    return "scale64/" + key
+
+
 def masks_as_rng(sample: dict[str, Any]) -> dict[str, Any]:
     """The sample's dropout masks as the rng dict a program's functions take."""
     return {rng_key(int(k[len("mask/") :])): v for k, v in sample.items() if k.startswith("mask/")}
@@ -407,6 +417,16 @@ def _typical_scales(sample: dict[str, np.ndarray]) -> dict[bool, float]:
     }
 
 
+def _floor(
+    sample: dict[str, np.ndarray], key: str, floors: dict[bool, float], is_grad: bool
+) -> float:
+    """The scale below which an output is judged at a larger one: its kind's
+    (_typical_scales), or for the loss, where the sample has it, its
+    sensitivity to its input's rounding (scale_key) if larger."""
+    found = sample.get(scale_key(key))
+    return max(floors[is_grad], float(found) if found is not None else 0.0)
+
+
 def _translation(log_dir: str, sample: dict[str, np.ndarray], trainable: list[str]) -> list[Row]:
     """The translation check: this program in float64 against the reference
     (rows "... [float64]"); one row saying why where it cannot run."""
@@ -423,7 +443,9 @@ def _translation(log_dir: str, sample: dict[str, np.ndarray], trainable: list[st
             for label, run in runs:
                 for name, value, key, is_grad in _outputs(sample, trainable, run):
                     if reference_key(key) in sample:
-                        ref, floor = sample[reference_key(key)], floors[is_grad]
+                        ref, floor = sample[reference_key(key)], _floor(
+                            sample, key, floors, is_grad
+                        )
                         rows.append(_translated(f"{name}{label} [float64]", value, ref, floor))
     except Exception as e:  # a kernel this framework has in float32 only (MaxPool3D in TF)
         reason = f"{type(e).__name__}: {str(e).splitlines()[0][:100] if str(e) else ''}"
@@ -494,7 +516,8 @@ def check_parity(
         for name, value, key, is_grad in _outputs(sample, trainable, run):
             if reference_key(key) in sample:
                 ref = sample[reference_key(key)]
-                found = _calibrated(name + label, value, sample[key], ref, typical, floors[is_grad])
+                floor = _floor(sample, key, floors, is_grad)
+                found = _calibrated(name + label, value, sample[key], ref, typical, floor)
                 rows.append(found)
             else:
                 tol = grad_atol if is_grad else atol

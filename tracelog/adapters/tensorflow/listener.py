@@ -41,6 +41,7 @@ from tracelog.log import TraceLog
 from . import functions
 from .batch_dims import batch_multiple, exact_batch_dims
 from .recurrent import is_recurrent, recurrent_call
+from .reference import reference64
 from .rules import TF_OPS
 from .tensors import dtype_name, tensor_digest, to_numpy
 
@@ -461,6 +462,15 @@ class TFListener(ListenerBase):
             for (p, _), g in zip(trainable, found, strict=True)
             if g is not None
         }
+
+    def _reference64(self, w: _Window, before: StateBefore) -> dict[str, Any] | None:
+        return reference64(
+            w.tape,
+            sources=self._sources(w),
+            params=before.params,
+            buffers=before.buffers,
+            trainable=[p for p, v in self._variables.items() if v.trainable],
+        )
 
     def _grads_from(self, w: _Window) -> str:
         return "GradientTape"

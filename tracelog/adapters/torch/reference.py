@@ -116,7 +116,8 @@ def reference64(
     trainable: list[str],
 ) -> dict[str, Any]:
     """The tape in float64: {"outputs": {role: array}, "loss": array,
-    "grads": {param: array}, "updates": {buffer: array}}. ``params`` and
+    "grads": {param: array}, "updates": {buffer: array}, "loss_scale": sum
+    |p * dloss/dp| over the predictions (tracelog.sample.scale_key)}. ``params`` and
     ``buffers`` are the values when the batch began; ``rec_out`` the tensors
     each record produced (for the random draws)."""
     if tape.loss is None:
@@ -153,12 +154,20 @@ def reference64(
                 ) from None
         loss = replay.values[tape.loss]
         names = [n for n in trainable if n in leaves]
-        found = torch.autograd.grad(loss, [leaves[n] for n in names], allow_unused=True)
+        predictions = [replay.values[ref] for _, ref in tape.outputs]
+        wrt = [p for p in predictions if isinstance(p, torch.Tensor) and p.requires_grad]
+        found = torch.autograd.grad(loss, [leaves[n] for n in names] + wrt, allow_unused=True)
+    by_prediction, found = found[len(names) :], found[: len(names)]
     return {
         "outputs": {role: _array(replay.values[ref]) for role, ref in tape.outputs},
         "loss": _array(loss),
         "grads": {n: _array(g) for n, g in zip(names, found, strict=True) if g is not None},
         "updates": {name: _array(replay.values[ref]) for name, ref in tape.buffer_updates},
+        "loss_scale": sum(  # tracelog.sample.scale_key
+            float(np.abs(_array(p) * _array(g)).sum())
+            for p, g in zip(wrt, by_prediction, strict=True)
+            if g is not None
+        ),
     }
 
 

@@ -24,6 +24,7 @@ if TYPE_CHECKING:  # defined by the program: its target's runtime and its genera
         output_key,
         param_key,
         reference_key,
+        scale_key,
         update_key,
     )
 
@@ -234,6 +235,16 @@ def _typical_scales(sample: dict[str, np.ndarray]) -> dict[bool, float]:
     }
 
 
+def _floor(
+    sample: dict[str, np.ndarray], key: str, floors: dict[bool, float], is_grad: bool
+) -> float:
+    """The scale below which an output is judged at a larger one: its kind's
+    (_typical_scales), or for the loss, where the sample has it, its
+    sensitivity to its input's rounding (scale_key) if larger."""
+    found = sample.get(scale_key(key))
+    return max(floors[is_grad], float(found) if found is not None else 0.0)
+
+
 def _runs(
     step: Callable[[dict[str, Any]], tuple[Any, Any]], params: dict[str, Any], trainable: list[str]
 ) -> list[tuple[str, tuple[dict[str, Any], Any, list[Any]]]]:
@@ -278,7 +289,9 @@ def _translation(log_dir: str, sample: dict[str, np.ndarray], trainable: list[st
             for label, run in runs:
                 for name, value, key, is_grad in _outputs(sample, trainable, run):
                     if reference_key(key) in sample:
-                        ref, floor = sample[reference_key(key)], floors[is_grad]
+                        ref, floor = sample[reference_key(key)], _floor(
+                            sample, key, floors, is_grad
+                        )
                         rows.append(_translated(f"{name}{label} [float64]", value, ref, floor))
     except Exception as e:  # a kernel this framework has in float32 only (MaxPool3D in TF)
         reason = f"{type(e).__name__}: {str(e).splitlines()[0][:100] if str(e) else ''}"
@@ -321,7 +334,8 @@ def check_parity(
         for name, value, key, is_grad in _outputs(sample, trainable, run):
             if reference_key(key) in sample:
                 ref = sample[reference_key(key)]
-                found = _calibrated(name + label, value, sample[key], ref, typical, floors[is_grad])
+                floor = _floor(sample, key, floors, is_grad)
+                found = _calibrated(name + label, value, sample[key], ref, typical, floor)
                 rows.append(found)
             else:
                 tol = grad_atol if is_grad else atol
@@ -365,6 +379,7 @@ INLINED = (
     "_in_float64",
     "_translated",
     "_typical_scales",
+    "_floor",
     "_translation",
     "_runs",
     "_outputs",
