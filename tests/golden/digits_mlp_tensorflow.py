@@ -384,26 +384,33 @@ def _in_float64() -> Iterator[None]:
         names.update(saved)
 
 
-def _translated(name: str, got: Any, ref: np.ndarray, floor: float) -> Row:
+def _translated(
+    name: str, got: Any, ref: np.ndarray, floor: float, source: np.ndarray, median: float
+) -> Row:
     """The float64 run's result against the float64 reference: within
-    TRANSLATION_RTOL of the output's largest value, or of `floor`
-    (_typical_scales) for an output that is near zero."""
+    TRANSLATION_RTOL of the output's scale. The scale is its largest value, or
+    `floor` (_floor) where that is larger, or the size of the terms the output
+    sums, up to the `median` scale of its kind (_typical_scales): a gradient
+    that is zero in exact arithmetic (a bias before a batch norm) is float64
+    noise of the size of those terms, and the source's own rounding measures
+    them, as its error on the output over its dtype's epsilon."""
     got = np.asarray(_numpy(got), dtype=np.float64)
     ref = np.asarray(ref, dtype=np.float64)
     if got.shape != ref.shape:
         return name, float("inf"), float("inf"), False, None, None
     err = _error(got, ref)
-    scale = max(float(np.abs(ref[np.isfinite(ref)]).max(initial=0.0)), floor)
+    terms = 0.0
+    if source.dtype.kind == "f":
+        own = _error(np.asarray(source, dtype=np.float64), ref)
+        terms = min(own / float(np.finfo(source.dtype).eps), median)
+    scale = max(float(np.abs(ref[np.isfinite(ref)]).max(initial=0.0)), floor, terms)
     rel = err / max(scale, 1e-300)
     return name, err, rel, err <= TRANSLATION_RTOL * scale, None, None
 
 
 def _typical_scales(sample: dict[str, np.ndarray]) -> dict[bool, float]:
-    """The scale a near-zero output is judged at, for gradients (True) and the
-    other outputs (False): NEAR_ZERO times the median largest |value| of the
-    reference's outputs of that kind. (A gradient that is zero in exact
-    arithmetic, a bias before a batch norm, is float64 noise of the size of
-    the terms it sums; an output larger than this keeps its own scale.)"""
+    """The median largest |value| of the reference's outputs of each kind:
+    gradients (True) and the others (False)."""
     scales: dict[bool, list[float]] = {True: [], False: []}
     for key, ref in sample.items():
         if key.startswith(reference_key("")):
@@ -411,27 +418,24 @@ def _typical_scales(sample: dict[str, np.ndarray]) -> dict[bool, float]:
             scales[key.startswith(reference_key(grad_key("")))].append(
                 float(finite.max(initial=0.0))
             )
-    return {
-        kind: NEAR_ZERO * float(np.median(found)) if found else 0.0
-        for kind, found in scales.items()
-    }
+    return {kind: float(np.median(found)) if found else 0.0 for kind, found in scales.items()}
 
 
 def _floor(
-    sample: dict[str, np.ndarray], key: str, floors: dict[bool, float], is_grad: bool
+    sample: dict[str, np.ndarray], key: str, medians: dict[bool, float], is_grad: bool
 ) -> float:
-    """The scale below which an output is judged at a larger one: its kind's
-    (_typical_scales), or for the loss, where the sample has it, its
-    sensitivity to its input's rounding (scale_key) if larger."""
+    """The scale below which an output is judged at a larger one: NEAR_ZERO of
+    the median scale of its kind (_typical_scales), or for the loss, where the
+    sample has it, its sensitivity to its input's rounding (scale_key) if larger."""
     found = sample.get(scale_key(key))
-    return max(floors[is_grad], float(found) if found is not None else 0.0)
+    return max(NEAR_ZERO * medians[is_grad], float(found) if found is not None else 0.0)
 
 
 def _translation(log_dir: str, sample: dict[str, np.ndarray], trainable: list[str]) -> list[Row]:
     """The translation check: this program in float64 against the reference
     (rows "... [float64]"); one row saying why where it cannot run."""
     wide = _promoted(sample)
-    floors = _typical_scales(sample)
+    medians = _typical_scales(sample)
 
     def step64(p: dict[str, Any]) -> tuple[Any, Any]:
         return sample_step(p, wide)
@@ -444,9 +448,11 @@ def _translation(log_dir: str, sample: dict[str, np.ndarray], trainable: list[st
                 for name, value, key, is_grad in _outputs(sample, trainable, run):
                     if reference_key(key) in sample:
                         ref, floor = sample[reference_key(key)], _floor(
-                            sample, key, floors, is_grad
+                            sample, key, medians, is_grad
                         )
-                        rows.append(_translated(f"{name}{label} [float64]", value, ref, floor))
+                        row = f"{name}{label} [float64]"
+                        found = _translated(row, value, ref, floor, sample[key], medians[is_grad])
+                        rows.append(found)
     except Exception as e:  # a kernel this framework has in float32 only (MaxPool3D in TF)
         reason = f"{type(e).__name__}: {str(e).splitlines()[0][:100] if str(e) else ''}"
         rows = [(f"[float64] not run ({reason})", float("nan"), float("nan"), True, None, None)]
@@ -502,7 +508,7 @@ def check_parity(
     if has_reference and np.asarray(sample["loss"]).dtype == np.float64:
         return rows  # recorded in float64: the translation check is the whole check
     params = sample_params(log_dir)
-    typical, floors = _typical_error(sample), _typical_scales(sample)
+    typical, medians = _typical_error(sample), _typical_scales(sample)
 
     def step(p: dict[str, Any]) -> tuple[Any, Any]:
         return sample_step(p, sample)
@@ -516,7 +522,7 @@ def check_parity(
         for name, value, key, is_grad in _outputs(sample, trainable, run):
             if reference_key(key) in sample:
                 ref = sample[reference_key(key)]
-                floor = _floor(sample, key, floors, is_grad)
+                floor = _floor(sample, key, medians, is_grad)
                 found = _calibrated(name + label, value, sample[key], ref, typical, floor)
                 rows.append(found)
             else:
