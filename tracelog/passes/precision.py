@@ -19,6 +19,7 @@ ONNX (tracelog.emit.onnx).
 from __future__ import annotations
 
 import copy
+import math
 from collections.abc import Callable
 
 import numpy as np
@@ -265,4 +266,23 @@ def _group_norm(r: _Rewriter) -> list[Node] | None:
     s = r.op("Reshape", [scale, per_channel], affine)
     b = r.op("Reshape", [bias, per_channel], affine)
     r.op("Add", [r.op("Mul", [back, s], ty), b], ty, out=r.node.outputs[0])
+    return r.made
+
+
+@_exact("Gelu")
+def _gelu(r: _Rewriter) -> list[Node] | None:
+    """x * 0.5 * (1 + erf(x / sqrt(2))), or with tanh's approximation
+    0.5 * x * (1 + tanh(sqrt(2 / pi) * (x + 0.044715 x^3))), as torch's kernel
+    writes them: ONNX's Gelu function body holds its constants as float32."""
+    x, y = r.node.inputs[0], r.node.outputs[0]
+    ty = r.ty(y)
+    half = r.op("Mul", [x, r.const(0.5)], ty)
+    if r.node.attrs.get("approximate", "none") == "tanh":
+        cube = r.op("Mul", [r.op("Mul", [x, x], ty), x], ty)
+        inner = r.op("Add", [x, r.op("Mul", [cube, r.const(0.044715)], ty)], ty)
+        beta = math.sqrt(2.0) * (2.0 / math.sqrt(math.pi)) * 0.5
+        curve = r.op("Tanh", [r.op("Mul", [inner, r.const(beta)], ty)], ty)
+    else:
+        curve = r.op("Erf", [r.op("Mul", [x, r.const(math.sqrt(0.5))], ty)], ty)
+    r.op("Mul", [half, r.op("Add", [curve, r.const(1.0)], ty)], ty, out=y)
     return r.made
