@@ -1,6 +1,8 @@
 """The models matrix: train two batches of each real model under a listener,
 emit every target, run its parity check, and print one row per (model,
-target): recorded, emitted, check verdict and worst error.
+target): recorded, emitted, check verdict, worst error, and the translation
+rows' worst relative error (f64: the target in float64 against the float64
+reference; "NO" where one fails).
 
     python benchmarks/models_matrix.py                  # every model, every target
     python benchmarks/models_matrix.py gpt2 bert --targets tensorflow onnx
@@ -45,6 +47,9 @@ class Row:
     verdict: str
     worst: str
     seconds: float
+    # the translation rows ([float64]): all within tolerance, and their worst relative
+    # error; None where the check printed none
+    translated: tuple[bool, float] | None = None
 
     @property
     def ok(self) -> bool:
@@ -79,6 +84,15 @@ def worst_error(report: object) -> str:
     return f"{worst.max_abs:.1e} ({worst.name})"
 
 
+def translation(report: object) -> tuple[bool, float] | None:
+    """Whether the translation rows ("... [float64]") pass, and their worst
+    relative error (of each output's scale); None where there are none."""
+    rows = [c for c in getattr(report, "comparisons", []) if c.name.endswith("[float64]")]
+    if not rows:
+        return None
+    return all(c.ok for c in rows), max(c.max_rel for c in rows)
+
+
 def run_target(name: str, log_dir: Path, target: str, started: float) -> Row:
     recorded, unsupported = recorded_summary(log_dir)
     if unsupported:
@@ -94,9 +108,9 @@ def run_target(name: str, log_dir: Path, target: str, started: float) -> Row:
         verdict = f"error: {type(e).__name__}: {str(e)[:80]}"
         return Row(name, target, recorded, "yes", verdict, "-", time.perf_counter() - t0)
     verdict = "ok" if report.ok else f"MISMATCH {getattr(report, 'divergence', '') or ''}"[:120]
-    return Row(
-        name, target, recorded, "yes", verdict, worst_error(report), time.perf_counter() - t0
-    )
+    seconds = time.perf_counter() - t0
+    worst = worst_error(report)
+    return Row(name, target, recorded, "yes", verdict, worst, seconds, translation(report))
 
 
 def run_model(side: Any, case: Any, targets: list[str], root: Path) -> list[Row]:
@@ -145,13 +159,23 @@ def main(argv: list[str] | None = None) -> int:
         for case in cases:
             for row in run_model(side, case, targets, root):
                 rows.append(row)
+                f64 = "-" if row.translated is None else f"{row.translated[1]:.1e}"
+                if row.translated is not None and not row.translated[0]:
+                    f64 += " NO"
                 print(
                     f"{row.model:<20} {row.target:<10} {row.recorded:<22} "
-                    f"{row.emitted:<4} {row.verdict:<10} {row.worst:<28} {row.seconds:5.1f}s",
+                    f"{row.emitted:<4} {row.verdict:<10} {row.worst:<28} f64 {f64:<10} "
+                    f"{row.seconds:5.1f}s",
                     flush=True,
                 )
     passed = sum(r.ok for r in rows)
     print(f"\n{passed} of {len(rows)} (model, target) pairs pass")
+    translated = [r.translated for r in rows if r.translated is not None]
+    if translated:
+        print(
+            f"translation check ([float64] rows): {sum(ok for ok, _ in translated)} of "
+            f"{len(translated)} pass, worst relative error {max(e for _, e in translated):.1e}"
+        )
     return 0 if passed == len(rows) else 1
 
 
