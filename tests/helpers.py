@@ -4,6 +4,7 @@ from __future__ import annotations
 
 from collections.abc import Callable
 from pathlib import Path
+from typing import Any
 
 import torch
 
@@ -39,3 +40,31 @@ def record(
                 with listener.batch():
                     loss_fn(model(x), y)
     return listener.close()
+
+
+def assert_translated(report: Any) -> None:
+    """A check report on a log with a float64 reference: every float32 row has
+    its translation twin "<name> [float64]", the float64 run ran (no "[float64]
+    not run" row), and every row passed."""
+    names = [c.name for c in report.comparisons]
+    assert not any(n.startswith("[float64] not run") for n in names), report.table()
+    twins = {n for n in names if n.endswith(" [float64]")}
+    missing = [n for n in names if n not in twins and f"{n} [float64]" not in twins]
+    assert twins and missing == [], report.table()
+    assert report.ok, report.table()
+
+
+def edit_onnx_graphs(monkeypatch: Any, edit: Callable[[tracelog.Graph], bool]) -> None:
+    """The ONNX target's model built from edited graphs: every log the ONNX
+    target loads has `edit` applied to each of its graphs (edit returns whether
+    it changed one), as if model.onnx had that node changed."""
+    from tracelog.emit import onnx_model
+
+    class Edited(tracelog.TraceLog):
+        @classmethod
+        def load(cls, log_dir: Any) -> tracelog.TraceLog:
+            log = tracelog.TraceLog.load(log_dir)
+            assert any([edit(g) for g in log.graphs.values()]), "nothing to edit"
+            return log
+
+    monkeypatch.setattr(onnx_model, "TraceLog", Edited)

@@ -15,6 +15,7 @@ import pytest
 
 torch = pytest.importorskip("torch", reason="the PyTorch adapter needs torch")
 import torch.nn.functional as F  # noqa: E402
+from helpers import assert_translated  # noqa: E402
 from torch import nn  # noqa: E402
 
 import tracelog  # noqa: E402
@@ -250,6 +251,8 @@ def test_parity(recorded, target: str) -> None:
     _, d = recorded
     report = tracelog.check(d, target)
     assert report.ok, report.table()
+    if target == "onnx":
+        assert_translated(report)  # model.onnx in float64 against the reference
 
 
 # -- rules seen alone, on hand-written tapes --------------------------------------------------------

@@ -8,6 +8,7 @@ import math
 from pathlib import Path
 
 import pytest
+from helpers import assert_translated
 
 import tracelog
 from tracelog.verify import verify
@@ -44,3 +45,14 @@ def test_digits_graphs_and_counts(run, name: str) -> None:
     for runtime in ("reference", "onnxruntime"):
         report = verify(out / name, runtime=runtime)
         assert report.ok, report.table()
+
+
+@pytest.mark.parametrize("name", ["mlp", "cnn"])
+def test_digits_onnx_check_includes_the_translation(run, name: str) -> None:
+    """model.onnx in float64 against torch's float64 replay of the sample batch
+    (the CNN's batch norm statistics included), beside onnxruntime's float32."""
+    _, out = run
+    report = tracelog.check(out / name, "onnx")
+    assert_translated(report)
+    translated = [c for c in report.comparisons if c.name.endswith("[float64]")]
+    assert max(c.max_rel for c in translated) < 1e-12, report.table()

@@ -6,6 +6,7 @@ onnx.reference node by node and are black-formatted."""
 from __future__ import annotations
 
 import pytest
+from helpers import assert_translated
 
 import tracelog
 from tracelog.emit import PROGRAM_TARGETS, TARGETS, get_target, targets
@@ -55,6 +56,8 @@ def test_parity_with_gradients(recorded, any_target: str) -> None:
     assert "loss" in names and "prediction" in names
     if any_target != "onnx":  # ONNX has no autodiff
         assert any(n.startswith("grad ") for n in names)
+    elif tracelog.load(log_dir).sample_info["reference"] == "float64":
+        assert_translated(report)  # and model.onnx in float64 against the reference
 
 
 def test_every_node_agrees_with_onnx_reference(recorded, target: str) -> None:

@@ -10,7 +10,7 @@ import onnx
 import onnxruntime as ort
 import pytest
 import torch
-from helpers import record
+from helpers import assert_translated, edit_onnx_graphs, record
 from zoo import CNNBnDrop
 
 import tracelog
@@ -70,6 +70,42 @@ def test_check_reports_parity_without_gradients(log_dir) -> None:
     report = tracelog.check(log_dir, target="onnx")
     assert report.ok, report.table()
     assert not any(c.name.startswith("grad") for c in report.comparisons)
+
+
+def test_check_runs_the_model_in_float64_against_the_reference(log_dir) -> None:
+    """The translation rows: model.onnx in float64 on onnx.reference, batch
+    norm's running statistics included (its momentum a double in ONNX), at
+    float64 rounding; beside them onnxruntime's float32 rows."""
+    report = tracelog.check(log_dir, target="onnx")
+    assert_translated(report)
+    names = [c.name for c in report.comparisons]
+    assert names[:5] == [
+        "prediction [float64]",
+        "update:bn.running_mean [float64]",
+        "update:bn.running_var [float64]",
+        "update:bn.num_batches_tracked [float64]",
+        "loss [float64]",
+    ]
+    assert max(c.max_rel for c in report.comparisons[:5]) < 1e-13
+    assert "translation ([float64] rows" in report.table()
+
+
+def test_a_float32_momentum_fails_only_the_translation(log_dir, monkeypatch) -> None:
+    """Batch norm's momentum as float32 holds it (0.1 -> 0.10000000149, what a
+    float attribute of the model would carry): the running statistics move by
+    ~1e-9 of their scale, far below float32's resolution (onnxruntime's rows
+    pass) and far above float64's (the translation rows fail)."""
+
+    def momentum_in_float32(graph) -> bool:
+        found = [n for n in graph.nodes if n.op == "BatchNormTraining"]
+        for n in found:
+            n.attrs["momentum"] = float(np.float32(n.attrs["momentum"]))
+        return bool(found)
+
+    edit_onnx_graphs(monkeypatch, momentum_in_float32)
+    report = tracelog.check(log_dir, target="onnx")
+    failed = {c.name for c in report.comparisons if not c.ok}
+    assert failed == {"update:bn.running_mean [float64]", "update:bn.running_var [float64]"}
 
 
 class _TwoDropouts(torch.nn.Module):

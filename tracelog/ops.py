@@ -242,16 +242,18 @@ define(
             "new_running_var = (1 - momentum) * running_var + momentum * var * n / (n - 1), "
             "n the number of elements reduced per channel. ONNX BatchNormalization with "
             "training_mode=1 uses the biased variance and the opposite momentum convention, "
-            "hence this op."
+            "hence this op. In ONNX, epsilon and momentum are double scalar tensors (every "
+            "float attribute of a tracelog op is): a float attribute is float32 by the "
+            "standard, and momentum 0.1 in float32 moves a float64 run's statistics by 1.5e-8."
         ),
         function="""
 <domain: "tracelog", opset_import: ["" : 21]>
 BatchNormTraining <epsilon, momentum, axes> (X, scale, B, running_mean, running_var)
     => (Y, new_running_mean, new_running_var) {
-  eps_f = Constant <value_float: float = @epsilon> ()
-  eps = CastLike (eps_f, X)
-  mom_f = Constant <value_float: float = @momentum> ()
-  mom = CastLike (mom_f, X)
+  eps_d = Constant <value: tensor = @epsilon> ()
+  eps = CastLike (eps_d, X)
+  mom_d = Constant <value: tensor = @momentum> ()
+  mom = CastLike (mom_d, X)
   ax = Constant <value_ints: ints = @axes> ()
   one_f = Constant <value_float = 1.0> ()
   one = CastLike (one_f, X)

@@ -135,30 +135,37 @@ def typical_error(sample: dict[str, np.ndarray]) -> float:
     return float(np.quantile(found, 0.9)) if found else 0.0
 
 
+def near_zero_scale(sample: dict[str, np.ndarray]) -> float:
+    """The scale an output near zero (not a gradient) is judged at: NEAR_ZERO
+    times the median largest finite |value| of the reference's outputs
+    (``tracelog.emit.runtime.parity._typical_scales``)."""
+    from tracelog.emit.runtime.parity import NEAR_ZERO
+
+    scales = [
+        float(np.abs(v[np.isfinite(v)]).max(initial=0.0))
+        for k, v in sample.items()
+        if k.startswith(reference_key("")) and not k.startswith(reference_key("grad/"))
+    ]
+    return NEAR_ZERO * float(np.median(scales)) if scales else 0.0
+
+
 def checked(
     name: str, got: Any, sample: dict[str, np.ndarray], key: str, atol: float, rtol: float
 ) -> Comparison:
     """`got` (float32) against the sample's entry `key`: against its float64
     reference within FLOAT32_FACTOR of the source's own float32 error where the
     sample has one, else within atol/rtol of the recorded value."""
-    from tracelog.emit.runtime.parity import NEAR_ZERO
-
     ref = sample.get(reference_key(key))
     if ref is not None:
-        scales = [
-            float(np.abs(v).max(initial=0.0))
-            for k, v in sample.items()
-            if k.startswith(reference_key("")) and not k.startswith(reference_key("grad/"))
-        ]
-        # the scale an output near zero is judged at (parity._typical_scales)
-        floor = NEAR_ZERO * float(np.median(scales)) if scales else 0.0
+        floor = near_zero_scale(sample)
         return calibrated(name, got, sample[key], ref, typical_error(sample), floor)
     return compare(name, got, sample[key], atol, rtol)
 
 
-def translated(name: str, got: Any, reference: Any) -> Comparison:
+def translated(name: str, got: Any, reference: Any, floor: float = 0.0) -> Comparison:
     """A float64 result against the float64 reference: within TRANSLATION_RTOL
-    of the output's largest value (what every program's translation check does)."""
+    of the output's largest value, or of `floor` (near_zero_scale) for an output
+    near zero (what every program's translation check does)."""
     from tracelog.emit.runtime.parity import TRANSLATION_RTOL, _error
 
     g = np.asarray(got, dtype=np.float64)
@@ -168,7 +175,7 @@ def translated(name: str, got: Any, reference: Any) -> Comparison:
             f"{name} (shape {g.shape} != {ref.shape})", float("inf"), float("inf"), False
         )
     err = _error(g, ref)
-    scale = float(np.abs(ref[np.isfinite(ref)]).max(initial=0.0))
+    scale = max(float(np.abs(ref[np.isfinite(ref)]).max(initial=0.0)), floor)
     return Comparison(name, err, err / max(scale, 1e-300), err <= TRANSLATION_RTOL * scale)
 
 
@@ -184,12 +191,13 @@ def translation(log: TraceLog, runtime: str = "reference") -> list[Comparison]:
     sample = log.sample()
     weights = promoted_arrays(log.weights())
     feeds = promoted_arrays(sample_feeds(sample))
+    floor = near_zero_scale(sample)
     found: list[Comparison] = []
 
     def against(name: str, value: Any, key: str) -> None:
         ref = sample.get(reference_key(key))
         if ref is not None:
-            found.append(translated(f"{name} [float64]", value, ref))
+            found.append(translated(f"{name} [float64]", value, ref, floor))
 
     pred = promoted_float64(log.graph(info["prediction"]))
     got = run_graph(pred, feeds, runtime=runtime, constants=weights)
@@ -241,11 +249,80 @@ def _sequence_lens_ops() -> list[type]:
     ]
 
 
+def _conv_transpose() -> type:
+    """onnx.reference's ConvTranspose, groups and output_padding computed as
+    ONNX defines them: onnx 1.23 slices a grouped weight by output channel and
+    writes one channel per group (onnx/onnx#8446), and fails on an
+    output_padding that reaches a dilated kernel's last tap. Here each group
+    runs alone (its input channels, its weight rows) with no output_padding, the
+    end padding less output_padding cropped (zeros where output_padding is the
+    larger), then the bias added."""
+    from onnx.reference.ops.op_conv_transpose import ConvTranspose
+
+    def _run(self: Any, X: Any, W: Any, B: Any = None, **attrs: Any) -> Any:
+        base = super(type(self), self)._run
+        if attrs.get("auto_pad") not in (None, "NOTSET") or attrs.get("output_shape"):
+            return base(X, W, B, **attrs)
+        nd = X.ndim - 2
+        group = int(attrs.pop("group", None) or 1)
+        extra = list(attrs.pop("output_padding", None) or [0] * nd)
+        pads = list(attrs.pop("pads", None) or [0] * (2 * nd))
+        ends = [max(pads[nd + i] - extra[i], 0) for i in range(nd)]
+        zeros = [max(extra[i] - pads[nd + i], 0) for i in range(nd)]
+        k = X.shape[1] // group
+        y = np.concatenate(
+            [
+                base(
+                    X[:, g * k : (g + 1) * k],
+                    W[g * k : (g + 1) * k],
+                    None,
+                    group=1,
+                    pads=pads[:nd] + ends,
+                    output_padding=[0] * nd,
+                    **attrs,
+                )[0]
+                for g in range(group)
+            ],
+            axis=1,
+        )
+        y = np.pad(y, [(0, 0), (0, 0), *[(0, z) for z in zeros]])
+        if B is not None:
+            y = y + np.asarray(B).reshape(1, -1, *[1] * nd)
+        return (y.astype(X.dtype),)
+
+    return type("ConvTranspose", (ConvTranspose,), {"_run": _run})
+
+
+def _erf() -> type:
+    """onnx.reference's Erf in float64 for float64 data (onnx 1.23 computes
+    every Erf in float32)."""
+    import math
+
+    from onnx.reference.ops.op_erf import Erf
+
+    def _run(self: Any, x: Any) -> Any:
+        if x.dtype != np.float64:
+            return super(type(self), self)._run(x)
+        return (np.vectorize(math.erf, otypes=[np.float64])(x),)
+
+    return type("Erf", (Erf,), {"_run": _run})
+
+
 def _runner(model: Any, runtime: str) -> Any:
     if runtime == "reference":
         from onnx.reference import ReferenceEvaluator
 
-        ev = ReferenceEvaluator(model, new_ops=_sequence_lens_ops())
+        ops = [*_sequence_lens_ops(), _conv_transpose(), _erf()]
+
+        class Evaluator(ReferenceEvaluator):
+            """onnx.reference with our ops in the model's functions too (it
+            builds a function's evaluator as its own class, without new_ops)."""
+
+            def __init__(self, proto: Any, *args: Any, **kwargs: Any) -> None:
+                kwargs.setdefault("new_ops", ops)
+                super().__init__(proto, *args, **kwargs)
+
+        ev = Evaluator(model)
         return lambda feeds: ev.run(None, feeds)
     if runtime == "onnxruntime":
         import onnxruntime as ort
@@ -257,6 +334,15 @@ def _runner(model: Any, runtime: str) -> Any:
         )
         return lambda feeds: sess.run(None, feeds)
     raise ValueError(f"unknown runtime {runtime!r}; choose from {', '.join(RUNTIMES)}")
+
+
+def run_model(
+    model: Any, feeds: dict[str, np.ndarray], *, runtime: str = "reference"
+) -> list[np.ndarray]:
+    """Run an ONNX model on the feeds it declares as inputs; its outputs in order."""
+    wanted = {i.name for i in model.graph.input}
+    results = _runner(model, runtime)({k: v for k, v in feeds.items() if k in wanted})
+    return [np.asarray(r) for r in results]
 
 
 def run_graph(

@@ -159,7 +159,9 @@ def _graph_nodes(graph: Graph, replay_masks: bool) -> tuple[list[Any], dict[str,
             masks.append(value_info(mask_name, mask_type))
             nodes.extend(_replayed_dropout(node, mask_name, graph, node_name))
             continue
-        attrs = {k: _attr(node.op, k, v, graph, node.outputs) for k, v in node.attrs.items()}
+        attrs = {
+            k: _attr(node.op, k, v, graph, node.outputs, node.domain) for k, v in node.attrs.items()
+        }
         nodes.append(
             helper.make_node(
                 node.op,
@@ -179,8 +181,13 @@ def _graph_nodes(graph: Graph, replay_masks: bool) -> tuple[list[Any], dict[str,
     return nodes, functions, masks
 
 
-def _attr(op: str, key: str, value: Any, graph: Graph, outputs: list[str]) -> Any:
+def _attr(op: str, key: str, value: Any, graph: Graph, outputs: list[str], domain: str = "") -> Any:
     onnx = _onnx()
+    if domain == TRACELOG_DOMAIN and isinstance(value, float):
+        # a float attribute is float32 by the standard; a tracelog op's function takes
+        # its float parameters as double scalars (CastLike'd to its input), exact in a
+        # float64 run of the model (the translation check)
+        return onnx.numpy_helper.from_array(np.asarray(value, dtype=np.float64), key)
     if op == "Cast" and key == "to":
         return onnx_dtype(str(value))
     if op == "ConstantOfShape" and key == "value":

@@ -27,7 +27,7 @@ from tracelog.registry import Table
 from tracelog.sample import LOSS_KEY, output_key, update_key
 
 if TYPE_CHECKING:
-    from tracelog.verify import Report
+    from tracelog.verify import Comparison, Report
 
 GRAPHS_DOMAIN = "tracelog.graphs"
 
@@ -84,13 +84,20 @@ def _function(
 
 
 def build_model(
-    log: TraceLog, *, replay_masks: bool = False, params_as_inputs: bool = False
+    log: TraceLog,
+    *,
+    replay_masks: bool = False,
+    params_as_inputs: bool = False,
+    float64: bool = False,
 ) -> Any:
     """The ModelProto of a log. With replay_masks, training Dropout takes its
     mask from inputs "mask.<k>" (for parity replay); without, Dropout runs as
     ONNX defines it, drawing its own masks. Parameters and buffers are
-    initializers; with params_as_inputs they are graph inputs instead."""
+    initializers; with params_as_inputs they are graph inputs instead. With
+    float64, the model computes in float64 where the log's graphs compute in
+    float32 (tracelog.passes.precision: the translation check's model)."""
     from tracelog.emit.program import _function_names
+    from tracelog.passes.precision import promoted_arrays, promoted_float64
 
     onnx = _onnx()
     helper = onnx.helper
@@ -99,20 +106,25 @@ def build_model(
     if not info:
         raise LogError("this log has no recorded sample batch to build the main graph from")
     weights = log.weights()
+    graphs = dict(log.graphs)
+    if float64:
+        weights = promoted_arrays(weights)
+        graphs = {digest: promoted_float64(g) for digest, g in graphs.items()}
     fnames = _function_names(log)
     functions: list[Any] = []
     op_functions: dict[str, Any] = {}
     masks_of: dict[str, list[str]] = {}
     for digest, fname in fnames.items():
         entries = [e for e in log.entries_sorted() if e.hash == digest]
-        graph = log.graphs[digest]
+        graph = graphs[digest]
         doc = f"{graph.kind} graph {digest[:12]}, {len(graph.nodes)} ops. {usage_comment(entries)}"
         fn, ops, masks = _function(graph, fname, doc, replay_masks, weights)
         functions.append(fn)
         op_functions.update(ops)
         masks_of[digest] = masks
 
-    pred, loss = log.graph(info["prediction"]), log.graph(info["loss"])
+    log.graph(info["prediction"]), log.graph(info["loss"])  # a LogError where one is missing
+    pred, loss = graphs[info["prediction"]], graphs[info["loss"]]
     pred_roles = [o.role for o in pred.outputs]
     inputs: list[Any] = []
     seen: set[str] = set()
@@ -201,11 +213,17 @@ def write_model(log_dir: str | os.PathLike[str], out: str | None = None) -> Path
 
 def check_model(log_dir: str | os.PathLike[str], *, atol: float, rtol: float) -> Report:
     """Write model.onnx, check it with onnx.checker (full), and run its
-    replay form on onnxruntime with the recorded batch: predictions, buffer
-    updates and loss. ONNX has no autodiff, so no gradients."""
+    replay form with the recorded batch: predictions, buffer updates and loss
+    (ONNX has no autodiff, so no gradients). Where the sample has a float64
+    reference, two checks, as every program's: the translation (the model in
+    float64 on onnx.reference against the reference, rows "... [float64]",
+    within TRANSLATION_RTOL) and float32 (onnxruntime against the reference,
+    within FLOAT32_FACTOR of the source's own float32 error); without one,
+    onnxruntime against the recorded values within atol/rtol."""
     import onnxruntime as ort
 
-    from tracelog.sample import sample_feeds
+    from tracelog.emit.runtime.parity import FLOAT32_FACTOR, TRANSLATION_RTOL
+    from tracelog.sample import reference_key, sample_feeds
     from tracelog.verify import Report, checked
 
     onnx = _onnx()
@@ -220,19 +238,61 @@ def check_model(log_dir: str | os.PathLike[str], *, atol: float, rtol: float) ->
     feeds = sample_feeds(sample)
     wanted = {i.name for i in sess.get_inputs()}
     results = sess.run(None, {k: v for k, v in feeds.items() if k in wanted})
-    if any(k.startswith("ref64/") for k in sample):
-        title = f"{path.name} run by onnxruntime in float32 vs the float64 reference (the ratio)"
+    if any(k.startswith(reference_key("")) for k in sample):
+        title = (
+            f"{path.name}: translation ([float64] rows: the model in float64 on onnx.reference "
+            f"vs the float64 reference, within {TRANSLATION_RTOL:g} of each output's largest "
+            f"value) and float32 (onnxruntime vs the reference, within {FLOAT32_FACTOR:g}x the "
+            "source's own float32 error: the ratio)"
+        )
+        report = Report(title, translation_rows(log, sample))
     else:
         title = f"{path.name} vs recorded batch, run by onnxruntime (atol {atol:g}, rtol {rtol:g})"
-    report = Report(title)
-    *roles, loss_out = [out.name for out in sess.get_outputs()]  # the loss comes last
+        report = Report(title)
+    roles = [out.name for out in sess.get_outputs()][:-1]  # the loss comes last
     for role, value in zip(roles, results, strict=False):
-        if role.startswith("prediction"):
-            key = output_key(role)
-        elif role.startswith("update:"):
-            key = update_key(role[len("update:") :])
-        else:
-            continue  # a feature the loss graph reads: checked through the loss
-        report.comparisons.append(checked(role, value, sample, key, atol, rtol))
+        key = _sample_key(role)
+        if key is not None:
+            report.comparisons.append(checked(role, value, sample, key, atol, rtol))
     report.comparisons.append(checked("loss", results[-1], sample, LOSS_KEY, atol, rtol))
     return report
+
+
+def _sample_key(role: str) -> str | None:
+    """The sample's key of a main-graph output (None: a feature the loss graph
+    reads, checked through the loss)."""
+    if role.startswith("prediction"):
+        return output_key(role)
+    if role.startswith("update:"):
+        return update_key(role[len("update:") :])
+    return None
+
+
+def translation_rows(log: TraceLog, sample: dict[str, np.ndarray]) -> list[Comparison]:
+    """The translation check of the ONNX target: the log's model in float64
+    (build_model(float64=True)) run by onnx.reference on the recorded batch,
+    against the sample's float64 reference; one row saying why where it could
+    not run."""
+    from tracelog.passes.precision import promoted_arrays
+    from tracelog.sample import reference_key, sample_feeds
+    from tracelog.verify import Comparison, near_zero_scale, run_model, translated
+
+    model = build_model(log, replay_masks=True, params_as_inputs=True, float64=True)
+    try:  # log(0) where a later Where drops it, as in float32: no warnings
+        with np.errstate(divide="ignore", invalid="ignore", over="ignore"):
+            feeds = promoted_arrays(sample_feeds(sample))
+            results = run_model(model, feeds, runtime="reference")
+    except Exception as e:  # an op onnx.reference cannot run in float64
+        reason = f"{type(e).__name__}: {str(e).splitlines()[0][:100] if str(e) else ''}"
+        return [Comparison(f"[float64] not run ({reason})", float("nan"), float("nan"), True)]
+    floor = near_zero_scale(sample)
+    *roles, _ = [o.name for o in model.graph.output]
+    found = []
+    for role, value in zip(roles, results, strict=False):
+        key = _sample_key(role)
+        if key is not None and reference_key(key) in sample:
+            found.append(translated(f"{role} [float64]", value, sample[reference_key(key)], floor))
+    if reference_key(LOSS_KEY) in sample:
+        ref = sample[reference_key(LOSS_KEY)]
+        found.append(translated("loss [float64]", results[-1], ref, floor))
+    return found
