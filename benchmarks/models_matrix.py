@@ -46,7 +46,9 @@ class Row:
     emitted: str
     verdict: str
     worst: str
-    seconds: float
+    seconds: float = 0.0
+    translation: float | None = None  # largest relative error of the [float64] rows
+    ratio: float | None = None  # largest float32 accuracy ratio (vs the source's own error)
 
     @property
     def ok(self) -> bool:
@@ -102,9 +104,14 @@ def run_target(name: str, log_dir: Path, target: str, started: float) -> Row:
         verdict = f"error: {type(e).__name__}: {str(e)[:80]}"
         return Row(name, target, recorded, "yes", verdict, "-", time.perf_counter() - t0)
     verdict = "ok" if report.ok else f"MISMATCH {getattr(report, 'divergence', '') or ''}"[:120]
-    return Row(
-        name, target, recorded, "yes", verdict, worst_error(report), time.perf_counter() - t0
-    )
+    row = Row(name, target, recorded, "yes", verdict, worst_error(report))
+    row.seconds = time.perf_counter() - t0
+    rows = getattr(report, "comparisons", [])
+    wide = [c.max_rel for c in rows if c.name.endswith("[float64]")]
+    ratios = [c.ratio for c in rows if not c.name.endswith("[float64]") and c.ratio is not None]
+    row.translation = max(wide) if wide else None
+    row.ratio = max(ratios) if ratios else None
+    return row
 
 
 def run_model(side: Any, case: Any, targets: list[str], root: Path) -> list[Row]:
@@ -160,6 +167,21 @@ def main(argv: list[str] | None = None) -> int:
                 )
     passed = sum(r.ok for r in rows)
     print(f"\n{passed} of {len(rows)} (model, target) pairs pass")
+    wide = [r for r in rows if r.translation is not None]
+    if wide:
+        worst = max(wide, key=lambda r: r.translation or 0.0)
+        print(
+            f"translation: {len(wide)} pairs with a float64 reference, worst relative error "
+            f"{worst.translation:.1e} ({worst.model}, {worst.target})"
+        )
+    ratios = [r for r in rows if r.ratio is not None]
+    if ratios:
+        worst = max(ratios, key=lambda r: r.ratio or 0.0)
+        over = sum((r.ratio or 0.0) > 2 for r in ratios)
+        print(
+            f"float32 accuracy ratio: at most {worst.ratio:.2f} ({worst.model}, {worst.target}); "
+            f"{over} of {len(ratios)} pairs above 2"
+        )
     return 0 if passed == len(rows) else 1
 
 
