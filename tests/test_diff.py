@@ -32,6 +32,7 @@ from tracelog.diff import (
     load_snapshot,
     snapshot,
 )
+from tracelog.ir import Output
 
 FORMATS = ("text", "markdown", "json")
 
@@ -269,3 +270,42 @@ def test_snapshot_round_trip_and_determinism(logs) -> None:
 def test_markdown_cells_cannot_break_out() -> None:
     cell = _md("a|b`c\nd")
     assert "\n" not in cell and "\\|" in cell and cell.startswith("``")
+
+
+def _one_graph_log(nodes: list[tuple[str, dict[str, Any]]]) -> tracelog.TraceLog:
+    """A log of one prediction graph: x -> the given ops in module "pool"."""
+    t = tracelog.TensorType("float32", ("batch", 4, 8, 8))
+    values = {"x": tracelog.Value("x", t, "input")}
+    prev = "x"
+    graph_nodes = []
+    for k, (op, attrs) in enumerate(nodes):
+        values[f"t{k}"] = tracelog.Value(f"t{k}", t, "node")
+        graph_nodes.append(tracelog.Node(op, [prev], [f"t{k}"], attrs, module="pool"))
+        prev = f"t{k}"
+    graph = tracelog.Graph("prediction", values, graph_nodes)
+    graph.outputs = [Output(prev, "prediction")]
+    log = tracelog.TraceLog({"name": "torch"})
+    h = log.add_graph(graph)
+    log.count("train", h, None, 0, 0)
+    return log
+
+
+def test_a_changed_attribute_pairs_with_its_old_node() -> None:
+    """Aligned by (op, attributes) first, what differs then by op: the MaxPool
+    whose kernel changed is one attribute change, not a node removed and added."""
+    old = _one_graph_log(
+        [("Transpose", {"perm": [0, 1, 2, 3]}), ("MaxPool", {"kernel_shape": [2, 2]})]
+    )
+    new = _one_graph_log([("MaxPool", {"kernel_shape": [3, 3]})])
+    (module,) = tracelog.diff(old, new).graphs[0].modules
+    assert [(c.what, c.op, c.field, c.old, c.new) for c in module.changes] == [
+        (
+            "node removed",
+            "Transpose",
+            "",
+            "Transpose(perm=[0, 1, 2, 3]) -> float32[batch, 4, 8, 8]",
+            None,
+        ),
+        (ATTR, "MaxPool", "kernel_shape", [2, 2], [3, 3]),
+        (INPUT, "MaxPool", "input 0 (X)", "(computed)", "input x"),  # it reads x itself now
+    ]

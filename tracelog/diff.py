@@ -376,12 +376,20 @@ class GraphMatcher:
                     self._added(j)
         return self._grouped()
 
-    def _align(self, path: str, na: list[int], nb: list[int]) -> None:
-        """Nodes of one module's paired runs, aligned by (op, attributes)."""
-        ka = [(self.old.nodes[i].qualified_op, _attr_sig(self.old.nodes[i])) for i in na]
-        kb = [(self.new.nodes[j].qualified_op, _attr_sig(self.new.nodes[j])) for j in nb]
-        for _tag, i1, i2, j1, j2 in _matcher(ka, kb).get_opcodes():
-            # equal and replace blocks pair node by node; the longer side's rest is added/removed
+    def _align(self, path: str, na: list[int], nb: list[int], attrs: bool = True) -> None:
+        """Nodes of one module's paired runs, aligned by (op, attributes); what
+        differs there is aligned again by op alone (a node whose attributes
+        changed pairs with its old self), and what still differs pairs node
+        by node, the longer side's rest added or removed."""
+
+        def key(g: Graph, i: int) -> tuple[str, str]:
+            return (g.nodes[i].qualified_op, _attr_sig(g.nodes[i]) if attrs else "")
+
+        ka, kb = [key(self.old, i) for i in na], [key(self.new, j) for j in nb]
+        for tag, i1, i2, j1, j2 in _matcher(ka, kb).get_opcodes():
+            if tag == "replace" and attrs:
+                self._align(path, na[i1:i2], nb[j1:j2], attrs=False)
+                continue
             pairs = list(zip(na[i1:i2], nb[j1:j2], strict=False))
             for i, j in pairs:
                 self._compare(path, i, j)
