@@ -29,6 +29,7 @@ from tracelog.diff import (
     SHAPE,
     LogDiff,
     _md,
+    dumps,
     load_snapshot,
     snapshot,
 )
@@ -309,3 +310,22 @@ def test_a_changed_attribute_pairs_with_its_old_node() -> None:
         (ATTR, "MaxPool", "kernel_shape", [2, 2], [3, 3]),
         (INPUT, "MaxPool", "input 0 (X)", "(computed)", "input x"),  # it reads x itself now
     ]
+
+
+def test_json_is_strict_where_a_constant_is_infinite(logs) -> None:
+    old = tracelog.load(logs["base"])
+    new = tracelog.load(logs["base"])
+    h = next(e.hash for e in new.entries_sorted() if e.kind == "prediction" and e.phase == "train")
+    graph = new.graphs.pop(h)
+    ratio = next(
+        v for v in graph.values.values() if v.kind == "const" and v.type.dtype == "float32"
+    )
+    assert ratio.const is not None
+    ratio.const.data = float("-inf")
+    h2 = new.add_graph(graph)
+    new.entries[(h2, "train")] = new.entries.pop((h, "train"))
+    new.entries[(h2, "train")].hash = h2
+    doc = json.loads(dumps(tracelog.diff(old, new), "json"))
+    _validate(doc)
+    (change,) = [c for g in doc["graphs"] for m in g["modules"] for c in m["changes"]]
+    assert change["new"] == "-inf"

@@ -23,6 +23,7 @@ from __future__ import annotations
 
 import difflib
 import json
+import math
 import os
 import sys
 import types
@@ -80,9 +81,18 @@ class Change:
             "op": self.op,
             "node": self.node,
             "field": self.field,
-            "old": self.old,
-            "new": self.new,
+            "old": _jsonable(self.old),
+            "new": _jsonable(self.new),
         }
+
+
+def _jsonable(v: Any) -> Any:
+    """Strict JSON: a non-finite float (a constant's -inf) as its text, "-inf"."""
+    if isinstance(v, float) and not math.isfinite(v):
+        return str(v)
+    if isinstance(v, list):
+        return [_jsonable(x) for x in v]
+    return v
 
 
 @dataclass
@@ -788,7 +798,7 @@ def _markdown(d: LogDiff) -> str:
 def dumps(d: LogDiff, fmt: str) -> str:
     """The diff in one of FORMATS."""
     if fmt == "json":
-        return json.dumps(d.to_json(), indent=1, sort_keys=True)
+        return json.dumps(d.to_json(), indent=1, sort_keys=True, allow_nan=False)
     if fmt == "markdown":
         return d.to_markdown().rstrip("\n")
     return d.to_text()
