@@ -7,7 +7,10 @@ import importlib
 import os
 from typing import Any
 
-from tracelog import emit  # callable: tracelog.emit(log_dir, target=...)
+from tracelog import (
+    diff,  # callable: tracelog.diff(old, new) -> LogDiff
+    emit,  # callable: tracelog.emit(log_dir, target=...)
+)
 from tracelog.errors import LogError, LogExistsError, TracelogError, UnsupportedOpError
 from tracelog.ir import BATCH, Graph, Node, TensorType, Value
 from tracelog.log import TraceLog, load
@@ -49,6 +52,7 @@ def _is_torch_module(model: Any) -> bool:
 __all__ = [
     "BATCH",
     "check",
+    "diff",
     "emit",
     "Graph",
     "Listener",

@@ -146,6 +146,14 @@ def _cmd_check(args: argparse.Namespace) -> int:
     return 0 if report.ok else 1
 
 
+def _cmd_diff(args: argparse.Namespace) -> int:
+    from tracelog.diff import diff, dumps
+
+    result = diff(args.old, args.new, counts=args.counts)
+    print(dumps(result, args.format))
+    return 0 if result.equal else 1
+
+
 def _log_and_target(sub: Any, name: str, help: str) -> argparse.ArgumentParser:
     """A subcommand on a log directory for one registered target."""
     from tracelog.emit import TARGETS
@@ -191,6 +199,17 @@ def build_parser() -> argparse.ArgumentParser:
     _tolerances(p)
     p.add_argument("--grad-atol", type=float, default=1e-4)
     p.set_defaults(func=_cmd_check)
+    p = sub.add_parser(
+        "diff",
+        help="semantic diff of two logs: modules, ops, shapes, parameters; exit 1 when they differ",
+    )
+    p.add_argument("old", help="the log to compare against (the main branch's, say)")
+    p.add_argument("new")
+    p.add_argument("--format", choices=("text", "markdown", "json"), default="text")
+    p.add_argument(
+        "--counts", action="store_true", help="usage counts differing make a difference too"
+    )
+    p.set_defaults(func=_cmd_diff)
     return parser
 
 
