@@ -134,31 +134,13 @@ def main(argv: list[str] | None = None) -> int:
     program = tracelog.emit(args.out, target="tensorflow")
     print(f"wrote {program}")
 
-    # Twenty conv + batch-norm layers in float32: PyTorch's own forward is about
-    # 1e-5 from the float64 result on this batch (measured below), so no second
-    # float32 implementation can promise 1e-5. Predictions are checked at 5e-5;
-    # loss and gradients at the defaults.
-    noise = fp32_noise(model, args.out)
-    print(f"PyTorch float32 vs float64 on the recorded batch: max abs err {noise:.3e}")
-    report = tracelog.check(args.out, target="tensorflow", atol=5e-5)
+    # Judged against PyTorch's own float64 replay of the recorded batch: the
+    # program in float64 within 1e-9 (translation), and in float32 within 4x
+    # PyTorch's own float32 error (about 1e-5 on these twenty conv + batch-norm
+    # layers, so no fixed atol of 1e-5 could judge it).
+    report = tracelog.check(args.out, target="tensorflow")
     print(report.table())
     return 0 if report.ok else 1
-
-
-def fp32_noise(model: nn.Module, log_dir: str) -> float:
-    """Max abs difference between the recorded float32 predictions and the
-    same batch, parameters and buffers run by PyTorch in float64."""
-    sample = tracelog.load(log_dir).sample()
-    ref = ResNet().double()
-    state = {}
-    for name, value in ref.state_dict().items():
-        arr = sample.get(f"param/{name}", sample.get(f"buffer/{name}"))
-        state[name] = torch.from_numpy(arr).to(value.dtype)
-    ref.load_state_dict(state)
-    ref.train()  # the sample is a training batch: batch statistics
-    with torch.no_grad():
-        exact = ref(torch.from_numpy(sample["input/x"]).double())
-    return float((exact - torch.from_numpy(sample["output/prediction"]).double()).abs().max())
 
 
 if __name__ == "__main__":

@@ -285,6 +285,17 @@ def _load(path: str) -> dict[str, np.ndarray]:
     return arrays
 
 
+def _terms(source: np.ndarray, ref: np.ndarray, median: float) -> float:
+    """The size of the terms an output sums, as the source's own rounding shows
+    it (its error over its dtype's epsilon), up to the `median` scale of its
+    kind: an output that cancels to near zero (a gradient zero in exact
+    arithmetic: a bias before a batch norm) carries rounding of that size."""
+    if source.dtype.kind != "f":
+        return 0.0
+    own = _error(np.asarray(source, dtype=np.float64), np.asarray(ref, dtype=np.float64))
+    return min(own / float(np.finfo(source.dtype).eps), median)
+
+
 def load_params(path: str) -> dict[str, Any]:
     """Read weights.safetensors: parameters as trainable objects of this
     framework, buffers as plain tensors, large constants by key."""
@@ -313,7 +324,13 @@ def _error(got: np.ndarray, ref: np.ndarray) -> float:
 
 
 def _calibrated(
-    name: str, got: Any, source: np.ndarray, ref: np.ndarray, typical: float, floor: float
+    name: str,
+    got: Any,
+    source: np.ndarray,
+    ref: np.ndarray,
+    typical: float,
+    floor: float,
+    median: float = 0.0,
 ) -> Row:
     """The program's result against the float64 reference, judged by the source
     framework's own error against the same reference: (name, error, relative
@@ -321,7 +338,8 @@ def _calibrated(
     larger of the source's error on this output, and FLOOR_ULPS ulps (of the
     recorded dtype) or the source's `typical` relative error (_typical_error),
     whichever is larger, of the output's largest value (for an output near
-    zero, of `floor`: _typical_scales): one output's error
+    zero, below `floor` (_floor), of the larger of that and the size of the
+    terms it sums: _terms): one output's error
     is one draw of rounding noise (a sum that happens to round well), the
     typical one a steadier measure of what float32 costs on this model."""
     got = np.asarray(_numpy(got), dtype=np.float64)
@@ -331,7 +349,9 @@ def _calibrated(
     err = _error(got, ref)
     own = _error(np.asarray(source, dtype=np.float64), ref)
     eps = float(np.finfo(source.dtype).eps) if source.dtype.kind == "f" else 0.0
-    scale = max(float(np.abs(ref[np.isfinite(ref)]).max(initial=0.0)), floor)
+    scale = float(np.abs(ref[np.isfinite(ref)]).max(initial=0.0))
+    if scale < floor:
+        scale = max(floor, _terms(source, ref, median))
     unit = max(own, max(FLOOR_ULPS * eps, typical) * scale, np.finfo(np.float64).tiny)
     rel = err / max(scale, 1e-300)
     return name, err, rel, err <= FLOAT32_FACTOR * unit, own, err / unit
@@ -390,19 +410,14 @@ def _translated(
     """The float64 run's result against the float64 reference: within
     TRANSLATION_RTOL of the output's scale. The scale is its largest value, or
     `floor` (_floor) where that is larger, or the size of the terms the output
-    sums, up to the `median` scale of its kind (_typical_scales): a gradient
-    that is zero in exact arithmetic (a bias before a batch norm) is float64
-    noise of the size of those terms, and the source's own rounding measures
-    them, as its error on the output over its dtype's epsilon."""
+    sums (_terms): a gradient that is zero in exact arithmetic is float64
+    noise of the size of those terms."""
     got = np.asarray(_numpy(got), dtype=np.float64)
     ref = np.asarray(ref, dtype=np.float64)
     if got.shape != ref.shape:
         return name, float("inf"), float("inf"), False, None, None
     err = _error(got, ref)
-    terms = 0.0
-    if source.dtype.kind == "f":
-        own = _error(np.asarray(source, dtype=np.float64), ref)
-        terms = min(own / float(np.finfo(source.dtype).eps), median)
+    terms = _terms(source, ref, median)
     scale = max(float(np.abs(ref[np.isfinite(ref)]).max(initial=0.0)), floor, terms)
     rel = err / max(scale, 1e-300)
     return name, err, rel, err <= TRANSLATION_RTOL * scale, None, None
@@ -523,7 +538,9 @@ def check_parity(
             if reference_key(key) in sample:
                 ref = sample[reference_key(key)]
                 floor = _floor(sample, key, medians, is_grad)
-                found = _calibrated(name + label, value, sample[key], ref, typical, floor)
+                found = _calibrated(
+                    name + label, value, sample[key], ref, typical, floor, medians[is_grad]
+                )
                 rows.append(found)
             else:
                 tol = grad_atol if is_grad else atol

@@ -1,0 +1,190 @@
+"""Mutation tests of the translation check (issue 14): a correct emitted
+program of a conv net, a transformer layer and an LSTM, with one small wrong
+edit at a time, must fail the translation rows (the program in float64
+against the source's float64 reference), and the first divergent node,
+searched in float64, must be the edited node's module. The unedited programs
+pass. One edit is far below float32's resolution: an activation's input
+scaled by 1 + 1e-6."""
+
+from __future__ import annotations
+
+import re
+from collections.abc import Callable
+from dataclasses import dataclass
+from pathlib import Path
+
+import pytest
+import torch
+from helpers import record
+
+from tracelog.emit import PROGRAM_TARGETS, get_target
+from tracelog.emit.program import build_program
+from tracelog.log import TraceLog
+from tracelog.parity import _module_from_text, first_divergence
+
+
+class ConvNet(torch.nn.Module):
+    def __init__(self) -> None:
+        super().__init__()
+        self.conv1 = torch.nn.Conv2d(3, 4, 3, padding=1)
+        self.bn1 = torch.nn.BatchNorm2d(4)
+        self.conv2 = torch.nn.Conv2d(4, 4, 3, padding=1)
+        self.pool = torch.nn.AdaptiveAvgPool2d(1)
+        self.fc = torch.nn.Linear(4, 4)  # square: its transpose is a wrong weight of the same shape
+        self.head = torch.nn.Linear(4, 3)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        x = torch.relu(self.bn1(self.conv1(x)))
+        x = torch.nn.functional.gelu(self.conv2(x))
+        x = torch.tanh(self.fc(self.pool(x).flatten(1)))
+        return self.head(x)
+
+
+class Transformer(torch.nn.Module):
+    def __init__(self) -> None:
+        super().__init__()
+        self.layer = torch.nn.TransformerEncoderLayer(
+            8, 2, 16, dropout=0.0, activation="gelu", batch_first=True
+        )
+        self.head = torch.nn.Linear(8, 3)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return self.head(self.layer(x).mean(1))
+
+
+class Recurrent(torch.nn.Module):
+    def __init__(self) -> None:
+        super().__init__()
+        self.lstm = torch.nn.LSTM(4, 5, batch_first=True)
+        self.head = torch.nn.Linear(5, 3)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return self.head(self.lstm(x)[0][:, -1])
+
+
+MODELS: dict[str, tuple[Callable[[], torch.nn.Module], tuple[int, ...], Callable]] = {
+    "convnet": (ConvNet, (6, 3, 6, 6), torch.nn.CrossEntropyLoss(label_smoothing=0.1)),
+    "transformer": (Transformer, (4, 5, 8), torch.nn.functional.cross_entropy),
+    "lstm": (Recurrent, (4, 5, 4), torch.nn.functional.cross_entropy),
+}
+
+
+@pytest.fixture(scope="module")
+def logs(tmp_path_factory) -> dict[str, Path]:
+    found = {}
+    for name, (make, shape, loss) in MODELS.items():
+        torch.manual_seed(0)
+        batches = [(torch.randn(*shape), torch.randint(0, 3, (shape[0],))) for _ in range(2)]
+        log_dir = tmp_path_factory.mktemp(name)
+        log = record(make(), log_dir, batches, loss, eval_batches=0)
+        assert log.sample_info and log.sample_info["reference"] == "float64"
+        found[name] = log_dir
+    return found
+
+
+# per target: the text of a parameter transposed (the square fc weight)
+_TRANSPOSED = {
+    "torch": r"\1.t()",
+    "tensorflow": r"tf.transpose(\1)",
+    "jax": r"\1.T",
+}
+# per target: exact GELU (the source's) -> its tanh approximation
+_GELU_TANH = {
+    "torch": (r'approximate="none"', 'approximate="tanh"'),
+    "tensorflow": (r"_gelu\((v\d+), False\)", r"_gelu(\1, True)"),
+    "jax": (r"approximate=False", "approximate=True"),
+}
+
+
+@dataclass(frozen=True)
+class Edit:
+    name: str
+    model: str
+    module: str  # where the first divergent node must be: its module path, or <loss>
+    pattern: Callable[[str], tuple[str, str]]  # target -> (regex, replacement)
+
+    def apply(self, target: str, text: str) -> str:
+        """The edit made once, in the graph functions (after the inlined runtime)."""
+        head, sep, body = text.partition("\ndef predict_train(")
+        pattern, replacement = self.pattern(target)
+        edited, n = re.subn(pattern, replacement, body, count=1)
+        assert n == 1, f"{self.name}: {pattern!r} not found in the {target} program"
+        return head + sep + edited
+
+
+EDITS = [
+    Edit("batch_norm_epsilon", "convnet", "bn1", lambda t: (r"1e-05, 0\.1, ", "1e-04, 0.1, ")),
+    Edit(
+        "weight_transposed",
+        "convnet",
+        "fc",
+        lambda t: (r'(params\["fc\.weight"\])', _TRANSPOSED[t]),
+    ),
+    Edit(
+        "bias_dropped",
+        "convnet",
+        "conv2",
+        lambda t: (r'(params\["conv2\.bias"\])', r"\1 * 0"),
+    ),
+    Edit(
+        "label_smoothing_changed",
+        "convnet",
+        "<loss>",
+        lambda t: (r"\(0\.9, ", "(0.95, "),
+    ),
+    Edit(
+        "activation_input_scaled_by_1e-6",
+        "convnet",
+        "<root>",
+        lambda t: (r"tanh\((v\d+)\)", r"tanh(\1 * 1.000001)"),
+    ),
+    Edit(
+        "attention_scale_changed",
+        "transformer",
+        "layer.self_attn",
+        lambda t: (r"\(0\.5, ", "(0.51, "),
+    ),
+    Edit("gelu_tanh_approximation", "transformer", "layer", lambda t: _GELU_TANH[t]),
+    Edit(
+        "gelu_input_scaled_by_1e-6",
+        "transformer",
+        "layer",
+        lambda t: (r"gelu\((v\d+), ", r"gelu(\1 * 1.000001, "),
+    ),
+    Edit(
+        "lstm_gate_order_swapped",
+        "lstm",
+        "lstm",
+        lambda t: (r"\[v1, v4, v2, v3\]", "[v1, v2, v4, v3]"),
+    ),
+]
+
+
+def _rows(log_dir: Path, text: str) -> list[tuple]:
+    module = _module_from_text(text, "tracelog_mutation")
+    return module.check_parity(str(log_dir))
+
+
+@pytest.mark.parametrize("target", PROGRAM_TARGETS)
+@pytest.mark.parametrize("model", list(MODELS))
+def test_unedited_programs_pass_both_checks(logs, model: str, target: str) -> None:
+    rows = _rows(logs[model], build_program(TraceLog.load(logs[model]), get_target(target)))
+    assert any(r[0].endswith("[float64]") for r in rows)
+    assert all(r[3] for r in rows), [r for r in rows if not r[3]]
+
+
+@pytest.mark.parametrize("target", PROGRAM_TARGETS)
+@pytest.mark.parametrize("edit", EDITS, ids=[e.name for e in EDITS])
+def test_each_wrong_edit_fails_the_translation_check_at_its_node(
+    logs, edit: Edit, target: str
+) -> None:
+    log_dir = logs[edit.model]
+    log, tgt = TraceLog.load(log_dir), get_target(target)
+    rows = _rows(log_dir, edit.apply(target, build_program(log, tgt)))
+    failed = [r[0] for r in rows if r[0].endswith("[float64]") and not r[3]]
+    assert failed, f"{edit.name} passed the translation check on {target}"
+    divergence = first_divergence(
+        log, tgt, log_dir, 1e-5, 1e-4, edit=lambda text: edit.apply(target, text)
+    )
+    assert divergence.startswith("first divergent node in float64"), divergence
+    assert f" at {edit.module} (" in divergence, divergence
