@@ -70,15 +70,18 @@ def _batch_norm_train(
     axes: tuple[int, ...],
 ) -> tuple[jax.Array, jax.Array, jax.Array]:
     """Batch norm in training mode as PyTorch computes it on the CPU: batch
-    statistics accumulated in float64; the running variance updates with the
-    unbiased one. Returns the output and the new running statistics."""
+    statistics, output and gradients accumulated in float64; the running
+    variance updates with the unbiased one. Returns the output and the new
+    running statistics."""
     shape = [1 if d in axes else -1 for d in range(x.ndim)]
     x64 = x.astype(jnp.float64)
     mean = jnp.mean(x64, axis=axes)
     var = jnp.mean(jnp.square(x64 - mean.reshape(shape)), axis=axes)
     a = scale.astype(jnp.float64) / jnp.sqrt(var + eps)
     b = bias.astype(jnp.float64) - mean * a
-    y = x * a.astype(x.dtype).reshape(shape) + b.astype(x.dtype).reshape(shape)
+    # in float64 too, cast once: the gradients' sums over the batch (the bias's,
+    # the scale's) then accumulate in float64, as PyTorch's kernel accumulates
+    y = (x64 * a.reshape(shape) + b.reshape(shape)).astype(x.dtype)
     n = x.size // mean.size
     new_mean = (1 - momentum) * running_mean + momentum * mean.astype(x.dtype)
     new_var = (1 - momentum) * running_var + momentum * (var * n / (n - 1)).astype(x.dtype)
