@@ -51,17 +51,7 @@ def _batch_norm_train(
     channel_axis: int,
 ) -> tuple[tf.Tensor, tf.Tensor, tf.Tensor]:
     """Batch norm in training mode as PyTorch computes it: normalise with the
-    batch's biased variance, update the running variance with the unbiased one.
-    Float32 NHWC data takes TensorFlow's fused kernel (FusedBatchNormV3 and its
-    gradient: on ResNet its parameter gradients are about 2.5x closer to the
-    float64 result than tf.nn.moments' arithmetic); it has no float64 form, so
-    the translation check's float64 run takes the arithmetic, the same function."""
-    if x.dtype.name == "float32" and len(x.shape) == 4 and channel_axis == 3:
-        y, mean, unbiased = tf.compat.v1.nn.fused_batch_norm(
-            x, scale, bias, epsilon=eps, data_format="NHWC", is_training=True
-        )
-        new_mean = (1.0 - momentum) * running_mean + momentum * mean
-        return y, new_mean, (1.0 - momentum) * running_var + momentum * unbiased
+    batch's biased variance, update the running variance with the unbiased one."""
     shape = [1] * len(x.shape)
     shape[channel_axis] = -1
     mean, var = tf.nn.moments(x, axes=axes)
