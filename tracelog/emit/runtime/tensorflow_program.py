@@ -50,16 +50,21 @@ def _batch_norm_train(
     axes: list[int],
     channel_axis: int,
 ) -> tuple[tf.Tensor, tf.Tensor, tf.Tensor]:
-    """Batch norm in training mode as PyTorch computes it: normalise with the
-    batch's biased variance, update the running variance with the unbiased one."""
+    """Batch norm in training mode as PyTorch computes it on the CPU: batch
+    statistics, output and gradients accumulated in float64, cast once; the
+    running variance updates with the unbiased one. (The float32 arithmetic
+    left the scale and bias gradients, sums over the batch, several times
+    less accurate than PyTorch's own.)"""
     shape = [1] * len(x.shape)
     shape[channel_axis] = -1
-    mean, var = tf.nn.moments(x, axes=axes)
-    y = (x - tf.reshape(mean, shape)) / tf.sqrt(tf.reshape(var, shape) + eps)
-    y = y * tf.reshape(scale, shape) + tf.reshape(bias, shape)
-    n = tf.cast(tf.size(x) // tf.size(mean), x.dtype)
-    new_mean = (1.0 - momentum) * running_mean + momentum * mean
-    new_var = (1.0 - momentum) * running_var + momentum * var * n / (n - 1.0)
+    x64 = tf.cast(x, tf.float64)
+    mean, var = tf.nn.moments(x64, axes=axes)
+    a = tf.cast(scale, tf.float64) / tf.sqrt(var + eps)
+    b = tf.cast(bias, tf.float64) - mean * a
+    y = tf.cast(x64 * tf.reshape(a, shape) + tf.reshape(b, shape), x.dtype)
+    n = tf.cast(tf.size(x) // tf.size(mean), tf.float64)
+    new_mean = (1.0 - momentum) * running_mean + momentum * tf.cast(mean, x.dtype)
+    new_var = (1.0 - momentum) * running_var + momentum * tf.cast(var * n / (n - 1.0), x.dtype)
     return y, new_mean, new_var
 
 
