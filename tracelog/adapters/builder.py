@@ -117,6 +117,9 @@ class Builder:
         self.pseudo: dict[str, tuple[Any, ...]] = {}
         # per random node (Dropout), by its first output: the record that drew its mask
         self.random_recs: dict[str, int] = {}
+        # facts a rule leaves for the rules of later records, by topic (TF's
+        # SpaceToBatchND outputs, which a BatchToSpaceND may fold into a Conv)
+        self.notes: dict[str, Any] = {}
         self._n_helper = 0
         self._n_const = 0
         self._const_cache: dict[tuple[Any, ...], str] = {}

@@ -590,4 +590,4 @@ TF_OPS.not_yet(
 )
 
 
-from tracelog.adapters.tensorflow import layer_rules  # noqa: E402,F401  (fills TF_OPS)
+from tracelog.adapters.tensorflow import dilated, layer_rules  # noqa: E402,F401  (fill TF_OPS)
