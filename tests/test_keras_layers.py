@@ -385,10 +385,6 @@ KNOWN: dict[str, dict[str, str]] = {
             "SpatialDropout1D"
         ).split()
     },
-    "layer_Rescaling": {
-        "layout": "the pass sinks transposes but does not hoist one above element-wise ops "
-        "to the data input"
-    },
     "layer_Cropping2D": {"layout": "the layout pass does not yet move transposes through Slice"},
     "layer_SpatialDropout2D": {
         "layout": "a [B, 1, 1, C] dropout mask is drawn in NHWC: the pass stops at Dropout"
@@ -397,17 +393,8 @@ KNOWN: dict[str, dict[str, str]] = {
         f"layer_{n}": {"jax": "the JAX emitter writes 2-D Conv only"}
         for n in ("Conv3D", "Conv3D_same", "ZeroPadding3D")
     },
-    "layer_UpSampling2D_bilinear": {
-        "torch": "the torch emitter resizes only the spatial axes of NCHW data, and this "
-        "Resize runs over axes 1 and 2 of the NHWC value",
-        "layout": "Resize over NHWC axes is not moved by the layout pass",
-    },
 }
 _ALL = ("record", "reference", "torch", "jax", "onnx", "layout")
-for _n in ("UpSampling1D", "UpSampling2D"):
-    KNOWN[f"layer_{_n}"] = dict.fromkeys(
-        _ALL, "nearest upsampling is tf.repeat: Tile with multiples built at run time (Pack)"
-    )
 for _n in ("Softmax", "activation_softmax_axis1"):
     KNOWN[f"layer_{_n}"] = dict.fromkeys(
         _ALL, "softmax over a non-last axis transposes by a perm built with Range at run time"

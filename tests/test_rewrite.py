@@ -264,3 +264,35 @@ def test_traits_of_nodes() -> None:
     assert "elementwise" in traits_of(Node("StopGradient", ["x"], ["y"], domain="tracelog"))
     assert "reduction" in traits_of(Node("ReduceProd", ["x"], ["y"]))
     assert traits_of(Node("NoSuchOp", [], ["y"])) == frozenset()
+
+
+@pytest.mark.parametrize("axis, repeat", [(2, True), (1, False)])
+def test_a_repeat_is_a_nearest_resize_and_a_tile_is_not(axis: int, repeat: bool) -> None:
+    """x [3, 4] with a new axis, tiled by 2 there, merged to [3, 8]: a new axis
+    after axis 1 repeats each element (np.repeat: one Resize); before it, it
+    tiles the whole row (np.tile: left as it is). Checked on onnx.reference."""
+    pytest.importorskip("onnx", reason="checked on onnx.reference")
+    import numpy as np
+
+    from tracelog.ir import ConstData
+    from tracelog.passes.fusions import REPEATS
+    from tracelog.verify import run_graph
+
+    unsqueezed = (3, 4, 1) if axis == 2 else (3, 1, 4)
+    tiled = (3, 4, 2) if axis == 2 else (3, 2, 4)
+    reps = [1, 1, 2] if axis == 2 else [1, 2, 1]
+    nodes = [
+        _node("Unsqueeze", ["x", "axes"], ["u"]),
+        _node("Tile", ["u", "reps"], ["t"]),
+        _node("Reshape", ["t", "shape"], ["y"]),
+    ]
+    g = _graph(nodes, ["y"], {"x": (3, 4), "u": unsqueezed, "t": tiled, "y": (3, 8)})
+    for name, data in (("axes", [axis]), ("reps", reps), ("shape", [3, 8])):
+        g.values[name] = Value(
+            name, TensorType("int64", (len(data),)), "const", const=ConstData(data=data)
+        )
+    done, report = rewrite(g, REPEATS)
+    assert _ops(done) == (["Resize"] if repeat else ["Unsqueeze", "Tile", "Reshape"])
+    x = np.arange(12, dtype=np.float32).reshape(3, 4)
+    want = np.repeat(x, 2, axis=1) if repeat else np.tile(x, (1, 2))
+    np.testing.assert_array_equal(run_graph(done, {"x": x})["prediction"], want)

@@ -12,12 +12,14 @@ from typing import Any, SupportsInt
 
 import numpy as np
 
-from tracelog.adapters.builder import Converter, Ctx, NotSupported
+from tracelog.adapters.builder import Converter, Ctx, NotSupported, use_rewrites
 from tracelog.adapters.tape import TArg
 from tracelog.ir import TensorType
+from tracelog.passes.fusions import REPEATS
 from tracelog.registry import Table
 
 TF_OPS: Table[Converter] = Table("tensorflow ops")
+use_rewrites(TF_OPS, REPEATS)  # tf.repeat (Unsqueeze + Tile + Reshape) -> Resize nearest
 Names = Sequence[str | None]
 
 TO_NCHW = [0, 3, 1, 2]
@@ -444,7 +446,13 @@ def _expand_dims(ctx: Ctx) -> Names:
 
 @TF_OPS.register("tf.Reshape")
 def _reshape(ctx: Ctx) -> Names:
-    return ctx.one("Reshape", [ctx.t(0), ctx.shape_const(list(ctx.out_type().shape))])
+    out = ctx.out_type()
+    known = const_array(ctx, 0)
+    if known is not None and not any(isinstance(d, str) for d in out.shape):
+        # a constant reshaped (tf.repeat's repeats, to a scalar for a Tile's
+        # multiples): a constant, so that the ops reading it can fold too
+        return [ctx.const(known.reshape([int(d) for d in out.shape]), out.dtype)]
+    return ctx.one("Reshape", [ctx.t(0), ctx.shape_const(list(out.shape))])
 
 
 @TF_OPS.register("tf.Transpose")
