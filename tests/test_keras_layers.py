@@ -202,6 +202,7 @@ LAYERS: dict[str, Callable[[], Any]] = {
         L.Conv2D(4, 1), L.ReLU(max_value=1.5, negative_slope=0.1, threshold=0.2), *_head()
     ),
     "Softmax": lambda: _seq((5, 3), L.Dense(3), L.Softmax(axis=1), *_flat_head()),
+    "Softmax_image_axis2": lambda: _img(L.Conv2D(4, 1), L.Softmax(axis=2), *_head()),
 }
 
 A = keras.activations
@@ -395,10 +396,6 @@ KNOWN: dict[str, dict[str, str]] = {
     },
 }
 _ALL = ("record", "reference", "torch", "jax", "onnx", "layout")
-for _n in ("Softmax", "activation_softmax_axis1"):
-    KNOWN[f"layer_{_n}"] = dict.fromkeys(
-        _ALL, "softmax over a non-last axis transposes by a perm built with Range at run time"
-    )
 KNOWN["layer_MultiHeadAttention_causal"] = dict.fromkeys(
     _ALL, "the causal mask's StridedSlice uses an ellipsis/new-axis mask: no rule yet"
 )

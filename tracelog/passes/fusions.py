@@ -105,3 +105,34 @@ REPEATS = Rewrites(
         ),
     ]
 )
+
+
+def _softmax_axis(m: Match) -> list[Node] | None:
+    """Transpose(p) -> (Log)Softmax over the last axis -> Transpose(p^-1):
+    the softmax over axis p[-1] of x (TF's softmax over a non-last axis)."""
+    p, back = m.nodes["into"].ints_attr("perm"), m.root.ints_attr("perm")
+    sm = m.nodes["softmax"]
+    rank = len(p)
+    if len(back) != rank or any(p[back[i]] != i for i in range(rank)):
+        return None
+    if sm.int_attr("axis", -1) % rank != rank - 1:
+        return None
+    return [m.node_as(sm.op, [m["x"]], axis=p[-1])]
+
+
+SOFTMAX_AXES = Rewrites(
+    [
+        # Transpose(Softmax(Transpose(x, p), axis=-1), p^-1) -> Softmax(x, axis=p[-1])
+        (
+            P(
+                "Transpose",
+                P(
+                    ("Softmax", "LogSoftmax"),
+                    P("Transpose", "x", name="into"),
+                    name="softmax",
+                ),
+            ),
+            _softmax_axis,
+        ),
+    ]
+)

@@ -305,7 +305,7 @@ class _Pushed:
 def _push(rw: _Rewriter, back: list[int]) -> bool:
     """op(T(a), ...) -> T(op'(a, ...)) for the transpose T = back: element-wise
     ops (broadcast operands re-laid by a Reshape), reductions and Squeeze over
-    constant axes, Concat, constant Pad, Resize over listed axes."""
+    constant axes, Concat, constant Pad, Resize over listed axes, Softmax."""
     g = rw.g
     prod = rw.producers()
     for idx, n in enumerate(g.nodes):
@@ -406,6 +406,9 @@ def _pushed(
         return _Pushed(inputs, {**n.attrs, "axis": back[n.int_attr("axis") % 4]})
     if by_name == "Pad" and len(n.inputs) >= 2 and (pads := _const_ints(g, n.inputs[1])):
         return _push_pad(rw, n, first, pads, back)
+    if by_name in ("Softmax", "LogSoftmax") and len(n.inputs) == 1:
+        # over axis a of T(x) is over axis back[a] of x
+        return _Pushed([first], {**n.attrs, "axis": back[n.int_attr("axis", -1) % 4]})
     if by_name == "Resize" and "axes" in n.attrs and not (len(n.inputs) > 1 and n.inputs[1]):
         # resizing axis a of T(x) is resizing axis back[a] of x (scales/sizes stay paired)
         axes = [back[a % 4] for a in n.ints_attr("axes")]

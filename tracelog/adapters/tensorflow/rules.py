@@ -6,7 +6,7 @@ convolution is ONNX's."""
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from functools import partial
 from typing import Any, SupportsInt
 
@@ -15,11 +15,13 @@ import numpy as np
 from tracelog.adapters.builder import Converter, Ctx, NotSupported, use_rewrites
 from tracelog.adapters.tape import TArg
 from tracelog.ir import TensorType
-from tracelog.passes.fusions import REPEATS
+from tracelog.passes.fusions import REPEATS, SOFTMAX_AXES
 from tracelog.registry import Table
 
 TF_OPS: Table[Converter] = Table("tensorflow ops")
-use_rewrites(TF_OPS, REPEATS)  # tf.repeat (Unsqueeze + Tile + Reshape) -> Resize nearest
+# tf.repeat (Unsqueeze + Tile + Reshape) -> Resize nearest; softmax over a non-last
+# axis (Transpose + Softmax + Transpose) -> Softmax(axis)
+use_rewrites(TF_OPS, REPEATS + SOFTMAX_AXES)
 Names = Sequence[str | None]
 
 TO_NCHW = [0, 3, 1, 2]
@@ -71,9 +73,46 @@ def _stop_gradient(ctx: Ctx) -> Names:
     return ctx.one("StopGradient", [ctx.t(0)], domain="tracelog")
 
 
+def _folded(ctx: Ctx, fn: Callable[..., np.ndarray], n_args: int) -> Names | None:
+    """The op's output as a constant, when its first n_args arguments are all
+    known at recording time (shape and mask arithmetic on literals); None
+    otherwise."""
+    arrays = [const_array(ctx, i) for i in range(n_args)]
+    if any(a is None for a in arrays):
+        return None
+    out = ctx.out_type()
+    value = np.asarray(fn(*arrays)).astype(np.dtype(out.dtype))
+    if list(value.shape) != [d for d in out.shape]:
+        raise NotSupported(f"{ctx.rec.op} folded to shape {value.shape}, not {out.shape}")
+    return [ctx.const(value, out.dtype)]
+
+
 # -- element-wise ----------------------------------------------------------------------
+# integer arithmetic on constants folds (softmax over axis 1 builds its transpose's
+# perm from rank - 1 and a Range): numpy computes it exactly as TF does
+_INT_FOLDS: dict[str, Callable[..., np.ndarray]] = {
+    "Add": np.add,
+    "Sub": np.subtract,
+    "Mul": np.multiply,
+    "Max": np.maximum,
+    "Min": np.minimum,
+    "Neg": np.negative,
+    "Abs": np.abs,
+    "Equal": np.equal,
+    "Less": np.less,
+    "Greater": np.greater,
+}
+
+
 def _same_op(op: str, arity: int, ctx: Ctx) -> Names:
     """A TF op that is the IR op `op` on its first `arity` inputs."""
+    fold = _INT_FOLDS.get(op)
+    if fold is not None and all(
+        ctx.in_type(i).dtype.startswith(("int", "uint")) for i in range(arity)
+    ):
+        folded = _folded(ctx, fold, arity)
+        if folded is not None:
+            return folded
     return ctx.one(op, [ctx.t(i) for i in range(arity)])
 
 
@@ -473,7 +512,8 @@ def _reverse(ctx: Ctx) -> Names:
 def _concat(ctx: Ctx) -> Names:
     n = len(ctx.rec.args) - 1
     axis = _axes_of(ctx, n)[0]
-    return ctx.one("Concat", [ctx.t(i) for i in range(n)], axis=axis)
+    folded = _folded(ctx, lambda *xs: np.concatenate(xs, axis=axis), n)
+    return folded or ctx.one("Concat", [ctx.t(i) for i in range(n)], axis=axis)
 
 
 @TF_OPS.register("tf.Shape")
