@@ -180,6 +180,12 @@ LAYERS: dict[str, Callable[[], Any]] = {
     # -- shapes and merges
     "Reshape_Flatten": lambda: _img(L.Reshape((16, 12)), L.Flatten(), L.Dense(5)),
     "Concatenate_Add": _concat_add,
+    # StridedSlice with an ellipsis, new axes, shrunk axes and steps
+    "StridedSlice_ellipsis_new_axis": lambda: _seq(
+        (6, 8),
+        L.Lambda(lambda x: x[:, None, ..., 1:7:2] * x[..., None, 0, 2:7:2][:, :, None, :]),
+        *_flat_head(),
+    ),
     # -- dropout
     "Dropout": lambda: _img(L.Flatten(), L.Dropout(0.3), L.Dense(5)),
     "SpatialDropout1D": lambda: _seq(
@@ -396,9 +402,6 @@ KNOWN: dict[str, dict[str, str]] = {
     },
 }
 _ALL = ("record", "reference", "torch", "jax", "onnx", "layout")
-KNOWN["layer_MultiHeadAttention_causal"] = dict.fromkeys(
-    _ALL, "the causal mask's StridedSlice uses an ellipsis/new-axis mask: no rule yet"
-)
 
 
 def _known(case: str, test: str) -> None:

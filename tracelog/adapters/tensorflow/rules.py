@@ -571,11 +571,49 @@ def _fill_like(ctx: Ctx) -> Names:
     return ctx.one("Expand", [scalar, shape])
 
 
+def _strided_spec(
+    ctx: Ctx, begin: list[int], end: list[int], strides: list[int], rank: int
+) -> tuple[list[int], list[int], list[int], list[int], list[int], list[int]]:
+    """A StridedSlice's spec as Slice inputs (starts, ends, axes, steps), the
+    input axes it shrinks and the output axes it inserts."""
+    mask = {k: attr_int(ctx, f"{k}_mask", 0) for k in ("begin", "end", "shrink_axis", "ellipsis")}
+    new_axis = attr_int(ctx, "new_axis_mask", 0)
+    named = sum(1 for k in range(len(begin)) if not (mask["ellipsis"] | new_axis) >> k & 1)
+    big = 2**62
+    starts, ends, axes, steps, shrunk, inserted = [], [], [], [], [], []
+    ax = out_ax = 0  # the input axis and the output axis entry k stands for
+    for k, (b, e, st) in enumerate(zip(begin, end, strides, strict=True)):
+        if mask["ellipsis"] >> k & 1:
+            ax, out_ax = ax + rank - named, out_ax + rank - named
+            continue
+        if new_axis >> k & 1:
+            inserted.append(out_ax)
+            out_ax += 1
+            continue
+        if mask["shrink_axis"] >> k & 1:  # one index, the axis then squeezed
+            e, st = (b + 1 if b != -1 else big), 1
+            shrunk.append(ax)
+        else:
+            b = (big - 1 if st < 0 else 0) if mask["begin"] >> k & 1 else b
+            e = (-big if st < 0 else big) if mask["end"] >> k & 1 else e
+            out_ax += 1
+        starts.append(b)
+        ends.append(e)
+        axes.append(ax)
+        steps.append(st)
+        ax += 1
+    if ax > rank:
+        raise NotSupported(f"StridedSlice of {len(begin)} entries on rank {rank}")
+    return starts, ends, axes, steps, shrunk, inserted
+
+
 @TF_OPS.register("tf.StridedSlice")
 def _strided_slice(ctx: Ctx) -> Names:
-    """Constant begin/end/strides: Slice, then Squeeze for shrunk axes."""
-    if attr(ctx, "ellipsis_mask", 0) or attr(ctx, "new_axis_mask", 0):
-        raise NotSupported("StridedSlice with an ellipsis or new axes")
+    """Constant begin/end/strides: Slice, then Squeeze for shrunk axes and
+    Unsqueeze for new ones. Entry k of the spec is the ellipsis (the input
+    axes no other entry names, whole), a new axis of size 1, one index
+    (shrunk), or a range (begin_mask/end_mask: from the start, to the end);
+    axes after the spec are whole (tensorflow/core/util/strided_slice_op.cc)."""
     bounds = []
     for i in (1, 2, 3):
         a = ctx.arg(i)
@@ -585,31 +623,32 @@ def _strided_slice(ctx: Ctx) -> Names:
             [int(x) for x in ctx.b.to_numpy(ctx.b.tape.consts[a.ref[1]].tensor).reshape(-1)]
         )
     begin, end, strides = bounds
-    begin_mask, end_mask = attr_int(ctx, "begin_mask", 0), attr_int(ctx, "end_mask", 0)
-    shrink = attr_int(ctx, "shrink_axis_mask", 0)
-    big = 2**62
-    starts, ends, axes = [], [], []
-    for ax, (b, e, st) in enumerate(zip(begin, end, strides, strict=True)):
-        if shrink >> ax & 1:  # one index, the axis then squeezed
-            e = b + 1 if b != -1 else big
-        else:
-            if begin_mask >> ax & 1:
-                b = big - 1 if st < 0 else 0
-            if end_mask >> ax & 1:
-                e = -big if st < 0 else big
-        starts.append(b)
-        ends.append(e)
-        axes.append(ax)
-    shrunk = [ax for ax in axes if shrink >> ax & 1]
-    sliced_shape = list(ctx.out_type().shape)
-    for ax in shrunk:
-        sliced_shape.insert(ax, 1)
-    ty = TensorType(ctx.out_type().dtype, tuple(sliced_shape))
-    inputs = [ctx.t(0), ctx.ints(starts), ctx.ints(ends), ctx.ints(axes), ctx.ints(strides)]
-    if not shrunk:
-        return ctx.one("Slice", inputs)
-    sliced = ctx.helper("Slice", inputs, ty)
-    return ctx.one("Squeeze", [sliced, ctx.ints(shrunk)])
+    rank = len(ctx.in_type(0).shape)
+    starts, ends, axes, steps, shrunk, inserted = _strided_spec(ctx, begin, end, strides, rank)
+    out = ctx.out_type()
+    # the shape after Slice: the output's dims with the new axes out, the shrunk in
+    dims = [d for i, d in enumerate(out.shape) if i not in inserted]
+    for a in shrunk:
+        dims.insert(a, 1)
+    steps_in = [ctx.t(0), ctx.ints(starts), ctx.ints(ends), ctx.ints(axes), ctx.ints(steps)]
+    whole = all((b, e, st) == (0, 2**62, 1) for b, e, st in zip(starts, ends, steps, strict=True))
+    # a spec of only the ellipsis and new axes (mask[None, None]) slices nothing
+    stages: list[tuple[str, list[int]]] = [] if whole and not shrunk else [("Slice", [])]
+    if shrunk:
+        stages.append(("Squeeze", shrunk))
+    if inserted:
+        stages.append(("Unsqueeze", inserted))
+    if not stages:
+        return [ctx.t(0)]
+    cur = ctx.t(0)
+    for k, (op, which) in enumerate(stages):
+        ins = steps_in if op == "Slice" else [cur, ctx.ints(which)]
+        if k == len(stages) - 1:
+            return ctx.one(op, ins)
+        if op == "Squeeze":
+            dims = [d for i, d in enumerate(dims) if i not in shrunk]
+        cur = ctx.helper(op, ins, TensorType(out.dtype, tuple(dims)))
+    raise AssertionError("unreachable")
 
 
 # -- losses ---------------------------------------------------------------------------------
