@@ -386,7 +386,8 @@ KNOWN: dict[str, dict[str, str]] = {
     **{
         f"layer_{n}": {"layout": _1D_LAYOUT}
         for n in (
-            "Conv1D Conv1D_causal Conv1D_causal_dilated Conv1D_dilated_same Conv1DTranspose DepthwiseConv1D SeparableConv1D ZeroPadding1D "
+            "Conv1D Conv1D_causal Conv1D_causal_dilated Conv1D_dilated_same Conv1DTranspose "
+            "DepthwiseConv1D SeparableConv1D ZeroPadding1D "
             "MaxPooling1D AveragePooling1D AveragePooling1D_same GlobalAveragePooling1D "
             "GlobalAveragePooling1D_keepdims GlobalMaxPooling1D GlobalMaxPooling1D_keepdims "
             "SpatialDropout1D"
