@@ -74,6 +74,25 @@ LAYERS: dict[str, Callable[[], Any]] = {
     ),
     "Conv2D": lambda: _img(L.Conv2D(4, 3, strides=2, padding="same"), *_head()),
     "Conv2D_dilated": lambda: _img(L.Conv2D(4, 3, dilation_rate=2, padding="same"), *_head()),
+    # dilations other than the block over every axis, uneven crops, 1-D "same"
+    "Conv2D_dilated_valid_23": lambda: _img(
+        L.Conv2D(3, (3, 2), dilation_rate=(2, 3)), *_head(), shape=(9, 10, 3)
+    ),
+    "Conv1D_dilated_same": lambda: _seq(
+        (10, 3), L.Conv1D(4, 3, padding="same", dilation_rate=3), *_flat_head()
+    ),
+    # SpaceToBatchND / BatchToSpaceND with no convolution between: the plain rules
+    "SpaceToBatch_BatchToSpace": lambda: _img(
+        L.Lambda(
+            lambda x: tf.batch_to_space(
+                tf.nn.relu(tf.space_to_batch_nd(x, [2, 3], [[1, 1], [0, 1]])),
+                [2, 3],
+                [[0, 2], [1, 0]],
+            )
+        ),
+        *_head(),
+        shape=(6, 8, 3),
+    ),
     "Conv3D": lambda: _seq((3, 5, 5, 2), L.Conv3D(3, 2, strides=(1, 2, 2)), *_flat_head()),
     "Conv3D_same": lambda: _seq((3, 5, 3, 2), L.Conv3D(3, 3, 2, padding="same"), *_flat_head()),
     "Conv1DTranspose": lambda: _seq(
@@ -95,10 +114,16 @@ LAYERS: dict[str, Callable[[], Any]] = {
         (8, 3), L.DepthwiseConv1D(3, depth_multiplier=2, padding="same"), *_flat_head()
     ),
     "DepthwiseConv2D": lambda: _img(L.DepthwiseConv2D(3, depth_multiplier=2), *_head()),
+    "DepthwiseConv2D_dilated": lambda: _img(
+        L.DepthwiseConv2D(3, dilation_rate=2, padding="same"), *_head(), shape=(7, 7, 3)
+    ),
     "SeparableConv1D": lambda: _seq(
         (8, 3), L.SeparableConv1D(6, 3, strides=2, padding="same"), *_flat_head()
     ),
     "SeparableConv2D": lambda: _img(L.SeparableConv2D(6, 3, padding="same"), *_head()),
+    "SeparableConv2D_dilated": lambda: _img(
+        L.SeparableConv2D(4, 2, dilation_rate=(3, 2), padding="same"), *_head(), shape=(7, 6, 3)
+    ),
     # -- normalisation
     "BatchNormalization": lambda: _img(L.Conv2D(4, 1), L.BatchNormalization(), *_head()),
     "GroupNormalization": lambda: _img(L.Conv2D(9, 1), L.GroupNormalization(3), *_head()),
@@ -155,6 +180,12 @@ LAYERS: dict[str, Callable[[], Any]] = {
     # -- shapes and merges
     "Reshape_Flatten": lambda: _img(L.Reshape((16, 12)), L.Flatten(), L.Dense(5)),
     "Concatenate_Add": _concat_add,
+    # StridedSlice with an ellipsis, new axes, shrunk axes and steps
+    "StridedSlice_ellipsis_new_axis": lambda: _seq(
+        (6, 8),
+        L.Lambda(lambda x: x[:, None, ..., 1:7:2] * x[..., None, 0, 2:7:2][:, :, None, :]),
+        *_flat_head(),
+    ),
     # -- dropout
     "Dropout": lambda: _img(L.Flatten(), L.Dropout(0.3), L.Dense(5)),
     "SpatialDropout1D": lambda: _seq(
@@ -177,6 +208,7 @@ LAYERS: dict[str, Callable[[], Any]] = {
         L.Conv2D(4, 1), L.ReLU(max_value=1.5, negative_slope=0.1, threshold=0.2), *_head()
     ),
     "Softmax": lambda: _seq((5, 3), L.Dense(3), L.Softmax(axis=1), *_flat_head()),
+    "Softmax_image_axis2": lambda: _img(L.Conv2D(4, 1), L.Softmax(axis=2), *_head()),
 }
 
 A = keras.activations
@@ -339,6 +371,7 @@ def _record(model: Any, loss: Any, kind: str, log_dir: Any) -> tracelog.TraceLog
 
 
 CASES = [(f"layer_{n}", n) for n in LAYERS] + [(f"loss_{n}", n) for n in LOSSES]
+CASES_BY_ID = {case: name for case, name in CASES if case.startswith("layer_")}
 # JAX compiles every program twice (jitted and op by op), about 8x torch's time per
 # case: the suite runs it on every third case; TRACELOG_ALL_CASES=1 on all of them.
 _ALL_CASES = os.environ.get("TRACELOG_ALL_CASES") == "1"
@@ -348,21 +381,17 @@ _1D_LAYOUT = (
     "Keras writes 1-D convolutions and pools as ExpandDims + the 2-D op + Squeeze; "
     "the layout pass does not yet move transposes through Unsqueeze/Squeeze"
 )
-_DILATED = "TF runs dilated convolutions as SpaceToBatchND + Conv2D + BatchToSpaceND: no rules yet"
 # case -> {test: reason}: known failures, declared here rather than inside the tests
 KNOWN: dict[str, dict[str, str]] = {
     **{
         f"layer_{n}": {"layout": _1D_LAYOUT}
         for n in (
-            "Conv1D Conv1D_causal Conv1DTranspose DepthwiseConv1D SeparableConv1D ZeroPadding1D "
+            "Conv1D Conv1D_causal Conv1D_causal_dilated Conv1D_dilated_same Conv1DTranspose "
+            "DepthwiseConv1D SeparableConv1D ZeroPadding1D "
             "MaxPooling1D AveragePooling1D AveragePooling1D_same GlobalAveragePooling1D "
             "GlobalAveragePooling1D_keepdims GlobalMaxPooling1D GlobalMaxPooling1D_keepdims "
             "SpatialDropout1D"
         ).split()
-    },
-    "layer_Rescaling": {
-        "layout": "the pass sinks transposes but does not hoist one above element-wise ops "
-        "to the data input"
     },
     "layer_Cropping2D": {"layout": "the layout pass does not yet move transposes through Slice"},
     "layer_SpatialDropout2D": {
@@ -372,26 +401,8 @@ KNOWN: dict[str, dict[str, str]] = {
         f"layer_{n}": {"jax": "the JAX emitter writes 2-D Conv only"}
         for n in ("Conv3D", "Conv3D_same", "ZeroPadding3D")
     },
-    "layer_UpSampling2D_bilinear": {
-        "torch": "the torch emitter resizes only the spatial axes of NCHW data, and this "
-        "Resize runs over axes 1 and 2 of the NHWC value",
-        "layout": "Resize over NHWC axes is not moved by the layout pass",
-    },
 }
 _ALL = ("record", "reference", "torch", "jax", "onnx", "layout")
-for _n in ("Conv1D_causal_dilated", "Conv2D_dilated"):
-    KNOWN[f"layer_{_n}"] = dict.fromkeys(_ALL, _DILATED)
-for _n in ("UpSampling1D", "UpSampling2D"):
-    KNOWN[f"layer_{_n}"] = dict.fromkeys(
-        _ALL, "nearest upsampling is tf.repeat: Tile with multiples built at run time (Pack)"
-    )
-for _n in ("Softmax", "activation_softmax_axis1"):
-    KNOWN[f"layer_{_n}"] = dict.fromkeys(
-        _ALL, "softmax over a non-last axis transposes by a perm built with Range at run time"
-    )
-KNOWN["layer_MultiHeadAttention_causal"] = dict.fromkeys(
-    _ALL, "the causal mask's StridedSlice uses an ellipsis/new-axis mask: no rule yet"
-)
 
 
 def _known(case: str, test: str) -> None:
@@ -440,6 +451,22 @@ def test_emitted_program_matches_tensorflow(layer_log, target: str) -> None:
     assert report.ok, report.table()
     if target != "onnx":
         assert any(c.name.startswith("grad ") for c in report.comparisons)
+
+
+@pytest.mark.parametrize(
+    "case", [c for c in CASES_BY_ID if "dilated" in c and "Transpose" not in c]
+)
+def test_dilated_convolutions_record_one_dilated_conv(case: str, tmp_path) -> None:
+    """TF's SpaceToBatchND + Conv2D + BatchToSpaceND is one Conv with dilations:
+    nothing of SpaceToBatchND's reshapes is left in the graph."""
+    keras.utils.set_random_seed(0)
+    loss = keras.losses.SparseCategoricalCrossentropy(from_logits=True)
+    log = _record(LAYERS[CASES_BY_ID[case]](), loss, "sparse", tmp_path)
+    pred = log.graphs[log.entries_sorted()[0].hash]
+    convs = [n for n in pred.nodes if n.op == "Conv"]
+    assert any(max(n.ints_attr("dilations")) > 1 for n in convs)
+    assert not [n for n in pred.nodes if n.source == "tf.SpaceToBatchND"]
+    assert "Slice" not in pred.op_histogram()
 
 
 def test_channels_first_layout_keeps_transposes_only_at_the_edges(layer_log) -> None:

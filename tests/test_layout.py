@@ -117,3 +117,45 @@ def test_channels_first_leaves_a_graph_without_nhwc_transposes_alone() -> None:
     after, report = to_channels_first(graph)
     assert not report.changed and not report.kept
     assert [n.op for n in after.nodes] == ["Relu"]
+
+
+def test_channels_first_hoists_the_transpose_in_above_scaling_and_resize() -> None:
+    """x * s + o, a nearest Resize over H and W, then a conv (Keras'
+    Rescaling and UpSampling2D before Conv2D): the transpose into NCHW moves
+    up to the data input; a value another node also reads stays where it is."""
+    g = _G()
+    x = g.input("x", (2, 4, 4, 3))
+    g.values["s"] = Value("s", TensorType("float32", (3,)), "const", const=ConstData([0.5] * 3))
+    scaled = g.op("Add", [g.op("Mul", [x, "s"], (2, 4, 4, 3)), "s"], (2, 4, 4, 3))
+    g.values["scales"] = Value(
+        "scales", TensorType("float32", (2,)), "const", const=ConstData([2.0, 2.0])
+    )
+    up = g.op(
+        "Resize",
+        [scaled, "", "scales"],
+        (2, 8, 8, 3),
+        axes=[1, 2],
+        mode="nearest",
+        coordinate_transformation_mode="asymmetric",
+        nearest_mode="floor",
+    )
+    w = g.input("w", (4, 3, 1, 1), "param")
+    z = g.op("Conv", [g.op("Transpose", [up], (2, 3, 8, 8), perm=TO_NCHW), w], (2, 4, 8, 8))
+    z = g.op("Transpose", [z], (2, 8, 8, 4), perm=TO_NHWC)
+    pooled = g.op("ReduceMean", [z, g.const("hw", [1, 2])], (2, 4), keepdims=0)
+    graph = g.graph(pooled, scaled)
+    after, report = to_channels_first(graph)
+    # the scaled value is also an output: the Resize runs NCHW, the arithmetic NHWC
+    assert report.kept == ["into NCHW after Add at m"]
+    (resize,) = [n for n in after.nodes if n.op == "Resize"]
+    assert resize.ints_attr("axes") == [2, 3]
+    feeds = _feeds(graph)
+    want, got = run_graph(graph, feeds), run_graph(after, feeds)
+    for role in want:
+        np.testing.assert_allclose(got[role], want[role], rtol=1e-6, atol=1e-6)
+    alone, report = to_channels_first(g.graph(pooled))
+    assert report.kept == ["data input x enters NHWC"]
+    assert [(n.op, n.inputs[0]) for n in alone.nodes][0] == ("Transpose", "x")
+    np.testing.assert_allclose(
+        run_graph(alone, feeds)["prediction"], want["prediction"], rtol=1e-6, atol=1e-6
+    )

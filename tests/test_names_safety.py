@@ -150,24 +150,37 @@ def _record(model: torch.nn.Module, log_dir: Path, penalised: str | None = None)
     assert log.recorded == 1 and log.unrecorded == 0, log.failures
 
 
-def _emit_and_run_all(log_dir: Path) -> None:
-    """Every target: the program compiles, is black-clean, runs its parity
-    check in this process and passes."""
+def _emit_and_run_all(log_dir: Path, checked: int | None = None) -> None:
+    """Every target: the program is written, compiles, is black-clean and is
+    imported (its top-level code runs). Its parity check runs and passes for
+    every target, or, with `checked`, for one: the property tests rotate the
+    full check over the targets (ONNX included), one per generated model, so
+    each target checks a quarter of them and the suite stays within its time."""
     import tracelog
     from tracelog.emit import targets
+    from tracelog.emit.program import write_program
+    from tracelog.parity import _import_path
 
+    every = [*PROGRAM_TARGETS, "onnx"]
     for target in PROGRAM_TARGETS:
-        report = tracelog.check(log_dir, target)  # writes the program, runs its parity check
-        assert report.ok, report.table()
-        path = log_dir / targets.file_name(target)
+        path = write_program(log_dir, get_target(target))
         text = path.read_text(encoding="utf-8")
         compile(text, str(path), "exec")
         assert format_source(text) == text, f"{target}: not black-clean"
-    assert tracelog.check(log_dir, "onnx").ok
+        _import_path(path)
+    import onnx
+
+    from tracelog.emit.onnx_model import write_model
+
+    onnx.checker.check_model(str(write_model(log_dir)), full_check=True)
+    for target in every if checked is None else [every[checked % len(every)]]:
+        report = tracelog.check(log_dir, target)  # writes the program, runs its parity check
+        assert report.ok, report.table()
+        assert (log_dir / targets.file_name(target)).exists()
 
 
 @settings(
-    max_examples=int(os.environ.get("TRACELOG_NAME_MODELS", "200")),
+    max_examples=int(os.environ.get("TRACELOG_NAME_MODELS", "120")),
     deadline=None,
     suppress_health_check=[HealthCheck.function_scoped_fixture, HealthCheck.too_slow],
 )
@@ -183,9 +196,10 @@ def test_models_named_by_any_text_emit_safe_programs(tmp_path: Path, data: st.Da
     attr_names = names.map(lambda n: n.replace(".", "_")).filter(_attr_name)
     layer = data.draw(attr_names, "submodule name")
     scale = data.draw(attr_names.filter(lambda n: n != layer), "parameter name")
-    log_dir = tmp_path / f"log{next(_RUNS)}"
+    run = next(_RUNS)
+    log_dir = tmp_path / f"log{run}"
     _record(_model(class_name, layer, scale), log_dir, scale)
-    _emit_and_run_all(log_dir)
+    _emit_and_run_all(log_dir, checked=run)
     assert not Path(sentinel).exists(), "text from a name ran as code"
 
 
@@ -212,9 +226,10 @@ def test_names_equal_to_internal_names_keep_parity(tmp_path: Path, data: st.Data
         internal.filter(lambda n: n not in (layer, scale, "self") and not n.startswith("__")),
         "data argument",
     )
-    log_dir = tmp_path / f"log{next(_RUNS)}"
+    run = next(_RUNS)
+    log_dir = tmp_path / f"log{run}"
     _record(_model(data.draw(internal, "class name"), layer, scale, arg), log_dir, scale)
-    _emit_and_run_all(log_dir)
+    _emit_and_run_all(log_dir, checked=run)
 
 
 def test_a_parameter_named_like_a_canonical_value_keeps_its_graph(tmp_path: Path) -> None:

@@ -218,6 +218,48 @@ def test_torch_runtime_dropout_and_batch_norm() -> None:
     )
 
 
+@pytest.mark.parametrize(
+    "axes, scales, mode",
+    [
+        ([1], [2.0], "nearest"),  # Keras' UpSampling1D: [N, T, C], T repeated
+        ([1, 2], [2.0, 3.0], "nearest"),  # UpSampling2D on NHWC data
+        ([1, 2], [2.0, 1.5], "linear"),
+        ([0, 2], [3.0, 2.0], "nearest"),
+    ],
+)
+def test_torch_runtime_resizes_any_axes_as_onnx_does(axes, scales, mode) -> None:
+    torch = pytest.importorskip("torch", reason="the torch runtime needs torch")
+    import onnx
+    from onnx import helper
+    from onnx.reference import ReferenceEvaluator
+
+    from tracelog.emit.runtime import torch_program as rt
+
+    x = np.random.default_rng(0).standard_normal((2, 4, 5, 3))
+    coord = "asymmetric" if mode == "nearest" else "half_pixel"
+    node = helper.make_node(
+        "Resize",
+        ["x", "", "scales"],
+        ["y"],
+        axes=axes,
+        mode=mode,
+        coordinate_transformation_mode=coord,
+        nearest_mode="floor",
+    )
+    graph = helper.make_graph(
+        [node],
+        "g",
+        [helper.make_tensor_value_info("x", onnx.TensorProto.DOUBLE, None)],
+        [helper.make_tensor_value_info("y", onnx.TensorProto.DOUBLE, None)],
+        [helper.make_tensor("scales", onnx.TensorProto.FLOAT, [len(scales)], scales)],
+    )
+    model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 21)])
+    (want,) = ReferenceEvaluator(model).run(None, {"x": x})
+    how = {"mode": "nearest"} if mode == "nearest" else {"mode": "bilinear", "align_corners": False}
+    got = rt._resize_axes(torch.from_numpy(x), axes, None, scales, **how)
+    np.testing.assert_allclose(got.numpy(), want, rtol=1e-12, atol=1e-12)
+
+
 def test_load_reads_every_stored_dtype_and_widens_bfloat16_exactly(tmp_path) -> None:
     import ml_dtypes
 

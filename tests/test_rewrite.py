@@ -264,3 +264,58 @@ def test_traits_of_nodes() -> None:
     assert "elementwise" in traits_of(Node("StopGradient", ["x"], ["y"], domain="tracelog"))
     assert "reduction" in traits_of(Node("ReduceProd", ["x"], ["y"]))
     assert traits_of(Node("NoSuchOp", [], ["y"])) == frozenset()
+
+
+@pytest.mark.parametrize("axis, repeat", [(2, True), (1, False)])
+def test_a_repeat_is_a_nearest_resize_and_a_tile_is_not(axis: int, repeat: bool) -> None:
+    """x [3, 4] with a new axis, tiled by 2 there, merged to [3, 8]: a new axis
+    after axis 1 repeats each element (np.repeat: one Resize); before it, it
+    tiles the whole row (np.tile: left as it is). Checked on onnx.reference."""
+    pytest.importorskip("onnx", reason="checked on onnx.reference")
+    import numpy as np
+
+    from tracelog.ir import ConstData
+    from tracelog.passes.fusions import REPEATS
+    from tracelog.verify import run_graph
+
+    unsqueezed = (3, 4, 1) if axis == 2 else (3, 1, 4)
+    tiled = (3, 4, 2) if axis == 2 else (3, 2, 4)
+    reps = [1, 1, 2] if axis == 2 else [1, 2, 1]
+    nodes = [
+        _node("Unsqueeze", ["x", "axes"], ["u"]),
+        _node("Tile", ["u", "reps"], ["t"]),
+        _node("Reshape", ["t", "shape"], ["y"]),
+    ]
+    g = _graph(nodes, ["y"], {"x": (3, 4), "u": unsqueezed, "t": tiled, "y": (3, 8)})
+    for name, data in (("axes", [axis]), ("reps", reps), ("shape", [3, 8])):
+        g.values[name] = Value(
+            name, TensorType("int64", (len(data),)), "const", const=ConstData(data=data)
+        )
+    done, report = rewrite(g, REPEATS)
+    assert _ops(done) == (["Resize"] if repeat else ["Unsqueeze", "Tile", "Reshape"])
+    x = np.arange(12, dtype=np.float32).reshape(3, 4)
+    want = np.repeat(x, 2, axis=1) if repeat else np.tile(x, (1, 2))
+    np.testing.assert_array_equal(run_graph(done, {"x": x})["prediction"], want)
+
+
+@pytest.mark.parametrize("back, fused", [([0, 2, 1], True), ([1, 0, 2], False)])
+def test_softmax_between_inverse_transposes_is_a_softmax_over_that_axis(back, fused) -> None:
+    pytest.importorskip("onnx", reason="checked on onnx.reference")
+    import numpy as np
+
+    from tracelog.passes.fusions import SOFTMAX_AXES
+    from tracelog.verify import run_graph
+
+    nodes = [
+        _node("Transpose", ["x"], ["t"], perm=[0, 2, 1]),
+        _node("Softmax", ["t"], ["s"], axis=-1),
+        _node("Transpose", ["s"], ["y"], perm=back),
+    ]
+    shape_y = (2, 5, 3) if fused else (3, 2, 5)
+    g = _graph(nodes, ["y"], {"x": (2, 5, 3), "t": (2, 3, 5), "s": (2, 3, 5), "y": shape_y})
+    done, _ = rewrite(g, SOFTMAX_AXES)
+    assert _ops(done) == (["Softmax"] if fused else ["Transpose", "Softmax", "Transpose"])
+    x = np.random.default_rng(0).standard_normal((2, 5, 3)).astype(np.float32)
+    np.testing.assert_allclose(
+        run_graph(done, {"x": x})["prediction"], run_graph(g, {"x": x})["prediction"], rtol=1e-6
+    )

@@ -117,6 +117,9 @@ class Builder:
         self.pseudo: dict[str, tuple[Any, ...]] = {}
         # per random node (Dropout), by its first output: the record that drew its mask
         self.random_recs: dict[str, int] = {}
+        # facts a rule leaves for the rules of later records, by topic (TF's
+        # SpaceToBatchND outputs, which a BatchToSpaceND may fold into a Conv)
+        self.notes: dict[str, Any] = {}
         self._n_helper = 0
         self._n_const = 0
         self._const_cache: dict[tuple[Any, ...], str] = {}
@@ -365,7 +368,14 @@ class Builder:
                 kept.append(Output(self._ref_name(ref), "kept"))
             except NotSupported:
                 continue  # graphs() raises it where it did before
-        whole = Graph("prediction", self.values, self.nodes, kept)
+        # only what the graphs keep: a dead reader (a Shape whose value was folded)
+        # would count as a second use and stop a fusion
+        live = {o.name for o in kept}
+        for n in reversed(self.nodes):
+            if any(o in live for o in n.outputs if o):
+                live.update(i for i in n.inputs if i)
+        nodes = [n for n in self.nodes if any(o in live for o in n.outputs if o)]
+        whole = Graph("prediction", self.values, nodes, kept)
         done, report = rewrite(whole, rules)
         if not report.replaced:
             return

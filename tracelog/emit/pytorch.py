@@ -216,9 +216,8 @@ def _resize(c: RuleCtx) -> str:
     half_pixel (align_corners=False) or align_corners, 'bicubic' Keys' a =
     -0.75. Given a scale factor, torch maps coordinates by 1 / scale (ONNX
     divides by scale: the same up to rounding)."""
-    n = c.rank() - 2
-    if c.f["axes"] != list(range(2, n + 2)):
-        raise NotImplementedError("Resize of axes other than the spatial ones of NC... data")
+    axes = c.f["axes"]
+    n = len(axes)
     mode = str(c.attr("mode", "nearest"))
     coord = str(c.attr("coordinate_transformation_mode", "half_pixel"))
     nearest = str(c.attr("nearest_mode", "round_prefer_floor"))
@@ -242,10 +241,13 @@ def _resize(c: RuleCtx) -> str:
         how = f"mode='bicubic', align_corners={align}"
     else:
         raise NotImplementedError(f"Resize ({mode}, {coord}, {nearest}) has no torch kernel")
+    if c.f["sizes"] is None and align:
+        # ONNX's align_corners length is in * scale before its floor; torch's is out
+        raise NotImplementedError("Resize with align_corners given by scales")
+    if axes != list(range(2, c.rank())):  # not the spatial axes of [N, C, ...]
+        return f"_resize_axes({c.i(0)}, {axes}, {c.f['sizes']}, {c.f['scales']}, {how})"
     if c.f["sizes"] is not None:
         return f"F.interpolate({c.i(0)}, size={c.f['sizes']}, {how})"
-    if align:  # ONNX's align_corners length is in * scale before its floor; torch's is out
-        raise NotImplementedError("Resize with align_corners given by scales")
     return f"F.interpolate({c.i(0)}, scale_factor={c.f['scales']}, {how})"
 
 

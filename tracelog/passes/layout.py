@@ -141,7 +141,13 @@ def to_channels_first(graph: Graph) -> tuple[Graph, LayoutReport]:
 def _sink(rw: _Rewriter, back: list[int]) -> None:
     changed = True
     while changed:
-        changed = _cancel(rw) or _push(rw, back) or _fold_reshapes(rw) or _share_transposes(rw)
+        changed = (
+            _cancel(rw)
+            or _push(rw, back)
+            or _hoist(rw, _inverse(back))
+            or _fold_reshapes(rw)
+            or _share_transposes(rw)
+        )
         _dead_code(rw.g)
 
 
@@ -299,7 +305,7 @@ class _Pushed:
 def _push(rw: _Rewriter, back: list[int]) -> bool:
     """op(T(a), ...) -> T(op'(a, ...)) for the transpose T = back: element-wise
     ops (broadcast operands re-laid by a Reshape), reductions and Squeeze over
-    constant axes, Concat, constant Pad, Resize over listed axes."""
+    constant axes, Concat, constant Pad, Resize over listed axes, Softmax."""
     g = rw.g
     prod = rw.producers()
     for idx, n in enumerate(g.nodes):
@@ -316,6 +322,62 @@ def _push(rw: _Rewriter, back: list[int]) -> bool:
         g.nodes[idx : idx + 1] = _before_transpose(rw, n, pushed, back)
         return True
     return False
+
+
+def _hoist(rw: _Rewriter, into: list[int]) -> bool:
+    """T(op(x, ...)) -> op'(T(x), ...) for the transpose T = into, where T is
+    op's only reader: the transpose into the other layout moves up toward
+    where the data enters (Rescaling's element-wise ops before a Conv, a
+    Resize over listed axes), and cancels or stays there."""
+    g = rw.g
+    prod, uses = rw.producers(), rw.consumers()
+    outputs = {o.name for o in g.outputs}
+    for t in g.nodes:
+        if not _is_perm(t, into) or _rank(g, t.inputs[0]) != 4:
+            continue
+        n = prod.get(t.inputs[0])
+        if n is None or n.outputs[0] in outputs or len(uses.get(n.outputs[0], [])) != 1:
+            continue
+        hoisted = _hoisted(rw, n, t, into)
+        if hoisted is None:
+            continue
+        at = next(k for k, m in enumerate(g.nodes) if m is n)
+        g.nodes[at : at + 1] = hoisted
+        g.nodes.remove(t)
+        return True
+    return False
+
+
+def _hoisted(rw: _Rewriter, n: Node, t: Node, into: list[int]) -> list[Node] | None:
+    """The nodes that compute t's output with the transpose before n: an
+    element-wise op with one 4-D input that is not a constant (the others
+    re-laid by a Reshape), or a Resize over listed axes; None otherwise."""
+    g = rw.g
+    if len(n.outputs) != 1:
+        return None
+    relay = _inverse(into)  # op(T^-1(c), b) = T^-1(op(c, b')): b' laid out as T's output
+    if _has(n, "elementwise") and _rank(g, n.outputs[0]) == 4:
+        data = [i for i in n.inputs if _rank(g, i) == 4 and g.values[i].kind != "const"]
+        if len(data) != 1 or not all(_can_relay(g, i, relay) for i in n.inputs if i not in data):
+            return None
+        t_in, moved = rw.transpose(data[0], into, None, n)
+        pre: list[Node] = [t_in]
+        inputs = [
+            moved if i in data else _relay_operand(rw, n, i, None, relay, pre) for i in n.inputs
+        ]
+        attrs = dict(n.attrs)
+    elif not n.domain and n.op == "Resize" and "axes" in n.attrs and n.inputs[1:2] in ([], [""]):
+        # axis a of x is axis relay[a] of T(x) (scales/sizes stay paired)
+        axes = [relay[a % 4] for a in n.ints_attr("axes")]
+        if axes != sorted(axes):
+            return None
+        t_in, moved = rw.transpose(n.inputs[0], into, None, n)
+        pre, inputs, attrs = [t_in], [moved, *n.inputs[1:]], {**n.attrs, "axes": axes}
+    else:
+        return None
+    op = copy.copy(n)
+    op.inputs, op.attrs, op.outputs = inputs, attrs, [t.outputs[0]]
+    return [*pre, op]
 
 
 def _untransposed(g: Graph, src: Node | None, name: str, back: list[int]) -> str | None:
@@ -344,6 +406,9 @@ def _pushed(
         return _Pushed(inputs, {**n.attrs, "axis": back[n.int_attr("axis") % 4]})
     if by_name == "Pad" and len(n.inputs) >= 2 and (pads := _const_ints(g, n.inputs[1])):
         return _push_pad(rw, n, first, pads, back)
+    if by_name in ("Softmax", "LogSoftmax") and len(n.inputs) == 1:
+        # over axis a of T(x) is over axis back[a] of x
+        return _Pushed([first], {**n.attrs, "axis": back[n.int_attr("axis", -1) % 4]})
     if by_name == "Resize" and "axes" in n.attrs and not (len(n.inputs) > 1 and n.inputs[1]):
         # resizing axis a of T(x) is resizing axis back[a] of x (scales/sizes stay paired)
         axes = [back[a % 4] for a in n.ints_attr("axes")]

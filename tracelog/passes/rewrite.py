@@ -35,7 +35,7 @@ from dataclasses import dataclass, field
 from types import EllipsisType
 from typing import Any
 
-from tracelog.ir import Graph, Node, TensorType, Value, _norm_attr
+from tracelog.ir import ConstData, Graph, Node, TensorType, Value, _norm_attr
 
 
 class P:
@@ -127,6 +127,29 @@ class Match:
                 self.graph.values[name] = Value(name, ty, "node")
                 return name
         raise AssertionError("unreachable")
+
+    def const(self, data: list[Any], dtype: str, base: str = "rwk") -> str:
+        """A new small constant (a list, inline in the log)."""
+        name = self.fresh(TensorType(dtype, (len(data),)), base)
+        value = self.graph.values[name]
+        value.kind, value.const = "const", ConstData(data=list(data))
+        return name
+
+    def ints(self, value: str) -> list[int] | None:
+        """A constant input's values as ints; None where it is computed."""
+        v = self.graph.values.get(value)
+        if v is None or v.kind != "const" or v.const is None or v.const.data is None:
+            return None
+        data = v.const.data
+        return [int(x) for x in (data if isinstance(data, list) else [data])]
+
+    def floats(self, value: str) -> list[float] | None:
+        """A constant input's values as floats; None where it is computed."""
+        v = self.graph.values.get(value)
+        if v is None or v.kind != "const" or v.const is None or v.const.data is None:
+            return None
+        data = v.const.data
+        return [float(x) for x in (data if isinstance(data, list) else [data])]
 
     def node_as(
         self,

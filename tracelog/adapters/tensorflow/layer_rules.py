@@ -7,14 +7,13 @@ TF_OPS table is complete once rules.py is loaded."""
 
 from __future__ import annotations
 
-from collections.abc import Callable
-
 import numpy as np
 
 from tracelog.adapters.builder import Ctx, NotSupported
 from tracelog.adapters.tensorflow.rules import (
     TF_OPS,
     Names,
+    _folded,
     _nhwc_attr,
     _nhwc_op,
     _perm,
@@ -24,20 +23,6 @@ from tracelog.adapters.tensorflow.rules import (
     const_array,
 )
 from tracelog.ir import TensorType
-
-
-def _folded(ctx: Ctx, fn: Callable[..., np.ndarray], n_args: int) -> Names | None:
-    """The op's output as a constant, when its first n_args arguments are all
-    known at recording time (shape and mask arithmetic on literals); None
-    otherwise."""
-    arrays = [const_array(ctx, i) for i in range(n_args)]
-    if any(a is None for a in arrays):
-        return None
-    out = ctx.out_type()
-    value = np.asarray(fn(*arrays)).astype(np.dtype(out.dtype))
-    if list(value.shape) != [d for d in out.shape]:
-        raise NotSupported(f"{ctx.rec.op} folded to shape {value.shape}, not {out.shape}")
-    return [ctx.const(value, out.dtype)]
 
 
 # -- activations -----------------------------------------------------------------------

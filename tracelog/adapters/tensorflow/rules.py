@@ -6,18 +6,22 @@ convolution is ONNX's."""
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from functools import partial
 from typing import Any, SupportsInt
 
 import numpy as np
 
-from tracelog.adapters.builder import Converter, Ctx, NotSupported
+from tracelog.adapters.builder import Converter, Ctx, NotSupported, use_rewrites
 from tracelog.adapters.tape import TArg
 from tracelog.ir import TensorType
+from tracelog.passes.fusions import REPEATS, SOFTMAX_AXES
 from tracelog.registry import Table
 
 TF_OPS: Table[Converter] = Table("tensorflow ops")
+# tf.repeat (Unsqueeze + Tile + Reshape) -> Resize nearest; softmax over a non-last
+# axis (Transpose + Softmax + Transpose) -> Softmax(axis)
+use_rewrites(TF_OPS, REPEATS + SOFTMAX_AXES)
 Names = Sequence[str | None]
 
 TO_NCHW = [0, 3, 1, 2]
@@ -69,9 +73,46 @@ def _stop_gradient(ctx: Ctx) -> Names:
     return ctx.one("StopGradient", [ctx.t(0)], domain="tracelog")
 
 
+def _folded(ctx: Ctx, fn: Callable[..., np.ndarray], n_args: int) -> Names | None:
+    """The op's output as a constant, when its first n_args arguments are all
+    known at recording time (shape and mask arithmetic on literals); None
+    otherwise."""
+    arrays = [const_array(ctx, i) for i in range(n_args)]
+    if any(a is None for a in arrays):
+        return None
+    out = ctx.out_type()
+    value = np.asarray(fn(*arrays)).astype(np.dtype(out.dtype))
+    if list(value.shape) != [d for d in out.shape]:
+        raise NotSupported(f"{ctx.rec.op} folded to shape {value.shape}, not {out.shape}")
+    return [ctx.const(value, out.dtype)]
+
+
 # -- element-wise ----------------------------------------------------------------------
+# integer arithmetic on constants folds (softmax over axis 1 builds its transpose's
+# perm from rank - 1 and a Range): numpy computes it exactly as TF does
+_INT_FOLDS: dict[str, Callable[..., np.ndarray]] = {
+    "Add": np.add,
+    "Sub": np.subtract,
+    "Mul": np.multiply,
+    "Max": np.maximum,
+    "Min": np.minimum,
+    "Neg": np.negative,
+    "Abs": np.abs,
+    "Equal": np.equal,
+    "Less": np.less,
+    "Greater": np.greater,
+}
+
+
 def _same_op(op: str, arity: int, ctx: Ctx) -> Names:
     """A TF op that is the IR op `op` on its first `arity` inputs."""
+    fold = _INT_FOLDS.get(op)
+    if fold is not None and all(
+        ctx.in_type(i).dtype.startswith(("int", "uint")) for i in range(arity)
+    ):
+        folded = _folded(ctx, fold, arity)
+        if folded is not None:
+            return folded
     return ctx.one(op, [ctx.t(i) for i in range(arity)])
 
 
@@ -444,7 +485,13 @@ def _expand_dims(ctx: Ctx) -> Names:
 
 @TF_OPS.register("tf.Reshape")
 def _reshape(ctx: Ctx) -> Names:
-    return ctx.one("Reshape", [ctx.t(0), ctx.shape_const(list(ctx.out_type().shape))])
+    out = ctx.out_type()
+    known = const_array(ctx, 0)
+    if known is not None and not any(isinstance(d, str) for d in out.shape):
+        # a constant reshaped (tf.repeat's repeats, to a scalar for a Tile's
+        # multiples): a constant, so that the ops reading it can fold too
+        return [ctx.const(known.reshape([int(d) for d in out.shape]), out.dtype)]
+    return ctx.one("Reshape", [ctx.t(0), ctx.shape_const(list(out.shape))])
 
 
 @TF_OPS.register("tf.Transpose")
@@ -465,7 +512,8 @@ def _reverse(ctx: Ctx) -> Names:
 def _concat(ctx: Ctx) -> Names:
     n = len(ctx.rec.args) - 1
     axis = _axes_of(ctx, n)[0]
-    return ctx.one("Concat", [ctx.t(i) for i in range(n)], axis=axis)
+    folded = _folded(ctx, lambda *xs: np.concatenate(xs, axis=axis), n)
+    return folded or ctx.one("Concat", [ctx.t(i) for i in range(n)], axis=axis)
 
 
 @TF_OPS.register("tf.Shape")
@@ -523,11 +571,49 @@ def _fill_like(ctx: Ctx) -> Names:
     return ctx.one("Expand", [scalar, shape])
 
 
+def _strided_spec(
+    ctx: Ctx, begin: list[int], end: list[int], strides: list[int], rank: int
+) -> tuple[list[int], list[int], list[int], list[int], list[int], list[int]]:
+    """A StridedSlice's spec as Slice inputs (starts, ends, axes, steps), the
+    input axes it shrinks and the output axes it inserts."""
+    mask = {k: attr_int(ctx, f"{k}_mask", 0) for k in ("begin", "end", "shrink_axis", "ellipsis")}
+    new_axis = attr_int(ctx, "new_axis_mask", 0)
+    named = sum(1 for k in range(len(begin)) if not (mask["ellipsis"] | new_axis) >> k & 1)
+    big = 2**62
+    starts, ends, axes, steps, shrunk, inserted = [], [], [], [], [], []
+    ax = out_ax = 0  # the input axis and the output axis entry k stands for
+    for k, (b, e, st) in enumerate(zip(begin, end, strides, strict=True)):
+        if mask["ellipsis"] >> k & 1:
+            ax, out_ax = ax + rank - named, out_ax + rank - named
+            continue
+        if new_axis >> k & 1:
+            inserted.append(out_ax)
+            out_ax += 1
+            continue
+        if mask["shrink_axis"] >> k & 1:  # one index, the axis then squeezed
+            e, st = (b + 1 if b != -1 else big), 1
+            shrunk.append(ax)
+        else:
+            b = (big - 1 if st < 0 else 0) if mask["begin"] >> k & 1 else b
+            e = (-big if st < 0 else big) if mask["end"] >> k & 1 else e
+            out_ax += 1
+        starts.append(b)
+        ends.append(e)
+        axes.append(ax)
+        steps.append(st)
+        ax += 1
+    if ax > rank:
+        raise NotSupported(f"StridedSlice of {len(begin)} entries on rank {rank}")
+    return starts, ends, axes, steps, shrunk, inserted
+
+
 @TF_OPS.register("tf.StridedSlice")
 def _strided_slice(ctx: Ctx) -> Names:
-    """Constant begin/end/strides: Slice, then Squeeze for shrunk axes."""
-    if attr(ctx, "ellipsis_mask", 0) or attr(ctx, "new_axis_mask", 0):
-        raise NotSupported("StridedSlice with an ellipsis or new axes")
+    """Constant begin/end/strides: Slice, then Squeeze for shrunk axes and
+    Unsqueeze for new ones. Entry k of the spec is the ellipsis (the input
+    axes no other entry names, whole), a new axis of size 1, one index
+    (shrunk), or a range (begin_mask/end_mask: from the start, to the end);
+    axes after the spec are whole (tensorflow/core/util/strided_slice_op.cc)."""
     bounds = []
     for i in (1, 2, 3):
         a = ctx.arg(i)
@@ -537,31 +623,32 @@ def _strided_slice(ctx: Ctx) -> Names:
             [int(x) for x in ctx.b.to_numpy(ctx.b.tape.consts[a.ref[1]].tensor).reshape(-1)]
         )
     begin, end, strides = bounds
-    begin_mask, end_mask = attr_int(ctx, "begin_mask", 0), attr_int(ctx, "end_mask", 0)
-    shrink = attr_int(ctx, "shrink_axis_mask", 0)
-    big = 2**62
-    starts, ends, axes = [], [], []
-    for ax, (b, e, st) in enumerate(zip(begin, end, strides, strict=True)):
-        if shrink >> ax & 1:  # one index, the axis then squeezed
-            e = b + 1 if b != -1 else big
-        else:
-            if begin_mask >> ax & 1:
-                b = big - 1 if st < 0 else 0
-            if end_mask >> ax & 1:
-                e = -big if st < 0 else big
-        starts.append(b)
-        ends.append(e)
-        axes.append(ax)
-    shrunk = [ax for ax in axes if shrink >> ax & 1]
-    sliced_shape = list(ctx.out_type().shape)
-    for ax in shrunk:
-        sliced_shape.insert(ax, 1)
-    ty = TensorType(ctx.out_type().dtype, tuple(sliced_shape))
-    inputs = [ctx.t(0), ctx.ints(starts), ctx.ints(ends), ctx.ints(axes), ctx.ints(strides)]
-    if not shrunk:
-        return ctx.one("Slice", inputs)
-    sliced = ctx.helper("Slice", inputs, ty)
-    return ctx.one("Squeeze", [sliced, ctx.ints(shrunk)])
+    rank = len(ctx.in_type(0).shape)
+    starts, ends, axes, steps, shrunk, inserted = _strided_spec(ctx, begin, end, strides, rank)
+    out = ctx.out_type()
+    # the shape after Slice: the output's dims with the new axes out, the shrunk in
+    dims = [d for i, d in enumerate(out.shape) if i not in inserted]
+    for a in shrunk:
+        dims.insert(a, 1)
+    steps_in = [ctx.t(0), ctx.ints(starts), ctx.ints(ends), ctx.ints(axes), ctx.ints(steps)]
+    whole = all((b, e, st) == (0, 2**62, 1) for b, e, st in zip(starts, ends, steps, strict=True))
+    # a spec of only the ellipsis and new axes (mask[None, None]) slices nothing
+    stages: list[tuple[str, list[int]]] = [] if whole and not shrunk else [("Slice", [])]
+    if shrunk:
+        stages.append(("Squeeze", shrunk))
+    if inserted:
+        stages.append(("Unsqueeze", inserted))
+    if not stages:
+        return [ctx.t(0)]
+    cur = ctx.t(0)
+    for k, (op, which) in enumerate(stages):
+        ins = steps_in if op == "Slice" else [cur, ctx.ints(which)]
+        if k == len(stages) - 1:
+            return ctx.one(op, ins)
+        if op == "Squeeze":
+            dims = [d for i, d in enumerate(dims) if i not in shrunk]
+        cur = ctx.helper(op, ins, TensorType(out.dtype, tuple(dims)))
+    raise AssertionError("unreachable")
 
 
 # -- losses ---------------------------------------------------------------------------------
@@ -590,4 +677,4 @@ TF_OPS.not_yet(
 )
 
 
-from tracelog.adapters.tensorflow import layer_rules  # noqa: E402,F401  (fills TF_OPS)
+from tracelog.adapters.tensorflow import dilated, layer_rules  # noqa: E402,F401  (fill TF_OPS)

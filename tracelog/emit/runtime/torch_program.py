@@ -257,3 +257,23 @@ def _rnn(
 
 # Inlined into every program; every other function here is a helper, inlined on use.
 INLINED = ("_as_param", "_as_const", "_numpy", "_value_and_grads")
+
+
+def _resize_axes(
+    x: torch.Tensor,
+    axes: list[int],
+    size: list[int] | None,
+    scale_factor: list[float] | None,
+    **how: Any,
+) -> torch.Tensor:
+    """F.interpolate over any axes of x (ONNX Resize's `axes`; F.interpolate
+    resizes the trailing axes of [N, C, ...]): the other axes move in front
+    and merge into the channels of a batch of one, and come back after."""
+    rest = [a for a in range(x.dim()) if a not in axes]
+    order = rest + list(axes)
+    y = x.permute(*order)
+    lead = y.shape[: len(rest)]
+    y = y.reshape(1, -1, *y.shape[len(rest) :])
+    y = F.interpolate(y, size=size, scale_factor=scale_factor, **how)
+    y = y.reshape(*lead, *y.shape[2:])
+    return y.permute(*[order.index(a) for a in range(x.dim())])
