@@ -9,6 +9,7 @@ updates and the loss must match what the framework produced.
 from __future__ import annotations
 
 import os
+import types
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -18,7 +19,14 @@ from tracelog.emit.onnx import graph_to_onnx
 from tracelog.errors import LogError
 from tracelog.ir import Graph
 from tracelog.log import TraceLog
-from tracelog.sample import LOSS_KEY, output_key, reference_key, sample_feeds, update_key
+from tracelog.sample import (
+    LOSS_KEY,
+    grad_key,
+    output_key,
+    reference_key,
+    sample_feeds,
+    update_key,
+)
 
 RUNTIMES = ("reference", "onnxruntime")
 
@@ -94,59 +102,18 @@ def compare(name: str, got: Any, want: Any, atol: float, rtol: float) -> Compari
     return Comparison(name, float(err.max()), float(rel.max()), ok)
 
 
-def calibrated(
-    name: str, got: Any, source: Any, reference: Any, typical: float, floor: float = 0.0
-) -> Comparison:
-    """A float32 result against the float64 reference, judged by the source
-    framework's own error, as every program's check does
-    (``tracelog.emit.runtime.parity._calibrated``)."""
-    from tracelog.emit.runtime.parity import FLOAT32_FACTOR, FLOOR_ULPS, _error
-
-    g = np.asarray(got, dtype=np.float64)
-    ref = np.asarray(reference, dtype=np.float64)
-    src = np.asarray(source)
-    if g.shape != ref.shape:
-        return Comparison(
-            f"{name} (shape {g.shape} != {ref.shape})", float("inf"), float("inf"), False
-        )
-    err = _error(g, ref)
-    own = _error(src.astype(np.float64), ref)
-    eps = float(np.finfo(src.dtype).eps) if src.dtype.kind == "f" else 0.0
-    scale = max(float(np.abs(ref[np.isfinite(ref)]).max(initial=0.0)), floor)
-    unit = max(own, max(FLOOR_ULPS * eps, typical) * scale, float(np.finfo(np.float64).tiny))
-    return Comparison(
-        name, err, err / max(scale, 1e-300), err <= FLOAT32_FACTOR * unit, own, err / unit
-    )
-
-
-def typical_error(sample: dict[str, np.ndarray]) -> float:
-    """What float32 costs the source on this model
-    (``tracelog.emit.runtime.parity._typical_error``)."""
+def _parity() -> types.ModuleType:
+    """The parity runtime every program inlines, with the names a program
+    defines around it bound to tracelog's own (the sample's keys; arrays are
+    numpy here): the ONNX target and the IR are judged by the programs' very
+    functions, not a copy of them."""
+    from tracelog import sample as sample_format
     from tracelog.emit.runtime import parity
 
-    found = []
-    for key, value in sample.items():
-        ref = sample.get(reference_key(key))
-        if ref is None or value.dtype.kind != "f":
-            continue
-        scale = float(np.abs(ref[np.isfinite(ref)]).max(initial=0.0))
-        if scale > 0:
-            found.append(parity._error(value.astype(np.float64), ref.astype(np.float64)) / scale)
-    return float(np.quantile(found, 0.9)) if found else 0.0
-
-
-def near_zero_scale(sample: dict[str, np.ndarray]) -> float:
-    """The scale an output near zero (not a gradient) is judged at: NEAR_ZERO
-    times the median largest finite |value| of the reference's outputs
-    (``tracelog.emit.runtime.parity._typical_scales``)."""
-    from tracelog.emit.runtime.parity import NEAR_ZERO
-
-    scales = [
-        float(np.abs(v[np.isfinite(v)]).max(initial=0.0))
-        for k, v in sample.items()
-        if k.startswith(reference_key("")) and not k.startswith(reference_key("grad/"))
-    ]
-    return NEAR_ZERO * float(np.median(scales)) if scales else 0.0
+    for name in ("reference_key", "grad_key", "scale_key"):
+        setattr(parity, name, getattr(sample_format, name))
+    parity._numpy = np.asarray  # type: ignore[assignment]
+    return parity
 
 
 def checked(
@@ -154,29 +121,31 @@ def checked(
 ) -> Comparison:
     """`got` (float32) against the sample's entry `key`: against its float64
     reference within FLOAT32_FACTOR of the source's own float32 error where the
-    sample has one, else within atol/rtol of the recorded value."""
+    sample has one (the programs' _calibrated), else within atol/rtol of the
+    recorded value."""
     ref = sample.get(reference_key(key))
-    if ref is not None:
-        floor = near_zero_scale(sample)
-        return calibrated(name, got, sample[key], ref, typical_error(sample), floor)
-    return compare(name, got, sample[key], atol, rtol)
+    if ref is None:
+        return compare(name, got, sample[key], atol, rtol)
+    parity = _parity()
+    is_grad = key.startswith(grad_key(""))
+    medians = parity._typical_scales(sample)
+    typical = parity._typical_error(sample, medians)[is_grad]
+    floor = parity._floor(sample, key, medians, is_grad)
+    return Comparison(
+        *parity._calibrated(name, got, sample[key], ref, typical, floor, medians[is_grad])
+    )
 
 
-def translated(name: str, got: Any, reference: Any, floor: float = 0.0) -> Comparison:
-    """A float64 result against the float64 reference: within TRANSLATION_RTOL
-    of the output's largest value, or of `floor` (near_zero_scale) for an output
-    near zero (what every program's translation check does)."""
-    from tracelog.emit.runtime.parity import TRANSLATION_RTOL, _error
-
-    g = np.asarray(got, dtype=np.float64)
-    ref = np.asarray(reference, dtype=np.float64)
-    if g.shape != ref.shape:
-        return Comparison(
-            f"{name} (shape {g.shape} != {ref.shape})", float("inf"), float("inf"), False
-        )
-    err = _error(g, ref)
-    scale = max(float(np.abs(ref[np.isfinite(ref)]).max(initial=0.0)), floor)
-    return Comparison(name, err, err / max(scale, 1e-300), err <= TRANSLATION_RTOL * scale)
+def translated(name: str, got: Any, sample: dict[str, np.ndarray], key: str) -> Comparison:
+    """A float64 result against the sample's float64 reference of `key`: within
+    TRANSLATION_RTOL of the output's scale (the programs' _translated: its
+    largest value, or the near-zero floor, or the size of the terms it sums)."""
+    parity = _parity()
+    is_grad = key.startswith(grad_key(""))
+    medians = parity._typical_scales(sample)
+    floor = parity._floor(sample, key, medians, is_grad)
+    ref = sample[reference_key(key)]
+    return Comparison(*parity._translated(name, got, ref, floor, sample[key], medians[is_grad]))
 
 
 def translation(log: TraceLog, runtime: str = "reference") -> list[Comparison]:
@@ -191,13 +160,11 @@ def translation(log: TraceLog, runtime: str = "reference") -> list[Comparison]:
     sample = log.sample()
     weights = promoted_arrays(log.weights())
     feeds = promoted_arrays(sample_feeds(sample))
-    floor = near_zero_scale(sample)
     found: list[Comparison] = []
 
     def against(name: str, value: Any, key: str) -> None:
-        ref = sample.get(reference_key(key))
-        if ref is not None:
-            found.append(translated(f"{name} [float64]", value, ref, floor))
+        if reference_key(key) in sample:
+            found.append(translated(f"{name} [float64]", value, sample, key))
 
     pred = promoted_float64(log.graph(info["prediction"]))
     got = run_graph(pred, feeds, runtime=runtime, constants=weights)

@@ -336,12 +336,12 @@ def _calibrated(
     framework's own error against the same reference: (name, error, relative
     error, within FLOAT32_FACTOR, the source's error, ratio). The unit is the
     larger of the source's error on this output, and FLOOR_ULPS ulps (of the
-    recorded dtype) or the source's `typical` relative error (_typical_error),
-    whichever is larger, of the output's largest value (for an output near
+    recorded dtype) or the source's `typical` relative error on outputs of its
+    kind (_typical_error), whichever is larger, of the output's largest value (for an output near
     zero, below `floor` (_floor), of the larger of that and the size of the
     terms it sums: _terms): one output's error
     is one draw of rounding noise (a sum that happens to round well), the
-    typical one a steadier measure of what float32 costs on this model."""
+    median of its kind a steadier measure of what float32 costs on this model."""
     got = np.asarray(_numpy(got), dtype=np.float64)
     ref = np.asarray(ref, dtype=np.float64)
     if got.shape != ref.shape:
@@ -357,19 +357,25 @@ def _calibrated(
     return name, err, rel, err <= FLOAT32_FACTOR * unit, own, err / unit
 
 
-def _typical_error(sample: dict[str, np.ndarray]) -> float:
-    """What float32 costs the source on this model: the 90th percentile, over
-    the outputs the sample has a reference for, of the source's own float32
-    error relative to the output's largest value."""
-    found = []
+def _typical_error(sample: dict[str, np.ndarray], medians: dict[bool, float]) -> dict[bool, float]:
+    """What float32 costs the source on this model, per kind of output
+    (gradients: True, the others: False): the median, over the outputs of
+    that kind with a reference that do not cancel to near zero (at or above
+    _floor), of the source's own float32 error relative to the output's
+    largest value. (An output near zero has a relative error of no meaning:
+    a gradient zero in exact arithmetic reads as 1e9; its own rounding is
+    judged through _terms.)"""
+    found: dict[bool, list[float]] = {True: [], False: []}
     for key, value in sample.items():
         ref = sample.get(reference_key(key))
         if ref is None or value.dtype.kind != "f":
             continue
+        is_grad = key.startswith(grad_key(""))
         scale = float(np.abs(ref[np.isfinite(ref)]).max(initial=0.0))
-        if scale > 0:
-            found.append(_error(value.astype(np.float64), ref.astype(np.float64)) / scale)
-    return float(np.quantile(found, 0.9)) if found else 0.0
+        if scale > 0 and scale >= _floor(sample, key, medians, is_grad):
+            own = _error(value.astype(np.float64), ref.astype(np.float64))
+            found[is_grad].append(own / scale)
+    return {kind: float(np.median(errs)) if errs else 0.0 for kind, errs in found.items()}
 
 
 def _promoted(arrays: dict[str, np.ndarray]) -> dict[str, np.ndarray]:
@@ -523,7 +529,8 @@ def check_parity(
     if has_reference and np.asarray(sample["loss"]).dtype == np.float64:
         return rows  # recorded in float64: the translation check is the whole check
     params = sample_params(log_dir)
-    typical, medians = _typical_error(sample), _typical_scales(sample)
+    medians = _typical_scales(sample)
+    typical = _typical_error(sample, medians)
 
     def step(p: dict[str, Any]) -> tuple[Any, Any]:
         return sample_step(p, sample)
@@ -539,7 +546,7 @@ def check_parity(
                 ref = sample[reference_key(key)]
                 floor = _floor(sample, key, medians, is_grad)
                 found = _calibrated(
-                    name + label, value, sample[key], ref, typical, floor, medians[is_grad]
+                    name + label, value, sample[key], ref, typical[is_grad], floor, medians[is_grad]
                 )
                 rows.append(found)
             else:

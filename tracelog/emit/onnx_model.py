@@ -275,7 +275,7 @@ def translation_rows(log: TraceLog, sample: dict[str, np.ndarray]) -> list[Compa
     not run."""
     from tracelog.passes.precision import promoted_arrays
     from tracelog.sample import reference_key, sample_feeds
-    from tracelog.verify import Comparison, near_zero_scale, run_model, translated
+    from tracelog.verify import Comparison, run_model, translated
 
     model = build_model(log, replay_masks=True, params_as_inputs=True, float64=True)
     try:  # log(0) where a later Where drops it, as in float32: no warnings
@@ -285,14 +285,12 @@ def translation_rows(log: TraceLog, sample: dict[str, np.ndarray]) -> list[Compa
     except Exception as e:  # an op onnx.reference cannot run in float64
         reason = f"{type(e).__name__}: {str(e).splitlines()[0][:100] if str(e) else ''}"
         return [Comparison(f"[float64] not run ({reason})", float("nan"), float("nan"), True)]
-    floor = near_zero_scale(sample)
     *roles, _ = [o.name for o in model.graph.output]
     found = []
     for role, value in zip(roles, results, strict=False):
         key = _sample_key(role)
         if key is not None and reference_key(key) in sample:
-            found.append(translated(f"{role} [float64]", value, sample[reference_key(key)], floor))
+            found.append(translated(f"{role} [float64]", value, sample, key))
     if reference_key(LOSS_KEY) in sample:
-        ref = sample[reference_key(LOSS_KEY)]
-        found.append(translated("loss [float64]", results[-1], ref, floor))
+        found.append(translated("loss [float64]", results[-1], sample, LOSS_KEY))
     return found
