@@ -4,7 +4,9 @@ edit at a time, must fail the translation rows (the program in float64
 against the source's float64 reference), and the first divergent node,
 searched in float64, must be the edited node's module. The unedited programs
 pass. One edit is far below float32's resolution: an activation's input
-scaled by 1 + 1e-6."""
+scaled by 1 + 1e-6. The ONNX target takes the same edits in the graphs its
+model is built from; its first divergence is found against the PyTorch
+program's nodes."""
 
 from __future__ import annotations
 
@@ -15,10 +17,12 @@ from pathlib import Path
 
 import pytest
 import torch
-from helpers import record
+from helpers import edit_onnx_graphs, record
 
+import tracelog
 from tracelog.emit import PROGRAM_TARGETS, get_target
 from tracelog.emit.program import build_program
+from tracelog.ir import ConstData, Graph, Node, Value
 from tracelog.log import TraceLog
 from tracelog.parity import _module_from_text, first_divergence
 
@@ -96,12 +100,95 @@ _GELU_TANH = {
 }
 
 
+# The same edits made to the graphs the ONNX target builds model.onnx from: each
+# returns whether it changed the graph (tests.helpers.edit_onnx_graphs).
+GraphEdit = Callable[[Graph], bool]
+
+
+def _node(graph: Graph, op: str, module: str | None = None) -> Node | None:
+    return next(
+        (n for n in graph.nodes if n.op == op and (module is None or n.module == module)), None
+    )
+
+
+def _set_attr(op: str, attr: str, value: object, module: str | None = None) -> GraphEdit:
+    def edit(graph: Graph) -> bool:
+        node = _node(graph, op, module)
+        if node is None:
+            return False
+        node.attrs[attr] = value
+        return True
+
+    return edit
+
+
+def _drop_input(op: str, module: str, index: int) -> GraphEdit:
+    def edit(graph: Graph) -> bool:
+        node = _node(graph, op, module)
+        if node is None:
+            return False
+        del node.inputs[index]
+        return True
+
+    return edit
+
+
+def _set_const(op: str, module: str, old: float, new: float) -> GraphEdit:
+    """The constant operand of `op` holding `old` (a scale, a smoothing factor) set to `new`."""
+
+    def edit(graph: Graph) -> bool:
+        for node in graph.nodes:
+            if node.op != op or node.module != module:
+                continue
+            for name in node.inputs:
+                const = graph.values[name].const
+                if const is not None and const.data in (old, [old]):
+                    graph.values[name].const = ConstData(new if const.data == old else [new])
+                    return True
+        return False
+
+    return edit
+
+
+def _scale_input(op: str) -> GraphEdit:
+    """op(x) -> op(x * (1 + 1e-6)): a Mul inserted before the first `op`."""
+
+    def edit(graph: Graph) -> bool:
+        for k, node in enumerate(graph.nodes):
+            if node.op == op:
+                x = node.inputs[0]
+                ty = graph.values[x].type
+                factor, scaled = f"{x}.factor", f"{x}.scaled"
+                graph.values[factor] = Value(
+                    factor, type(ty)(ty.dtype, ()), "const", const=ConstData([1 + 1e-6])
+                )
+                graph.values[scaled] = Value(scaled, ty, "node")
+                graph.nodes.insert(k, Node("Mul", [x, factor], [scaled]))
+                node.inputs[0] = scaled
+                return True
+        return False
+
+    return edit
+
+
+def _swap_inputs(op: str, module: str, i: int, j: int) -> GraphEdit:
+    def edit(graph: Graph) -> bool:
+        node = _node(graph, op, module)
+        if node is None:
+            return False
+        node.inputs[i], node.inputs[j] = node.inputs[j], node.inputs[i]
+        return True
+
+    return edit
+
+
 @dataclass(frozen=True)
 class Edit:
     name: str
     model: str
     module: str  # where the first divergent node must be: its module path, or <loss>
     pattern: Callable[[str], tuple[str, str]]  # target -> (regex, replacement)
+    graph: GraphEdit  # the same edit in the graphs model.onnx is built from
 
     def apply(self, target: str, text: str) -> str:
         """The edit made once, in the graph functions (after the inlined runtime)."""
@@ -113,49 +200,68 @@ class Edit:
 
 
 EDITS = [
-    Edit("batch_norm_epsilon", "convnet", "bn1", lambda t: (r"1e-05, 0\.1, ", "1e-04, 0.1, ")),
+    Edit(
+        "batch_norm_epsilon",
+        "convnet",
+        "bn1",
+        lambda t: (r"1e-05, 0\.1, ", "1e-04, 0.1, "),
+        _set_attr("BatchNormTraining", "epsilon", 1e-4),
+    ),
     Edit(
         "weight_transposed",
         "convnet",
         "fc",
         lambda t: (r'(params\["fc\.weight"\])', _TRANSPOSED[t]),
+        _set_attr("Gemm", "transB", 0, "fc"),
     ),
     Edit(
         "bias_dropped",
         "convnet",
         "conv2",
         lambda t: (r'(params\["conv2\.bias"\])', r"\1 * 0"),
+        _drop_input("Conv", "conv2", 2),
     ),
     Edit(
         "label_smoothing_changed",
         "convnet",
         "<loss>",
         lambda t: (r"\(0\.9, ", "(0.95, "),
+        _set_const("Mul", "", 0.9, 0.95),
     ),
     Edit(
         "activation_input_scaled_by_1e-6",
         "convnet",
         "<root>",
         lambda t: (r"tanh\((v\d+)\)", r"tanh(\1 * 1.000001)"),
+        _scale_input("Tanh"),
     ),
     Edit(
         "attention_scale_changed",
         "transformer",
         "layer.self_attn",
         lambda t: (r"\(0\.5, ", "(0.51, "),
+        _set_const("Mul", "layer.self_attn", 0.5, 0.51),
     ),
-    Edit("gelu_tanh_approximation", "transformer", "layer", lambda t: _GELU_TANH[t]),
+    Edit(
+        "gelu_tanh_approximation",
+        "transformer",
+        "layer",
+        lambda t: _GELU_TANH[t],
+        _set_attr("Gelu", "approximate", "tanh"),
+    ),
     Edit(
         "gelu_input_scaled_by_1e-6",
         "transformer",
         "layer",
         lambda t: (r"gelu\((v\d+), ", r"gelu(\1 * 1.000001, "),
+        _scale_input("Gelu"),
     ),
     Edit(
         "lstm_gate_order_swapped",
         "lstm",
         "lstm",
         lambda t: (r"\[v1, v4, v2, v3\]", "[v1, v2, v4, v3]"),
+        _swap_inputs("Concat", "lstm", 1, 2),
     ),
 ]
 
@@ -186,5 +292,28 @@ def test_each_wrong_edit_fails_the_translation_check_at_its_node(
     divergence = first_divergence(
         log, tgt, log_dir, 1e-5, 1e-4, edit=lambda text: edit.apply(target, text)
     )
+    assert divergence.startswith("first divergent node in float64"), divergence
+    assert f" at {edit.module} (" in divergence, divergence
+
+
+def test_unedited_onnx_models_pass_both_checks(logs) -> None:
+    for model, log_dir in logs.items():
+        report = tracelog.check(log_dir, "onnx")
+        assert any(c.name.endswith("[float64]") for c in report.comparisons), model
+        assert report.ok, report.table()
+
+
+@pytest.mark.parametrize("edit", EDITS, ids=[e.name for e in EDITS])
+def test_each_wrong_edit_fails_the_onnx_translation_check_at_its_node(
+    logs, edit: Edit, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """model.onnx built from graphs with the edit: its float64 rows fail, and
+    the first divergence (the model's nodes against the PyTorch program's, in
+    float64) is the edited node's module."""
+    edit_onnx_graphs(monkeypatch, edit.graph)
+    report = tracelog.check(logs[edit.model], "onnx")
+    failed = [c.name for c in report.comparisons if c.name.endswith("[float64]") and not c.ok]
+    assert failed, f"{edit.name} passed the ONNX translation check"
+    divergence = report.divergence or ""
     assert divergence.startswith("first divergent node in float64"), divergence
     assert f" at {edit.module} (" in divergence, divergence

@@ -1,6 +1,7 @@
 """Parity: run the emitted program on the recorded batch and compare it with
 what the source framework computed. On a mismatch, replay node by node
-against onnx.reference to name the first node whose output diverges."""
+against onnx.reference to name the first node whose output diverges (for
+the ONNX target, against the PyTorch program's nodes)."""
 
 from __future__ import annotations
 
@@ -89,6 +90,80 @@ def check_program(
     return report
 
 
+def _program_trace(
+    log: TraceLog,
+    target: Target,
+    log_dir: str | os.PathLike[str],
+    float64: bool,
+    edit: Callable[[str], str] | None,
+) -> dict[str, dict[str, Any]]:
+    """Every value the emitted program computes on the sample batch, by IR
+    value name, per graph kind ("prediction", "loss"): in float64 as its
+    translation check runs it, or as recorded. `edit` changes the tracing
+    program's text first (a test's mutation)."""
+    text = build_program(log, target, trace=True)
+    module = _module_from_text(edit(text) if edit else text, "tracelog_trace")
+    traces: dict[str, dict[str, object]] = {"prediction": {}, "loss": {}}
+    if float64:
+        stored = module._load(os.path.join(log_dir, "sample.safetensors"))
+        with module._in_float64():
+            params = module.sample_params(str(log_dir), float64=True)
+            module.sample_step(params, module._promoted(stored), traces)
+    else:
+        module.sample_step(module.sample_params(str(log_dir)), log.sample(), traces)
+    return {kind: {k: module._numpy(v) for k, v in t.items()} for kind, t in traces.items()}
+
+
+def _graph_values(log: TraceLog, graphs: TraceLog, float64: bool) -> list[tuple[str, Any, dict]]:
+    """(kind, graph, every node output by IR name) for the sample's prediction
+    and loss graphs of `graphs` (a log, or the same log as a target loaded
+    it), run by onnx.reference on `log`'s sample batch, in float64 where asked
+    (the graphs widened by tracelog.passes.precision)."""
+    from tracelog.passes.precision import promoted_arrays, promoted_float64
+
+    info: dict[str, Any] = dict(log.sample_info or {})
+    sample, weights = log.sample(), log.weights()
+    feeds = sample_feeds(sample)
+    pred, loss = graphs.graph(info["prediction"]), graphs.graph(info["loss"])
+    if float64:
+        pred, loss = promoted_float64(pred), promoted_float64(loss)
+        feeds, weights = promoted_arrays(feeds), promoted_arrays(weights)
+    ref_pred = all_values(pred, feeds, constants=weights)
+    loss_feeds = dict(feeds)
+    for out in pred.outputs:
+        if out.name in ref_pred:
+            loss_feeds[out.role] = ref_pred[out.name]
+        elif input_key(out.name) in sample:
+            loss_feeds[out.role] = feeds.get(input_key(out.name), sample[input_key(out.name)])
+    ref_loss = all_values(loss, loss_feeds, constants=weights)
+    return [("prediction", pred, ref_pred), ("loss", loss, ref_loss)]
+
+
+def _paired(
+    graphs: list[tuple[str, Any, dict]], traces: dict[str, dict[str, Any]]
+) -> list[tuple[str, Node, str, Any, Any]]:
+    """(kind, node, value name, graph value, program value) for every node
+    output both sides computed; a value the program computed channels-last
+    (the layout pass) is compared in that layout."""
+    found = []
+    for kind, graph, values in graphs:
+        trace = traces[kind]
+        channels_last = _channels_last_names(trace)
+        for node in graph.nodes:
+            for o in node.outputs:
+                if o not in values:
+                    continue
+                want = values[o]
+                if o in trace:
+                    got = trace[o]
+                elif o in channels_last and np.ndim(want) == 4:
+                    got, want = trace[channels_last[o]], np.transpose(want, TO_NHWC)
+                else:
+                    continue
+                found.append((kind, node, o, want, got))
+    return found
+
+
 def node_comparisons(
     log: TraceLog,
     target: Target,
@@ -101,59 +176,60 @@ def node_comparisons(
 ) -> list[tuple[str, Node, Comparison]]:
     """Every node output of the sample's prediction and loss graphs, as the
     emitted program computes it, against onnx.reference on the same inputs.
-    Values the program computes in another layout are skipped.
+    Values the program computes in another layout are compared in it.
 
     float64: both run in float64 (the program as its translation check runs
     it, the graphs widened by tracelog.passes.precision), each node judged
     within TRANSLATION_RTOL of its largest value (near-zero values: NEAR_ZERO
     of the median scale), so float32 rounding never points at a node. `edit`
     changes the tracing program's text first (a test's mutation)."""
-    from tracelog.passes.precision import promoted_arrays, promoted_float64
+    traces = _program_trace(log, target, log_dir, float64, edit)
+    paired = _paired(_graph_values(log, log, float64), traces)
+    return _judged(paired, float64, atol, rtol, program_is_reference=False)
 
-    info: dict[str, Any] = dict(log.sample_info or {})
-    text = build_program(log, target, trace=True)
-    module = _module_from_text(edit(text) if edit else text, "tracelog_trace")
-    sample = log.sample()
-    weights = log.weights()
-    feeds = sample_feeds(sample)
-    pred, loss = log.graph(info["prediction"]), log.graph(info["loss"])
-    traces: dict[str, dict[str, object]] = {"prediction": {}, "loss": {}}
-    if float64:
-        stored = module._load(os.path.join(log_dir, "sample.safetensors"))
-        with module._in_float64():
-            params = module.sample_params(str(log_dir), float64=True)
-            module.sample_step(params, module._promoted(stored), traces)
-        pred, loss = promoted_float64(pred), promoted_float64(loss)
-        feeds, weights = promoted_arrays(feeds), promoted_arrays(weights)
-    else:
-        module.sample_step(module.sample_params(str(log_dir)), sample, traces)
-    ref_pred = all_values(pred, feeds, constants=weights)
-    loss_feeds = dict(feeds)
-    for out in pred.outputs:
-        if out.name in ref_pred:
-            loss_feeds[out.role] = ref_pred[out.name]
-        elif input_key(out.name) in sample:
-            loss_feeds[out.role] = feeds.get(input_key(out.name), sample[input_key(out.name)])
-    ref_loss = all_values(loss, loss_feeds, constants=weights)
-    judge = _translation_judge(list(ref_pred.values()) + list(ref_loss.values()))
+
+def model_node_comparisons(
+    log: TraceLog,
+    log_dir: str | os.PathLike[str],
+    atol: float,
+    rtol: float,
+    *,
+    float64: bool = False,
+) -> list[tuple[str, Node, Comparison]]:
+    """The ONNX target's nodes (the graphs as the ONNX target loads them,
+    run by onnx.reference) against the PyTorch program's values of the same
+    nodes: a program built by another emitter, whose own translation check
+    ties it to the source. (The IR and model.onnx share their node
+    serialisation, so the IR alone cannot point at an ONNX node.)"""
+    from tracelog.emit import get_target, onnx_model
+
+    source = TraceLog.load(log_dir)  # `log` may be the ONNX target's own reading of it
+    graphs = onnx_model.TraceLog.load(log_dir)  # the log as the ONNX target reads it
+    traces = _program_trace(source, get_target("torch"), log_dir, float64, None)
+    paired = _paired(_graph_values(source, graphs, float64), traces)
+    return _judged(paired, float64, atol, rtol, program_is_reference=True)
+
+
+def _judged(
+    paired: list[tuple[str, Node, str, Any, Any]],
+    float64: bool,
+    atol: float,
+    rtol: float,
+    program_is_reference: bool,
+) -> list[tuple[str, Node, Comparison]]:
+    judge = _translation_judge([graph_value for *_, graph_value, _ in paired])
     found = []
-    for kind, graph, ref in (("prediction", pred, ref_pred), ("loss", loss, ref_loss)):
-        trace = {k: module._numpy(v) for k, v in traces[kind].items()}
-        channels_last = _channels_last_names(trace)
-        for node in graph.nodes:
-            for o in node.outputs:
-                if o not in ref:
-                    continue
-                want = ref[o]
-                if o in trace:
-                    got = trace[o]
-                elif o in channels_last and np.ndim(want) == 4:
-                    # the program computed this value channels-last (layout pass)
-                    got, want = trace[channels_last[o]], np.transpose(want, TO_NHWC)
-                else:
-                    continue
-                c = judge(o, got, want) if float64 else compare(o, got, want, atol, rtol)
-                found.append((kind, node, c))
+    for kind, node, name, graph_value, program_value in paired:
+        got, want = (
+            (graph_value, program_value)
+            if program_is_reference
+            else (
+                program_value,
+                graph_value,
+            )
+        )
+        c = judge(name, got, want) if float64 else compare(name, got, want, atol, rtol)
+        found.append((kind, node, c))
     return found
 
 
@@ -194,7 +270,7 @@ def _channels_last_names(trace: dict[str, object]) -> dict[str, str]:
 
 def first_divergence(
     log: TraceLog,
-    target: Target,
+    target: Target | None,
     log_dir: str | os.PathLike[str],
     atol: float,
     rtol: float,
@@ -205,10 +281,17 @@ def first_divergence(
     the emitted program differs from onnx.reference on the recorded batch:
     searched in float64 (node_comparisons), where float32 rounding cannot
     point at the wrong node; in float32 within atol/rtol where the float64
-    run cannot be made (a bfloat16 log, a kernel with no float64 form)."""
+    run cannot be made (a bfloat16 log, a kernel with no float64 form).
+    target None: the ONNX target's model, node by node against the PyTorch
+    program (model_node_comparisons)."""
     for float64 in (True, False):
         try:
-            found = node_comparisons(log, target, log_dir, atol, rtol, float64=float64, edit=edit)
+            if target is None:
+                found = model_node_comparisons(log, log_dir, atol, rtol, float64=float64)
+            else:
+                found = node_comparisons(
+                    log, target, log_dir, atol, rtol, float64=float64, edit=edit
+                )
         except (
             Exception
         ) as e:  # onnx.reference lacks or miscomputes some ops (grouped ConvTranspose)
