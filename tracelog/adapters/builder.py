@@ -218,7 +218,7 @@ class Builder:
     def new_const(self, data: Any, dtype: str) -> str:
         arr = np.asarray(data, dtype=_np_dtype(dtype))
         exact = arr
-        if arr.dtype.kind == "f" and arr.dtype != np.float64:
+        if (arr.dtype.kind == "f" or dtype == "bfloat16") and arr.dtype != np.float64:
             # the values as given (a Python 0.3, not float32's 0.30000001): the same
             # float32 constant, and exact where a translation check runs in float64
             wide = np.asarray(data, dtype=np.float64)
@@ -262,9 +262,11 @@ class Builder:
         inputs = []
         for targ in ctx.rec.tensor_args():
             try:
-                inputs.append(self.name_of(targ))
+                name = self.name_of(targ)
             except NotSupported:
                 continue
+            if name not in self.pseudo:  # a dropout draw is no value of the graph
+                inputs.append(name)
         return list(
             ctx.node(
                 "Unsupported",
@@ -640,7 +642,12 @@ class Ctx:
 
 def _np_dtype(dtype: str) -> np.dtype:
     if dtype == "bfloat16":
-        raise NotSupported("bfloat16 constants are not supported")
+        # numpy has none; autocast's bfloat16 ops bring constants (a dropout rate)
+        try:
+            import ml_dtypes
+        except ImportError:
+            raise NotSupported("bfloat16 constants need the ml_dtypes package") from None
+        return np.dtype(ml_dtypes.bfloat16)
     return np.dtype(dtype)
 
 
