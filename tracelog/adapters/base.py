@@ -87,6 +87,7 @@ class WindowBase(ABC):
         self.input_tensors: dict[str, Any] = {}
         self.output_tensors: dict[str, Any] = {}
         self.target_tensors: list[Any] = []
+        self.before: StateBefore | None = None  # set where this window may give the sample
 
     # -- how the framework sees a tensor -------------------------------------------------
     @abstractmethod
@@ -420,24 +421,33 @@ class ListenerBase(ABC):
     def batch(self, *, epoch: int | None = None) -> Iterator[Any]:
         """The window of one batch: the forward, the loss and (optionally) the backward."""
         self._open_batch(epoch)
-        w = self._new_window()
-        wants_sample = self._sample is None and not self._sample_failed
-        before = self._state_before(w) if wants_sample else None
-        self._window = w
+        w = self._window = self._begin_window()
         raised: BaseException | None = None
         try:
-            with self._watching(w, before):
+            with self._watching(w, w.before):
                 yield self
         except BaseException as e:
             raised = e
             raise
         finally:
-            self._window = None
-            if w.batch < 0:  # the phase is known once the model ran
-                w.batch = self._next_batch(w.phase)
-            if raised is not None:  # the user's error: never re-raised as a recording error
-                w.stop(self.raised_reason.format(type(raised).__name__))
-            self._finish(w, before)
+            # the window now open: a later micro-batch's where the adapter split the batch
+            w, self._window = self._window, None
+            self._end_window(w, raised)
+
+    def _begin_window(self) -> Any:
+        """A new window, with the state a sample needs while none is taken."""
+        w = self._new_window()
+        if self._sample is None and not self._sample_failed:
+            w.before = self._state_before(w)
+        return w
+
+    def _end_window(self, w: WindowBase, raised: BaseException | None = None) -> None:
+        """Count the window's batch, recorded or not, and take the sample from it."""
+        if w.batch < 0:  # the phase is known once the model ran
+            w.batch = self._next_batch(w.phase)
+        if raised is not None:  # the user's error: never re-raised as a recording error
+            w.stop(self.raised_reason.format(type(raised).__name__))
+        self._finish(w, w.before)
 
     def loss(self, t: Any) -> Any:
         """Mark the loss of this batch (when it is not the last scalar computed)."""

@@ -13,14 +13,16 @@ import inspect
 import logging
 import os
 import platform
+import weakref
 from collections.abc import Callable, Mapping
 from typing import Any
 
 import numpy as np
 import torch
+from torch.optim.optimizer import register_optimizer_step_post_hook
 from torch.utils._python_dispatch import TorchDispatchMode
 
-from tracelog.adapters.base import ListenerBase, StateBefore, WindowBase
+from tracelog.adapters.base import ListenerBase, StateBefore, WindowBase, describe
 from tracelog.adapters.builder import NotSupported
 from tracelog.adapters.tape import Ref, Tape
 from tracelog.ir import Graph
@@ -100,7 +102,9 @@ def _flatten_tensors(obj: Any, prefix: str, out: list[tuple[str, torch.Tensor]])
 class _Mode(TorchDispatchMode):
     def __init__(self, window: _Window) -> None:
         super().__init__()
-        self.window = window
+        # the window ops go to; None while the listener itself runs torch ops
+        # inside a batch (closing one micro-batch and opening the next)
+        self.window: _Window | None = window
 
     def __torch_dispatch__(
         self,
@@ -112,7 +116,8 @@ class _Mode(TorchDispatchMode):
         kwargs = kwargs or {}
         out = func(*args, **kwargs)
         w = self.window
-        w.guarded(w.on_op, func, args, kwargs, out)
+        if w is not None:
+            w.guarded(w.on_op, func, args, kwargs, out)
         return out
 
 
@@ -316,7 +321,10 @@ class TorchListener(ListenerBase):
             **options,
         )
         self._window: _Window | None = None
-        self._handles = []
+        self._mode: _Mode | None = None
+        self.log.optimizer_steps = 0
+        self._steps_model: weakref.WeakKeyDictionary[Any, bool] = weakref.WeakKeyDictionary()
+        self._handles = [register_optimizer_step_post_hook(self._optimizer_stepped)]
         for path, mod in model.named_modules():
             is_root = mod is model
             tname = type(mod).__name__
@@ -339,7 +347,41 @@ class TorchListener(ListenerBase):
         return _Window(self, phase, self.epoch, self._next_batch(phase))
 
     def _watching(self, w: _Window, before: StateBefore | None) -> _Mode:
-        return _Mode(w)
+        self._mode = _Mode(w)
+        return self._mode
+
+    def _next_micro_batch(self, w: _Window) -> None:
+        """The root's forward starts again after a forward and its backward in
+        the same window (gradient accumulation): that micro-batch is a batch
+        of its own. It is counted now, its sample gradients being the
+        gradients as they stand (its own, past what the window began with),
+        and the rest of the window is the next micro-batch's."""
+        mode = self._mode
+        if mode is None:
+            return
+        mode.window = None  # counting and sampling run torch ops: none of them recorded
+        try:
+            self._end_window(w)
+            self._window = self._begin_window()
+        except Exception as e:  # fail open: the rest of the window goes unrecorded
+            if self.strict:
+                raise
+            self._window = self._new_window()
+            self._window.stop(describe(e))
+        mode.window = self._window
+
+    def _optimizer_stepped(self, optimizer: Any, args: Any, kwargs: Any) -> None:
+        """A global optimizer step hook: count the steps of this model's optimizers."""
+        try:
+            ours = self._steps_model.get(optimizer)
+            if ours is None:
+                mine = {id(p) for p in self.model.parameters()}
+                ours = any(id(p) in mine for g in optimizer.param_groups for p in g["params"])
+                self._steps_model[optimizer] = ours
+            if ours and self.log.optimizer_steps is not None:
+                self.log.optimizer_steps += 1
+        except Exception as e:  # fail open: a step is never stopped by counting it
+            logger.warning("tracelog: optimizer step not counted: %s", describe(e))
 
     def _static_refs(self) -> dict[int, Ref]:
         refs: dict[int, Ref] = {}
@@ -352,8 +394,14 @@ class TorchListener(ListenerBase):
     def _pre_hook(self, path: str, tname: str, is_root: bool) -> Callable[..., None]:
         def hook(module: torch.nn.Module, args: Any, kwargs: Any) -> None:
             w = self._window
-            if w is not None:
-                w.guarded(w.enter_module, path, tname, is_root, args, kwargs)
+            if w is None:
+                return
+            if is_root and w.root_depth == 0 and w.root_done and w.saw_backward:
+                self._next_micro_batch(w)
+                if self._window is None:
+                    return
+                w = self._window
+            w.guarded(w.enter_module, path, tname, is_root, args, kwargs)
 
         return hook
 
