@@ -84,6 +84,9 @@ class WindowBase(ABC):
         self.error: str | None = None
         self.explicit_loss: Ref | None = None
         self.last_scalar: Ref | None = None
+        # a step window's loss is computed inside the root's call: its float
+        # scalars count as the loss from there too (set by the adapter)
+        self.scalars_in_pred = False
         self.input_tensors: dict[str, Any] = {}
         self.output_tensors: dict[str, Any] = {}
         self.target_tensors: list[Any] = []
@@ -293,7 +296,7 @@ class WindowBase(ABC):
                 mutated,
             )
         )
-        if region == "post":
+        if region == "post" or self.scalars_in_pred:
             for k, t in enumerate(outs[:n_returned]):
                 if self.is_float_scalar(t):
                     self.last_scalar = ("o", index, k)
@@ -319,6 +322,18 @@ class WindowBase(ABC):
             ):
                 return ref
         return None
+
+    def drop_loss_output(self, loss: Ref) -> None:
+        """A loss computed after the forward from the loss the forward returned
+        (``outputs.loss / steps``): that output is no prediction; the loss
+        graph holds the forward's loss ops too (``Tape.forward_loss``)."""
+        inner = self.named_loss_output()
+        if inner is None or inner == loss:
+            return
+        for role in [role for role, ref in self.tape.outputs if ref == inner]:
+            self.output_tensors.pop(role, None)  # by role: an in-place `loss *= k` renamed it
+        self.tape.outputs = [(role, ref) for role, ref in self.tape.outputs if ref != inner]
+        self.tape.forward_loss = True
 
     def take_loss_output(self, loss: Ref) -> bool:
         """The loss is one of the root's outputs (computed inside the forward):

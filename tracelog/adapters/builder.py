@@ -334,15 +334,22 @@ class Builder:
         tape = self.tape
         if tape.loss is None:
             return set()
-        loss_node = producer.get(self._ref_name(tape.loss))
-        if loss_node is None or self.node_region[loss_node] != "pred":
+        loss_name = self._ref_name(tape.loss)
+        loss_node = producer.get(loss_name)
+        if loss_node is None:
+            return set()
+        if self.node_region[loss_node] == "pred":
+            starts = [loss_name]
+        elif tape.forward_loss:  # the forward's loss, read by the loss ops after it
+            starts = self._slice([loss_name], producer, region="post")[1]
+        else:
             return set()
         roots = []
         for ref in [ref for _, ref in tape.outputs] + [ref for _, ref in tape.buffer_updates]:
             with contextlib.suppress(NotSupported):
                 roots.append(self._ref_name(ref))
         needed, _ = self._slice(roots, producer, region="pred")
-        for i in self._slice([self._ref_name(tape.loss)], producer, region="pred")[0]:
+        for i in self._slice(starts, producer, region="pred")[0]:
             if i not in set(needed):
                 self.node_region[i] = "post"
         needed_set = set(needed)
