@@ -348,8 +348,8 @@ def _layer_norm(ctx: Ctx) -> Names:
         # normalises in the weights' type and rounds the result to the data's
         wide = TensorType(wdt, xt.shape)
         ins[0] = ctx.helper("Cast", [ins[0]], wide, to=wdt)
-        y = ctx.helper("LayerNormalization", ins, wide, **attrs)
-        return [ctx.one("Cast", [y], to=dt)[0], None, None]
+        wide_y = ctx.helper("LayerNormalization", ins, wide, **attrs)
+        return [ctx.one("Cast", [wide_y], to=dt)[0], None, None]
     y = ctx.one("LayerNormalization", ins, **attrs)
     return [y[0], None, None]
 
