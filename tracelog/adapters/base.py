@@ -575,6 +575,11 @@ class ListenerBase(ABC):
         self._counters[key] = index + 1
         return index
 
+    def _return_batch(self, epoch: int, phase: str) -> None:
+        """Give back the index ``_next_batch`` gave last (the window's phase changed)."""
+        key = (epoch, phase)
+        self._counters[key] = max(0, self._counters.get(key, 0) - 1)
+
     def _count_unrecorded(self, phase: str, epoch: int, batch: int, error: str | None) -> None:
         reason = error or "unknown error"
         self.log.count_failure(phase, epoch, batch, reason)

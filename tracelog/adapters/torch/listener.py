@@ -147,8 +147,11 @@ class _Window(WindowBase):
     # -- the root's call ---------------------------------------------------------------
     def start_forward(self, args: Any, kwargs: Any) -> None:
         # the phase is the model's mode when its forward runs (a trainer may
-        # switch it to train mode after the window opened)
-        self.phase = "train" if self.listener.model.training else "eval"
+        # switch it to train mode after the window opened): the batch moves
+        phase = "train" if self.listener.model.training else "eval"
+        if phase != self.phase:
+            self.listener._return_batch(self.epoch, self.phase)
+            self.phase, self.batch = phase, self.listener._next_batch(phase)
         super().start_forward(args, kwargs)
 
     def start_step(self, batch: Any) -> None:
@@ -395,10 +398,9 @@ class TorchListener(ListenerBase):
 
     # -- the window ------------------------------------------------------------------------
     def _new_window(self) -> _Window:
-        # the phase is the model's mode now, and again when its forward starts;
-        # the batch index is given when the window ends
+        # the phase is the model's mode now, and again when its forward starts
         phase = "train" if self.model.training else "eval"
-        return _Window(self, phase, self.epoch, -1)
+        return _Window(self, phase, self.epoch, self._next_batch(phase))
 
     def open_batch(self) -> Any:
         """``listener.batch()`` entered by hand, for a trainer's hooks: returns
