@@ -68,11 +68,13 @@ __all__ = [
 ]
 
 
-_LAZY_SUBMODULES = ("keras",)  # they import a framework: loaded on first use
+# they import a framework: loaded on first use
+_LAZY_SUBMODULES = ("keras", "lightning", "transformers")
 
 
 def __getattr__(name: str) -> Any:
-    """``tracelog.keras`` without importing keras at ``import tracelog`` (PEP 562)."""
+    """``tracelog.keras`` (``.lightning``, ``.transformers``) without importing
+    the framework at ``import tracelog`` (PEP 562)."""
     if name in _LAZY_SUBMODULES:
         return importlib.import_module(f"{__name__}.{name}")
     raise AttributeError(f"module {__name__!r} has no attribute {name!r}")

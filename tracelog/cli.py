@@ -46,6 +46,7 @@ def show_text(log: TraceLog, where: str) -> str:
         f"{where}: {fw.get('name', '?')} {fw.get('version', '')} on {fw.get('device', '?')}, "
         f"model {log.model.get('class', '?')}; {log.recorded} batches recorded, "
         f"{log.unrecorded} unrecorded"
+        + ("" if log.optimizer_steps is None else f"; {log.optimizer_steps} optimizer steps")
     ]
     header = ("#", "kind", "phase", "hash", "nodes", "batches", "epochs", "first", "last", "ops")
     rows = [header]
@@ -100,6 +101,7 @@ def show_json(log: TraceLog) -> str:
             "framework": log.framework,
             "recorded": log.recorded,
             "unrecorded": log.unrecorded,
+            "optimizer_steps": log.optimizer_steps,
             "entries": entries,
         },
         indent=1,

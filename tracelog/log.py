@@ -144,6 +144,9 @@ class TraceLog:
         self.pairs: dict[tuple[str, str, str], PairEntry] = {}
         self.recorded = 0
         self.unrecorded = 0
+        # optimizer steps of the run (a listener that counts them: torch); with
+        # gradient accumulation, fewer than the training batches (forward passes)
+        self.optimizer_steps: int | None = None
         self.failures: list[dict[str, Any]] = []
         self.sample_info: SampleInfo | None = None
         self.constants: dict[str, np.ndarray] = {}
@@ -240,6 +243,11 @@ class TraceLog:
                 "recorded": self.recorded,
                 "unrecorded": self.unrecorded,
                 "failures": self.failures,
+                **(
+                    {}
+                    if self.optimizer_steps is None
+                    else {"optimizer_steps": self.optimizer_steps}
+                ),
             },
             "graphs": sorted(self.graphs),
             "entries": [
@@ -333,6 +341,8 @@ class TraceLog:
         b = d["batches"]
         log.recorded, log.unrecorded = int(b["recorded"]), int(b["unrecorded"])
         log.failures = list(b["failures"])
+        steps = b.get("optimizer_steps")  # absent before it was counted, and from Keras
+        log.optimizer_steps = None if steps is None else int(steps)
         log.sample_info = d.get("sample")
         return log
 

@@ -84,9 +84,13 @@ class WindowBase(ABC):
         self.error: str | None = None
         self.explicit_loss: Ref | None = None
         self.last_scalar: Ref | None = None
+        # a step window's loss is computed inside the root's call: its float
+        # scalars count as the loss from there too (set by the adapter)
+        self.scalars_in_pred = False
         self.input_tensors: dict[str, Any] = {}
         self.output_tensors: dict[str, Any] = {}
         self.target_tensors: list[Any] = []
+        self.before: StateBefore | None = None  # set where this window may give the sample
 
     # -- how the framework sees a tensor -------------------------------------------------
     @abstractmethod
@@ -292,7 +296,7 @@ class WindowBase(ABC):
                 mutated,
             )
         )
-        if region == "post":
+        if region == "post" or self.scalars_in_pred:
             for k, t in enumerate(outs[:n_returned]):
                 if self.is_float_scalar(t):
                     self.last_scalar = ("o", index, k)
@@ -318,6 +322,18 @@ class WindowBase(ABC):
             ):
                 return ref
         return None
+
+    def drop_loss_output(self, loss: Ref) -> None:
+        """A loss computed after the forward from the loss the forward returned
+        (``outputs.loss / steps``): that output is no prediction; the loss
+        graph holds the forward's loss ops too (``Tape.forward_loss``)."""
+        inner = self.named_loss_output()
+        if inner is None or inner == loss:
+            return
+        for role in [role for role, ref in self.tape.outputs if ref == inner]:
+            self.output_tensors.pop(role, None)  # by role: an in-place `loss *= k` renamed it
+        self.tape.outputs = [(role, ref) for role, ref in self.tape.outputs if ref != inner]
+        self.tape.forward_loss = True
 
     def take_loss_output(self, loss: Ref) -> bool:
         """The loss is one of the root's outputs (computed inside the forward):
@@ -420,24 +436,33 @@ class ListenerBase(ABC):
     def batch(self, *, epoch: int | None = None) -> Iterator[Any]:
         """The window of one batch: the forward, the loss and (optionally) the backward."""
         self._open_batch(epoch)
-        w = self._new_window()
-        wants_sample = self._sample is None and not self._sample_failed
-        before = self._state_before(w) if wants_sample else None
-        self._window = w
+        w = self._window = self._begin_window()
         raised: BaseException | None = None
         try:
-            with self._watching(w, before):
+            with self._watching(w, w.before):
                 yield self
         except BaseException as e:
             raised = e
             raise
         finally:
-            self._window = None
-            if w.batch < 0:  # the phase is known once the model ran
-                w.batch = self._next_batch(w.phase)
-            if raised is not None:  # the user's error: never re-raised as a recording error
-                w.stop(self.raised_reason.format(type(raised).__name__))
-            self._finish(w, before)
+            # the window now open: a later micro-batch's where the adapter split the batch
+            w, self._window = self._window, None
+            self._end_window(w, raised)
+
+    def _begin_window(self) -> Any:
+        """A new window, with the state a sample needs while none is taken."""
+        w = self._new_window()
+        if self._sample is None and not self._sample_failed:
+            w.before = self._state_before(w)
+        return w
+
+    def _end_window(self, w: WindowBase, raised: BaseException | None = None) -> None:
+        """Count the window's batch, recorded or not, and take the sample from it."""
+        if w.batch < 0:  # the phase is known once the model ran
+            w.batch = self._next_batch(w.phase)
+        if raised is not None:  # the user's error: never re-raised as a recording error
+            w.stop(self.raised_reason.format(type(raised).__name__))
+        self._finish(w, w.before)
 
     def loss(self, t: Any) -> Any:
         """Mark the loss of this batch (when it is not the last scalar computed)."""
@@ -549,6 +574,11 @@ class ListenerBase(ABC):
         index = self._counters.get(key, 0)
         self._counters[key] = index + 1
         return index
+
+    def _return_batch(self, epoch: int, phase: str) -> None:
+        """Give back the index ``_next_batch`` gave last (the window's phase changed)."""
+        key = (epoch, phase)
+        self._counters[key] = max(0, self._counters.get(key, 0) - 1)
 
     def _count_unrecorded(self, phase: str, epoch: int, batch: int, error: str | None) -> None:
         reason = error or "unknown error"

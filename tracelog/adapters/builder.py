@@ -221,7 +221,7 @@ class Builder:
     def new_const(self, data: Any, dtype: str) -> str:
         arr = np.asarray(data, dtype=_np_dtype(dtype))
         exact = arr
-        if arr.dtype.kind == "f" and arr.dtype != np.float64:
+        if (arr.dtype.kind == "f" or dtype == "bfloat16") and arr.dtype != np.float64:
             # the values as given (a Python 0.3, not float32's 0.30000001): the same
             # float32 constant, and exact where a translation check runs in float64
             wide = np.asarray(data, dtype=np.float64)
@@ -265,9 +265,11 @@ class Builder:
         inputs = []
         for targ in ctx.rec.tensor_args():
             try:
-                inputs.append(self.name_of(targ))
+                name = self.name_of(targ)
             except NotSupported:
                 continue
+            if name not in self.pseudo:  # a dropout draw is no value of the graph
+                inputs.append(name)
         return list(
             ctx.node(
                 "Unsupported",
@@ -335,15 +337,22 @@ class Builder:
         tape = self.tape
         if tape.loss is None:
             return set()
-        loss_node = producer.get(self._ref_name(tape.loss))
-        if loss_node is None or self.node_region[loss_node] != "pred":
+        loss_name = self._ref_name(tape.loss)
+        loss_node = producer.get(loss_name)
+        if loss_node is None:
+            return set()
+        if self.node_region[loss_node] == "pred":
+            starts = [loss_name]
+        elif tape.forward_loss:  # the forward's loss, read by the loss ops after it
+            starts = self._slice([loss_name], producer, region="post")[1]
+        else:
             return set()
         roots = []
         for ref in [ref for _, ref in tape.outputs] + [ref for _, ref in tape.buffer_updates]:
             with contextlib.suppress(NotSupported):
                 roots.append(self._ref_name(ref))
         needed, _ = self._slice(roots, producer, region="pred")
-        for i in self._slice([self._ref_name(tape.loss)], producer, region="pred")[0]:
+        for i in self._slice(starts, producer, region="pred")[0]:
             if i not in set(needed):
                 self.node_region[i] = "post"
         needed_set = set(needed)
@@ -650,7 +659,12 @@ class Ctx:
 
 def _np_dtype(dtype: str) -> np.dtype:
     if dtype == "bfloat16":
-        raise NotSupported("bfloat16 constants are not supported")
+        # numpy has none; autocast's bfloat16 ops bring constants (a dropout rate)
+        try:
+            import ml_dtypes
+        except ImportError:
+            raise NotSupported("bfloat16 constants need the ml_dtypes package") from None
+        return np.dtype(ml_dtypes.bfloat16)
     return np.dtype(dtype)
 
 

@@ -92,6 +92,10 @@ class Tape:
     consts: list[ConstInfo] = field(default_factory=list)
     buffer_updates: list[tuple[str, Ref]] = field(default_factory=list)
     loss: Ref | None = None
+    # the loss is computed after the forward from a loss the forward returned
+    # (a Hugging Face model given labels, under a Trainer that scales it): the
+    # forward's loss ops belong to the loss graph, not the prediction's
+    forward_loss: bool = False
     # each symbol of the shapes but the batch ("seq", ...): the data input or
     # target, and its axis, whose size it is (graphs compute sizes from them)
     symbols: dict[str, tuple[Ref, int]] = field(default_factory=dict)
@@ -105,6 +109,7 @@ class Tape:
             tuple(c.digest for c in self.consts),
             tuple(self.buffer_updates),
             self.loss,
+            self.forward_loss,
         )
 
 

@@ -31,6 +31,7 @@ TARGET = Target(
     "tracelog.emit.runtime.jax_program",
     "np.asarray({value}, dtype=np.{dtype})",
     (to_channels_first,),
+    const_exprs={"bfloat16": "np.asarray({value}, dtype=jnp.bfloat16)"},
 )
 
 JAX.spell(

@@ -31,6 +31,15 @@ def _onnx() -> ModuleType:
     return onnx
 
 
+def np_dtype(dtype: str) -> np.dtype:
+    """The numpy dtype of an IR dtype; bfloat16, which numpy lacks, is ml_dtypes'."""
+    if dtype == "bfloat16":
+        import ml_dtypes
+
+        return np.dtype(ml_dtypes.bfloat16)
+    return np.dtype(dtype)
+
+
 def onnx_dtype(dtype: str) -> int:
     onnx = _onnx()
     if dtype == "bfloat16":
@@ -52,7 +61,7 @@ def const_array(v: Value, constants: dict[str, np.ndarray] | None) -> np.ndarray
             raise KeyError(f"constant {v.name} ({v.const.digest[:12]}) is not in the weights")
         return constants[f"const/{v.const.digest}"]
     shape = [int(d) for d in v.type.shape]
-    return np.asarray(v.const.data, dtype=np.dtype(v.type.dtype)).reshape(shape)
+    return np.asarray(v.const.data, dtype=np_dtype(v.type.dtype)).reshape(shape)
 
 
 def unsupported_nodes(graph: Graph) -> list[tuple[str, int, list[str]]]:

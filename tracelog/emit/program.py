@@ -12,7 +12,7 @@ from __future__ import annotations
 
 import functools
 import os
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from functools import cached_property
 from pathlib import Path
@@ -58,6 +58,8 @@ class Target:
         "Layout: the recording was channels-last (NHWC); this program runs NCHW\n"
         "inside. Transposes kept, per function:\n{layout}"
     )
+    # a dtype whose constants the target writes otherwise (JAX: numpy has no bfloat16)
+    const_exprs: Mapping[str, str] = field(default_factory=dict)
 
     @cached_property
     def pieces(self) -> list[Inlinable]:
@@ -216,15 +218,19 @@ class _Body:
         return lines
 
 
+_FLOATS = ("float64", "float32", "float16", "bfloat16")
+
+
 def _const_text(target: Target, v: Value, constants: dict[str, np.ndarray]) -> str:
     """A constant: a read of the weights file where it is stored there, else
     its values written out in the target's syntax."""
     if v.const is not None and v.const.digest is not None:
         return f"params[{literal('const/' + v.const.digest)}]"
     value = const_array(v, constants)
-    if value.dtype.kind == "f":  # inline values as recorded: float32 rounds them alike
+    if v.type.dtype in _FLOATS:  # inline values as recorded: float32 rounds them alike
         value = np.asarray(v.const.data if v.const is not None else value, dtype=np.float64)
-    return target.const_expr.format(value=literal(value.tolist()), dtype=v.type.dtype)
+    expr = target.const_exprs.get(v.type.dtype, target.const_expr)
+    return expr.format(value=literal(value.tolist()), dtype=v.type.dtype)
 
 
 def _node_comment(graph: Graph, node: Node) -> str:

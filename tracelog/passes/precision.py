@@ -2,7 +2,9 @@
 
 The translation check runs the IR (the ONNX target's graphs) in float64
 against the sample's float64 reference, so a difference is the translation's
-and never float32 rounding. Other dtypes (integers, booleans, float16) stay.
+and never float32 rounding. The half types (autocast's casts to bfloat16, a
+float16 model) widen too, as the torch reference replays them in float64;
+integers and booleans stay.
 
 ONNX float attributes are float32 by the standard: LeakyRelu's alpha 0.01
 reaches a runtime as 0.00999999977648, a layer norm's epsilon 1e-5 as
@@ -28,6 +30,7 @@ from tracelog.ir import AttrValue, ConstData, Dim, Graph, Node, TensorType, Valu
 
 # attributes that name a dtype (Cast's target; the random-like ops' output type)
 _DTYPE_ATTRS = {("Cast", "to"), ("RandomUniformLike", "dtype"), ("RandomNormalLike", "dtype")}
+_NARROW = ("float32", "bfloat16", "float16")  # the float dtypes the float64 graph widens
 
 
 def promoted_float64(graph: Graph) -> Graph:
@@ -35,11 +38,11 @@ def promoted_float64(graph: Graph) -> Graph:
     every float attribute with the value the IR holds (`EXACT`)."""
     wide = copy.deepcopy(graph)
     for v in wide.values.values():
-        if v.type.dtype == "float32":
+        if v.type.dtype in _NARROW:
             v.type = TensorType("float64", v.type.shape)
     for node in wide.nodes:
         for key, value in node.attrs.items():
-            if (node.op, key) in _DTYPE_ATTRS and value == "float32":
+            if (node.op, key) in _DTYPE_ATTRS and value in _NARROW:
                 node.attrs[key] = "float64"
     nodes: list[Node] = []
     for node in wide.nodes:
@@ -51,8 +54,8 @@ def promoted_float64(graph: Graph) -> Graph:
 
 
 def promoted_arrays(arrays: dict[str, np.ndarray]) -> dict[str, np.ndarray]:
-    """Feeds and constants for a promoted graph: float32 arrays in float64."""
-    return {k: a.astype(np.float64) if a.dtype == np.float32 else a for k, a in arrays.items()}
+    """Feeds and constants for a promoted graph: float32 (and half) arrays in float64."""
+    return {k: a.astype(np.float64) if a.dtype.name in _NARROW else a for k, a in arrays.items()}
 
 
 def float32_exact(value: object) -> bool:

@@ -9,18 +9,22 @@ fingerprint of its light tape; IR is built only for unseen fingerprints.
 
 from __future__ import annotations
 
+import contextlib
+import functools
 import inspect
 import logging
 import os
 import platform
-from collections.abc import Callable, Mapping
+import weakref
+from collections.abc import Callable, Iterator, Mapping
 from typing import Any
 
 import numpy as np
 import torch
+from torch.optim.optimizer import register_optimizer_step_post_hook
 from torch.utils._python_dispatch import TorchDispatchMode
 
-from tracelog.adapters.base import ListenerBase, StateBefore, WindowBase
+from tracelog.adapters.base import ListenerBase, StateBefore, WindowBase, describe
 from tracelog.adapters.builder import NotSupported
 from tracelog.adapters.tape import Ref, Tape
 from tracelog.ir import Graph
@@ -100,7 +104,9 @@ def _flatten_tensors(obj: Any, prefix: str, out: list[tuple[str, torch.Tensor]])
 class _Mode(TorchDispatchMode):
     def __init__(self, window: _Window) -> None:
         super().__init__()
-        self.window = window
+        # the window ops go to; None while the listener itself runs torch ops
+        # inside a batch (closing one micro-batch and opening the next)
+        self.window: _Window | None = window
 
     def __torch_dispatch__(
         self,
@@ -112,7 +118,8 @@ class _Mode(TorchDispatchMode):
         kwargs = kwargs or {}
         out = func(*args, **kwargs)
         w = self.window
-        w.guarded(w.on_op, func, args, kwargs, out)
+        if w is not None:
+            w.guarded(w.on_op, func, args, kwargs, out)
         return out
 
 
@@ -131,6 +138,44 @@ class _Window(WindowBase):
         self.seed: Ref | None = None
         self.views: dict[int, int] = {}  # id of a view tensor -> the record that made it
         self.call: InnerOps | None = None  # inside a recurrent call recorded whole
+        # a step window (a trainer's training or validation step, start_step):
+        # the root's call is the whole step, its predictions the outputs of the
+        # step's last top-level call of a module that holds parameters
+        self.step = False
+        self.step_output: Any = None
+
+    # -- the root's call ---------------------------------------------------------------
+    def start_forward(self, args: Any, kwargs: Any) -> None:
+        # the phase is the model's mode when its forward runs (a trainer may
+        # switch it to train mode after the window opened): the batch moves
+        phase = "train" if self.listener.model.training else "eval"
+        if phase != self.phase:
+            self.listener._return_batch(self.epoch, self.phase)
+            self.phase, self.batch = phase, self.listener._next_batch(phase)
+        super().start_forward(args, kwargs)
+
+    def start_step(self, batch: Any) -> None:
+        """A trainer's step begins with its batch: the step is the root's call."""
+        self.step = True
+        root = self.listener.model
+        self.enter_module("", type(root).__name__, True, (batch,), {})
+
+    def end_step(self) -> None:
+        """The step's loss is known: its predictions are bound, later ops are the loss's."""
+        if self.step and self.root_depth == 1 and not self.root_done:
+            self.exit_module(True, self.step_output)
+
+    def exit_module(self, is_root: bool, output: Any) -> None:
+        path = self.stack[-1][0] if self.stack else ""
+        super().exit_module(is_root, output)
+        if (
+            self.step
+            and len(self.stack) == 1
+            and not self.root_done
+            and self.listener._holds_params.get(path, False)
+        ):
+            self.step_output = output  # the latest top-level call: the step's predictions
+            self.scalars_in_pred = True  # a float scalar from here on may be the loss
 
     # -- tensors ---------------------------------------------------------------------
     def dtype_of(self, t: torch.Tensor) -> str:
@@ -146,6 +191,10 @@ class _Window(WindowBase):
         return tensor_digest(t)
 
     def named_inputs(self, args: Any, kwargs: Any) -> list[tuple[str, Any]]:
+        if self.step:  # the step's batch: batch_0, batch_1 (or batch_<key>) ...
+            flat_batch: list[tuple[str, torch.Tensor]] = []
+            _flatten_tensors(args[0], "batch", flat_batch)
+            return [(name.replace(".", "_"), t) for name, t in flat_batch]
         try:
             bound = inspect.signature(self.listener.model.forward).bind(*args, **kwargs)
             named = list(bound.arguments.items())
@@ -168,6 +217,8 @@ class _Window(WindowBase):
 
     # -- ops --------------------------------------------------------------------------
     def on_op(self, func: Any, args: tuple[Any, ...], kwargs: dict[str, Any], out: Any) -> None:
+        if func.namespace == "profiler":
+            return  # record_function markers (trainers profile their steps): no algebra
         if self.call is not None:
             self.call.saw(func, args, kwargs)  # recurrent.py records the call, not its ops
             return
@@ -316,8 +367,20 @@ class TorchListener(ListenerBase):
             **options,
         )
         self._window: _Window | None = None
-        self._handles = []
+        self._mode: _Mode | None = None
+        self.log.optimizer_steps = 0
+        self._steps_model: weakref.WeakKeyDictionary[Any, bool] = weakref.WeakKeyDictionary()
+        self._handles = [register_optimizer_step_post_hook(self._optimizer_stepped)]
+        # a root forward outside any window, in eval mode, is an eval window of
+        # its own (a trainer's evaluation loop, which has no hook before a batch)
+        self.eval_windows = False
+        self._auto: list[Any] = []  # the open auto window's context manager
+        self._quieted: list[tuple[Any, str, bool, Any]] = []
+        self._holds_params: dict[str, bool] = {}
         for path, mod in model.named_modules():
+            self._holds_params[path] = any(True for _ in mod.parameters())
+            if _is_metric(mod):  # torchmetrics: never part of the graphs
+                self.quiet(mod, "update", "compute", "forward")
             is_root = mod is model
             tname = type(mod).__name__
             self._handles.append(
@@ -335,11 +398,112 @@ class TorchListener(ListenerBase):
 
     # -- the window ------------------------------------------------------------------------
     def _new_window(self) -> _Window:
+        # the phase is the model's mode now, and again when its forward starts
         phase = "train" if self.model.training else "eval"
         return _Window(self, phase, self.epoch, self._next_batch(phase))
 
+    def open_batch(self) -> Any:
+        """``listener.batch()`` entered by hand, for a trainer's hooks: returns
+        the context manager to ``close_batch``. No-op (None) once closed."""
+        if self._closed or self._window is not None:
+            return None
+        cm = self.batch()
+        cm.__enter__()
+        return cm
+
+    def close_batch(self, cm: Any, error: BaseException | None = None) -> None:
+        """End a window ``open_batch`` opened (``error``: the step raised it)."""
+        if cm is None:
+            return
+        if error is None:
+            cm.__exit__(None, None, None)
+        else:
+            with contextlib.suppress(BaseException):
+                cm.__exit__(type(error), error, error.__traceback__)
+
+    @property
+    def window(self) -> _Window | None:
+        """The open batch window, if any (for trainer callbacks)."""
+        return self._window
+
+    @contextlib.contextmanager
+    def paused(self) -> Iterator[None]:
+        """Ops run inside are not recorded (a trainer's logging, metrics)."""
+        mode = self._mode if self._window is not None else None
+        if mode is None:
+            yield
+            return
+        saved, mode.window = mode.window, None
+        try:
+            yield
+        finally:
+            mode.window = saved
+
+    def quiet(self, obj: Any, *names: str) -> None:
+        """Run these methods of ``obj`` with recording paused (instance
+        attributes wrapping them, removed when the listener closes)."""
+        for name in names:
+            method = getattr(obj, name, None)
+            if method is None or not callable(method):
+                continue
+            own = name in vars(obj)  # an instance attribute already (torchmetrics' update)
+            setattr(obj, name, self._paused_call(method))
+            self._quieted.append((obj, name, own, method))
+
+    def _paused_call(self, method: Callable[..., Any]) -> Callable[..., Any]:
+        @functools.wraps(method)
+        def paused_call(*args: Any, **kwargs: Any) -> Any:
+            with self.paused():
+                return method(*args, **kwargs)
+
+        return paused_call
+
     def _watching(self, w: _Window, before: StateBefore | None) -> _Mode:
-        return _Mode(w)
+        self._mode = _Mode(w)
+        return self._mode
+
+    def _next_micro_batch(self, w: _Window) -> None:
+        """The root's forward starts again after a forward and its backward in
+        the same window (gradient accumulation): that micro-batch is a batch
+        of its own. It is counted now, its sample gradients being the
+        gradients as they stand (its own, past what the window began with),
+        and the rest of the window is the next micro-batch's."""
+        mode = self._mode
+        if mode is None:
+            return
+        mode.window = None  # counting and sampling run torch ops: none of them recorded
+        try:
+            self._end_window(w)
+            self._window = self._begin_window()
+        except Exception as e:  # fail open: the rest of the window goes unrecorded
+            if self.strict:
+                raise
+            self._window = self._new_window()
+            self._window.stop(describe(e))
+        mode.window = self._window
+
+    def _open_auto_window(self) -> _Window | None:
+        try:
+            cm = self.open_batch()
+        except Exception as e:  # fail open
+            logger.warning("tracelog: eval batch not recorded: %s", describe(e))
+            return None
+        if cm is not None:
+            self._auto.append(cm)
+        return self._window
+
+    def _optimizer_stepped(self, optimizer: Any, args: Any, kwargs: Any) -> None:
+        """A global optimizer step hook: count the steps of this model's optimizers."""
+        try:
+            ours = self._steps_model.get(optimizer)
+            if ours is None:
+                mine = {id(p) for p in self.model.parameters()}
+                ours = any(id(p) in mine for g in optimizer.param_groups for p in g["params"])
+                self._steps_model[optimizer] = ours
+            if ours and self.log.optimizer_steps is not None:
+                self.log.optimizer_steps += 1
+        except Exception as e:  # fail open: a step is never stopped by counting it
+            logger.warning("tracelog: optimizer step not counted: %s", describe(e))
 
     def _static_refs(self) -> dict[int, Ref]:
         refs: dict[int, Ref] = {}
@@ -352,8 +516,16 @@ class TorchListener(ListenerBase):
     def _pre_hook(self, path: str, tname: str, is_root: bool) -> Callable[..., None]:
         def hook(module: torch.nn.Module, args: Any, kwargs: Any) -> None:
             w = self._window
-            if w is not None:
-                w.guarded(w.enter_module, path, tname, is_root, args, kwargs)
+            if w is None and is_root and self.eval_windows and not module.training:
+                w = self._open_auto_window()
+            if w is None:
+                return
+            if is_root and w.root_depth == 0 and w.root_done and w.saw_backward:
+                self._next_micro_batch(w)
+                if self._window is None:
+                    return
+                w = self._window
+            w.guarded(w.enter_module, path, tname, is_root, args, kwargs)
 
         return hook
 
@@ -362,6 +534,8 @@ class TorchListener(ListenerBase):
             w = self._window
             if w is not None:
                 w.guarded(w.exit_module, is_root, output)
+                if is_root and self._auto and w.root_depth == 0:
+                    self.close_batch(self._auto.pop())
 
         return hook
 
@@ -371,8 +545,12 @@ class TorchListener(ListenerBase):
         loss = w.loss_ref() or w.named_loss_output()
         tape.loss = None
         if loss is not None and loss[0] == "o" and not w.take_loss_output(loss):
-            # a loss computed after the forward; one inside it is a root output
-            tape.loss = loss if _is_post(w, loss) else None
+            # a loss computed after the forward; one inside it is a root output,
+            # or, in a step window, any op of the step (split from the
+            # predictions by what it reads)
+            tape.loss = loss if _is_post(w, loss) or w.step else None
+            if tape.loss is not None and not w.step:
+                w.drop_loss_output(tape.loss)
         for name, buf in self.model.named_buffers():
             ref = w.refs.get(id(buf))
             if ref is not None and ref != ("b", name):
@@ -456,6 +634,13 @@ class TorchListener(ListenerBase):
         for h in self._handles:
             h.remove()
         self._handles.clear()
+        for obj, name, own, method in reversed(self._quieted):
+            if own:
+                setattr(obj, name, method)
+            else:
+                with contextlib.suppress(AttributeError):
+                    delattr(obj, name)
+        self._quieted.clear()
 
     def _model_facts(self) -> dict[str, Any]:
         return _model_facts(self.model)
@@ -485,6 +670,14 @@ def _tensors_in(obj: Any) -> list[torch.Tensor]:
         elif isinstance(a, dict):
             stack.extend(a.values())
     return found
+
+
+def _is_metric(module: torch.nn.Module) -> bool:
+    """A torchmetrics metric (found by class name: torchmetrics is not imported)."""
+    return any(
+        c.__name__ == "Metric" and c.__module__.startswith("torchmetrics")
+        for c in type(module).__mro__
+    )
 
 
 def _is_post(w: _Window, ref: Ref) -> bool:

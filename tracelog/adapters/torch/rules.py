@@ -341,7 +341,16 @@ def _layer_norm(ctx: Ctx) -> Names:
     ins = [ctx.t(0), scale] + ([ctx.t(3)] if ctx.arg(3) is not None else [])
     if ctx.arg(2) is None and len(normalized) != 1:
         raise NotSupported("layer norm without weight over several axes")
-    y = ctx.one("LayerNormalization", ins, axis=-len(normalized), epsilon=float(ctx.arg(4)))
+    attrs = {"axis": -len(normalized), "epsilon": float(ctx.arg(4))}
+    wdt = ctx.in_type(2).dtype if ctx.arg(2) is not None else dt
+    if wdt != dt:
+        # mixed types (bfloat16 data, float32 weights under CPU autocast): torch
+        # normalises in the weights' type and rounds the result to the data's
+        wide = TensorType(wdt, xt.shape)
+        ins[0] = ctx.helper("Cast", [ins[0]], wide, to=wdt)
+        wide_y = ctx.helper("LayerNormalization", ins, wide, **attrs)
+        return [ctx.one("Cast", [wide_y], to=dt)[0], None, None]
+    y = ctx.one("LayerNormalization", ins, **attrs)
     return [y[0], None, None]
 
 

@@ -1,0 +1,219 @@
+"""Issue 16 items 1, 3, 4: the trainers' callbacks (Hugging Face ``Trainer``,
+Lightning), ``accelerate`` through the plain listener, gradient accumulation
+and bfloat16 autocast, each run from its example: counts (one batch per
+forward pass, optimizer steps beside them) and the translation check."""
+
+from __future__ import annotations
+
+import importlib.util
+import logging
+from pathlib import Path
+from types import ModuleType
+from typing import Any
+
+import numpy as np
+import pytest
+from helpers import assert_translated
+
+import tracelog
+from tracelog.cli import main as cli
+from tracelog.sample import grad_key, reference_key
+
+EXAMPLES = Path(__file__).parent.parent / "examples"
+TARGETS = ["tensorflow", "jax", "onnx"]
+
+
+def _example(name: str) -> ModuleType:
+    spec = importlib.util.spec_from_file_location(name, EXAMPLES / f"{name}.py")
+    assert spec is not None and spec.loader is not None
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
+
+
+def _rows(log_dir: Path) -> list[tuple[str, str, int]]:
+    log = tracelog.load(log_dir)
+    assert log.unrecorded == 0, log.failures
+    return [(e.kind, e.phase, e.usage.batches) for e in log.entries_sorted()]
+
+
+def _ops(log_dir: Path, kind: str, phase: str) -> dict[str, int]:
+    log = tracelog.load(log_dir)
+    entry = next(e for e in log.entries_sorted() if (e.kind, e.phase) == (kind, phase))
+    return log.graphs[entry.hash].op_histogram()
+
+
+def _check(log_dir: Path, target: str) -> None:
+    pytest.importorskip({"tensorflow": "tensorflow", "jax": "jax", "onnx": "onnxruntime"}[target])
+    assert_translated(tracelog.check(log_dir, target))
+
+
+def _own_gradients(log_dir: Path) -> float:
+    """The largest relative difference between the sample's gradients and the
+    float64 replay of its own batch: float32 rounding for a consistent sample."""
+    sample = tracelog.load(log_dir).sample()
+    worst = 0.0
+    for key in [k for k in sample if k.startswith(grad_key(""))]:
+        got, ref = sample[key].astype(np.float64), sample[reference_key(key)]
+        worst = max(worst, float(np.abs(got - ref).max() / np.abs(ref).max()))
+    return worst
+
+
+# -- Hugging Face Trainer: a tiny GPT-2, gradient accumulation 2, evaluation ----------------
+@pytest.fixture(scope="module")
+def hf_run(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    pytest.importorskip("transformers")
+    pytest.importorskip("accelerate")
+    out = tmp_path_factory.mktemp("hf") / "log"
+    logging.getLogger("transformers").setLevel(logging.ERROR)
+    # 8 sequences in batches of 4: 2 micro-batches, 1 optimizer step per epoch
+    _example("hf_trainer_gpt2").train(out, epochs=2, n_train=8)
+    return out
+
+
+def test_hf_trainer_counts(hf_run: Path) -> None:
+    assert _rows(hf_run) == [
+        ("prediction", "train", 4),  # one per forward: 2 micro-batches x 2 epochs
+        ("loss", "train", 4),
+        ("prediction", "eval", 4),  # 8 evaluation sequences in 2 batches, each epoch
+        ("loss", "eval", 4),
+    ]
+    assert tracelog.load(hf_run).optimizer_steps == 2
+    # the loss the model computes inside its forward is the loss graph's, not a prediction
+    assert "NegativeLogLikelihoodLoss" in _ops(hf_run, "loss", "train")
+    assert "NegativeLogLikelihoodLoss" not in _ops(hf_run, "prediction", "train")
+    assert _own_gradients(hf_run) < 1e-4
+
+
+@pytest.mark.parametrize("target", TARGETS)
+def test_hf_trainer_translates(hf_run: Path, target: str) -> None:
+    _check(hf_run, target)
+
+
+# -- Lightning: a submodule, self.log(on_epoch=True), torchmetrics, validation -------------
+@pytest.fixture(scope="module")
+def lightning_run(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    pytest.importorskip("lightning")
+    pytest.importorskip("torchmetrics")
+    out = tmp_path_factory.mktemp("lightning") / "log"
+    _example("lightning_classifier").train(out, epochs=2)
+    return out
+
+
+def test_lightning_counts(lightning_run: Path) -> None:
+    # 6 training batches and 3 validation batches (16, 16, 8: one graph) per epoch
+    assert _rows(lightning_run) == [
+        ("prediction", "train", 12),
+        ("loss", "train", 12),
+        ("prediction", "eval", 6),
+        ("loss", "eval", 6),
+    ]
+    assert tracelog.load(lightning_run).optimizer_steps == 12
+    # logging and metrics are in neither graph
+    assert _ops(lightning_run, "prediction", "train") == {"Gemm": 2, "Relu": 1, "Dropout": 1}
+    assert _ops(lightning_run, "prediction", "eval") == {"Gemm": 2, "Relu": 1}
+    assert set(_ops(lightning_run, "loss", "eval")) == {"LogSoftmax", "NegativeLogLikelihoodLoss"}
+
+
+@pytest.mark.parametrize("target", TARGETS)
+def test_lightning_translates(lightning_run: Path, target: str) -> None:
+    _check(lightning_run, target)
+
+
+def test_lightning_forward_through_self_and_accumulation(tmp_path: Path) -> None:
+    """A training_step calling ``self(x)``, two batches per optimizer step."""
+    pytest.importorskip("lightning")
+    pytest.importorskip("torchmetrics")
+    example = _example("lightning_classifier")
+    # Classifier with a forward, called as self(x) by its training_step
+    calls: list[Any] = []
+
+    class ViaForward(example.Classifier):  # type: ignore[name-defined]
+        def forward(self, x: Any) -> Any:
+            calls.append(1)
+            return self.net(x)
+
+        def training_step(self, batch: Any, batch_idx: int) -> Any:
+            x, y = batch
+            loss = example.F.cross_entropy(self(x), y)
+            self.log("train_loss", loss, on_epoch=True)
+            return loss
+
+    example.Classifier = ViaForward
+    example.train(tmp_path / "log", epochs=1, accumulate=2)
+    assert calls
+    assert _rows(tmp_path / "log") == [
+        ("prediction", "train", 6),
+        ("loss", "train", 6),
+        ("prediction", "eval", 3),
+        ("loss", "eval", 3),
+    ]
+    assert tracelog.load(tmp_path / "log").optimizer_steps == 3
+    assert _own_gradients(tmp_path / "log") < 1e-4
+
+
+# -- a plain loop: two micro-batches per window; bfloat16 autocast ------------------------
+@pytest.fixture(scope="module")
+def accumulated(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    out = tmp_path_factory.mktemp("accumulate") / "log"
+    _example("accumulate_autocast").train(out, steps=4, accumulate=2)
+    return out
+
+
+def test_accumulation_counts_each_forward(accumulated: Path) -> None:
+    assert _rows(accumulated) == [
+        ("prediction", "train", 8),
+        ("loss", "train", 8),
+        ("prediction", "eval", 1),
+        ("loss", "eval", 1),
+    ]
+    log = tracelog.load(accumulated)
+    assert log.optimizer_steps == 4
+    # the sample is one micro-batch with its own gradients (not the window's sum)
+    assert _own_gradients(accumulated) < 1e-4
+
+
+@pytest.mark.parametrize("target", TARGETS)
+def test_accumulation_translates(accumulated: Path, target: str) -> None:
+    _check(accumulated, target)
+
+
+@pytest.fixture(scope="module")
+def autocast(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    out = tmp_path_factory.mktemp("bf16") / "log"
+    _example("accumulate_autocast").train(out, steps=3, bf16=True)
+    return out
+
+
+def test_autocast_counts_once_with_its_casts(autocast: Path) -> None:
+    assert _rows(autocast) == [
+        ("prediction", "train", 3),
+        ("loss", "train", 3),
+        ("prediction", "eval", 1),
+        ("loss", "eval", 1),
+    ]
+    ops = _ops(autocast, "prediction", "train")
+    assert ops["Cast"] >= 4  # data and weights to bfloat16 for each Gemm, ...
+    graph = tracelog.load(autocast)
+    dtypes = {v.type.dtype for g in graph.graphs.values() for v in g.values.values()}
+    assert "bfloat16" in dtypes
+
+
+@pytest.mark.parametrize("target", ["tensorflow", "jax"])
+def test_autocast_translates(autocast: Path, target: str) -> None:
+    _check(autocast, target)
+
+
+def test_autocast_onnx_refused_in_one_line(autocast: Path, capsys: pytest.CaptureFixture) -> None:
+    assert cli(["check", str(autocast), "--target", "onnx"]) == 2
+    err = capsys.readouterr().err
+    assert err.count("\n") == 1 and "bfloat16" in err and "Traceback" not in err
+
+
+# -- accelerate: the plain listener ---------------------------------------------------------
+def test_accelerate_loop(tmp_path: Path) -> None:
+    pytest.importorskip("accelerate")
+    _example("accelerate_loop").train(tmp_path / "log", epochs=1, accumulate=2)
+    assert _rows(tmp_path / "log") == [("prediction", "train", 8), ("loss", "train", 8)]
+    assert tracelog.load(tmp_path / "log").optimizer_steps == 4
+    _check(tmp_path / "log", "tensorflow")

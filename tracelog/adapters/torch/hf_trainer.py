@@ -1,0 +1,108 @@
+"""The Hugging Face ``Trainer`` callback: a TorchListener whose windows are
+the Trainer's micro-batches.
+
+The model the Trainer trains is the root; its loss is computed inside its
+forward (``labels=``), as the listener records any Hugging Face model: the
+loss graph is split from the predictions by what it reads. Hooks:
+``on_step_begin`` opens a window for the first micro-batch of an optimizer
+step, ``on_substep_end`` closes it and opens the next micro-batch's (gradient
+accumulation: each forward is a batch of its graphs), ``on_step_end`` closes
+the last (the optimizer step falls inside, in neither graph; the optimizer
+steps are counted beside the batches). The evaluation loop has no hook before
+a batch: each forward of the model in eval mode outside a training window is
+an eval batch of its own. Recording fails open: a problem in it never stops
+training.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+from typing import Any
+
+from tracelog.adapters.base import describe
+
+from .listener import TorchListener
+
+logger = logging.getLogger("tracelog")
+
+try:
+    from transformers import TrainerCallback
+except ImportError:  # pragma: no cover - depends on the environment
+    raise ImportError(
+        "tracelog.transformers needs transformers: pip install 'tracelog[transformers]'"
+    ) from None
+
+
+class TracelogCallback(TrainerCallback):
+    """Records a Hugging Face ``Trainer.train`` run into ``log_dir``.
+
+    ``Trainer(..., callbacks=[TracelogCallback("runs/x")])``. Options are the
+    listener's (``overwrite``, ``checkpoint_every_s``, ...; see
+    ``tracelog.adapters.torch.TorchListener``); ``record_eval=False`` leaves
+    evaluation batches out. The listener attaches when training begins and
+    the log is complete when it ends (a ``trainer.evaluate()`` after
+    ``train()`` is not recorded).
+    """
+
+    def __init__(
+        self, log_dir: str | os.PathLike[str], *, record_eval: bool = True, **options: Any
+    ) -> None:
+        self.log_dir = log_dir
+        self.record_eval = record_eval
+        self.options = options
+        self.listener: TorchListener | None = None
+        self._open: Any = None
+
+    def on_train_begin(self, args: Any, state: Any, control: Any, **kwargs: Any) -> None:
+        model = kwargs.get("model")
+        if self.listener is not None or model is None:
+            return
+        # a log already in log_dir raises here, before training (LogExistsError)
+        self.listener = TorchListener(model, self.log_dir, **self.options)
+        self.listener.eval_windows = self.record_eval
+
+    def on_epoch_begin(self, args: Any, state: Any, control: Any, **kwargs: Any) -> None:
+        if self.listener is not None:
+            self.listener.set_epoch(round(state.epoch or 0))
+
+    def on_step_begin(self, args: Any, state: Any, control: Any, **kwargs: Any) -> None:
+        self._close_window()  # one left open by a step that raised
+        self._open_window()
+
+    def on_substep_end(self, args: Any, state: Any, control: Any, **kwargs: Any) -> None:
+        self._close_window()
+        self._open_window()  # the next micro-batch of this optimizer step
+
+    def on_step_end(self, args: Any, state: Any, control: Any, **kwargs: Any) -> None:
+        self._close_window()
+
+    def on_train_end(self, args: Any, state: Any, control: Any, **kwargs: Any) -> None:
+        self._close_window()
+        if self.listener is not None:
+            self.listener.close()
+
+    def _open_window(self) -> None:
+        listener = self.listener
+        if listener is None or listener.closed:
+            return
+        try:
+            self._open = listener.open_batch()
+        except Exception as e:  # fail open: the batch runs unrecorded
+            if listener.strict:
+                raise
+            logger.warning("tracelog: batch not recorded: %s", describe(e))
+
+    def _close_window(self) -> None:
+        cm, self._open = self._open, None
+        if cm is None or self.listener is None:
+            return
+        try:
+            self.listener.close_batch(cm)
+        except Exception as e:  # fail open
+            if self.listener.strict:
+                raise
+            logger.warning("tracelog: batch not recorded: %s", describe(e))
+
+
+__all__ = ["TracelogCallback"]
