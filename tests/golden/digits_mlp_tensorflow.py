@@ -49,16 +49,18 @@ STORED_DTYPES = {
     "BOOL": "?",
 }
 
+_NARROW_FLOATS = ("float32", "bfloat16", "float16")
+
 
 class _Float64View:
     """A framework module as the translation check's run sees it: the same
-    module, with float32 meaning float64 (casts, constants, fills)."""
+    module, with float32 (and the half types casts name) meaning float64."""
 
     def __init__(self, module: Any) -> None:
         self._module = module
 
     def __getattr__(self, name: str) -> Any:
-        return getattr(self._module, "float64" if name == "float32" else name)
+        return getattr(self._module, "float64" if name in _NARROW_FLOATS else name)
 
 
 # Parameters and buffers by module path, and whether each one trains.
