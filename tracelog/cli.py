@@ -38,6 +38,13 @@ def interrupted_line(log: TraceLog) -> str | None:
     return f"interrupted: the run did not close; counts as of the last checkpoint at {at}"
 
 
+def _distributed(log: TraceLog) -> str:
+    d = log.distributed
+    if not d:
+        return ""
+    return f"; rank {d.get('rank', '?')} of {d.get('world_size', '?')} ({d.get('backend', '?')})"
+
+
 def show_text(log: TraceLog, where: str) -> str:
     fw = log.framework
     first = interrupted_line(log)
@@ -47,6 +54,7 @@ def show_text(log: TraceLog, where: str) -> str:
         f"model {log.model.get('class', '?')}; {log.recorded} batches recorded, "
         f"{log.unrecorded} unrecorded"
         + ("" if log.optimizer_steps is None else f"; {log.optimizer_steps} optimizer steps")
+        + _distributed(log)
     ]
     header = ("#", "kind", "phase", "hash", "nodes", "batches", "epochs", "first", "last", "ops")
     rows = [header]
@@ -102,6 +110,7 @@ def show_json(log: TraceLog) -> str:
             "recorded": log.recorded,
             "unrecorded": log.unrecorded,
             "optimizer_steps": log.optimizer_steps,
+            "distributed": log.distributed,
             "entries": entries,
         },
         indent=1,
