@@ -31,6 +31,14 @@ from tracelog.ir import Graph
 from tracelog.log import TraceLog
 
 from .batch_dims import exact_batch_dims
+from .compiled import (
+    COMPILED_REASON,
+    COMPILED_WARNING,
+    MAYBE_COMPILED,
+    compiling,
+    dynamo_compiled_something,
+    unwrap_compiled,
+)
 from .distributed import LocalGrads, Ranks, facts_for_log, placement, unwrap, world
 from .recurrent import InnerOps, scope_leaf_modules
 from .reference import reference64
@@ -109,6 +117,12 @@ class _Mode(TorchDispatchMode):
         # inside a batch (closing one micro-batch and opening the next)
         self.window: _Window | None = window
 
+    @classmethod
+    def ignore_compile_internals(cls) -> bool:
+        # Dynamo compiles with this mode on the stack instead of skipping the
+        # frame for good (compiled.py); compiled code is not recorded
+        return True
+
     def __torch_dispatch__(
         self,
         func: Any,
@@ -119,7 +133,7 @@ class _Mode(TorchDispatchMode):
         kwargs = kwargs or {}
         out = func(*args, **kwargs)
         w = self.window
-        if w is not None:
+        if w is not None and not compiling():
             w.guarded(w.on_op, func, args, kwargs, out)
         return out
 
@@ -369,7 +383,8 @@ class TorchListener(ListenerBase):
     ) -> None:
         if not isinstance(model, torch.nn.Module):
             raise TypeError(f"TorchListener needs a torch.nn.Module, got {type(model).__name__}")
-        model = unwrap(model)
+        model, compiled = unwrap_compiled(unwrap(model))
+        model = unwrap(model)  # torch.compile(DDP(model))
         facts = world()
         records, log_dir = placement(ranks, log_dir, facts)
         super().__init__(
@@ -393,9 +408,13 @@ class TorchListener(ListenerBase):
         self._auto: list[Any] = []  # the open auto window's context manager
         self._quieted: list[tuple[Any, str, bool, Any]] = []
         self._holds_params: dict[str, bool] = {}
+        self._compiled = compiled
         if self.inert:
             return  # a rank that does not record: no hooks at all
         self._handles.append(register_optimizer_step_post_hook(self._optimizer_stepped))
+        if compiled:  # nothing added to a compiled model: its batches are counted (compiled.py)
+            logger.warning(COMPILED_WARNING)
+            return
         for path, mod in model.named_modules():
             self._holds_params[path] = any(True for _ in mod.parameters())
             if _is_metric(mod):  # torchmetrics: never part of the graphs
@@ -479,7 +498,10 @@ class TorchListener(ListenerBase):
 
         return paused_call
 
-    def _watching(self, w: _Window, before: StateBefore | None) -> _Mode:
+    def _watching(self, w: _Window, before: StateBefore | None) -> Any:
+        if self._compiled:
+            w.stop(COMPILED_REASON)
+            return contextlib.nullcontext()
         self._mode = _Mode(w)
         return self._mode
 
@@ -544,6 +566,8 @@ class TorchListener(ListenerBase):
 
     def _pre_hook(self, path: str, tname: str, is_root: bool) -> Callable[..., None]:
         def hook(module: torch.nn.Module, args: Any, kwargs: Any) -> None:
+            if compiling():
+                return  # traced by Dynamo: adds nothing to the compiled graph
             w = self._window
             if w is None and is_root and self.eval_windows and not module.training:
                 w = self._open_auto_window()
@@ -560,6 +584,8 @@ class TorchListener(ListenerBase):
 
     def _post_hook(self, is_root: bool) -> Callable[..., None]:
         def hook(module: torch.nn.Module, args: Any, kwargs: Any, output: Any) -> None:
+            if compiling():
+                return
             w = self._window
             if w is not None:
                 w.guarded(w.exit_module, is_root, output)
@@ -618,6 +644,11 @@ class TorchListener(ListenerBase):
 
     def _to_array(self, t: torch.Tensor) -> np.ndarray:
         return to_array(t)
+
+    def _record(self, w: WindowBase, before: StateBefore | None) -> None:
+        if w.root_calls == 0 and dynamo_compiled_something():
+            raise RuntimeError(self.no_forward_reason + MAYBE_COMPILED)
+        super()._record(w, before)
 
     def _gradients(
         self, w: _Window, before: StateBefore, loss: torch.Tensor
