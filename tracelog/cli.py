@@ -10,8 +10,10 @@ from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
+from tracelog import __version__
 from tracelog.errors import TracelogError
 from tracelog.log import TraceLog
+from tracelog.progress import progress, stderr_is_tty
 
 
 def _epochs(epochs: list[int]) -> str:
@@ -38,6 +40,13 @@ def interrupted_line(log: TraceLog) -> str | None:
     return f"interrupted: the run did not close; counts as of the last checkpoint at {at}"
 
 
+def _distributed(log: TraceLog) -> str:
+    d = log.distributed
+    if not d:
+        return ""
+    return f"; rank {d.get('rank', '?')} of {d.get('world_size', '?')} ({d.get('backend', '?')})"
+
+
 def show_text(log: TraceLog, where: str) -> str:
     fw = log.framework
     first = interrupted_line(log)
@@ -47,6 +56,7 @@ def show_text(log: TraceLog, where: str) -> str:
         f"model {log.model.get('class', '?')}; {log.recorded} batches recorded, "
         f"{log.unrecorded} unrecorded"
         + ("" if log.optimizer_steps is None else f"; {log.optimizer_steps} optimizer steps")
+        + _distributed(log)
     ]
     header = ("#", "kind", "phase", "hash", "nodes", "batches", "epochs", "first", "last", "ops")
     rows = [header]
@@ -102,14 +112,22 @@ def show_json(log: TraceLog) -> str:
             "recorded": log.recorded,
             "unrecorded": log.unrecorded,
             "optimizer_steps": log.optimizer_steps,
+            "distributed": log.distributed,
             "entries": entries,
         },
         indent=1,
     )
 
 
+def _working(args: argparse.Namespace, text: str) -> Any:
+    """A progress line on stderr for work longer than a second: never on
+    stdout, never when stderr is not a terminal or with --quiet."""
+    return progress(text, not args.quiet and stderr_is_tty())
+
+
 def _cmd_show(args: argparse.Namespace) -> int:
-    log = TraceLog.load(args.log_dir)
+    with _working(args, f"reading {args.log_dir}"):
+        log = TraceLog.load(args.log_dir)
     print(show_json(log) if args.json else show_text(log, args.log_dir))
     return 0
 
@@ -117,7 +135,8 @@ def _cmd_show(args: argparse.Namespace) -> int:
 def _cmd_verify(args: argparse.Namespace) -> int:
     from tracelog.verify import verify
 
-    report = verify(args.log_dir, runtime=args.runtime, atol=args.atol, rtol=args.rtol)
+    with _working(args, f"replaying {args.log_dir} on {args.runtime}"):
+        report = verify(args.log_dir, runtime=args.runtime, atol=args.atol, rtol=args.rtol)
     print(report.table())
     return 0 if report.ok else 1
 
@@ -133,7 +152,8 @@ def _cmd_emit(args: argparse.Namespace) -> int:
             raise TracelogError(
                 f"cannot create {parent} for --out: {e.strerror or e} ({e.filename or parent})"
             ) from None
-    path = emit(args.log_dir, args.target, args.out)
+    with _working(args, f"emitting {args.target} from {args.log_dir}"):
+        path = emit(args.log_dir, args.target, args.out)
     print(path)
     return 0
 
@@ -141,9 +161,10 @@ def _cmd_emit(args: argparse.Namespace) -> int:
 def _cmd_check(args: argparse.Namespace) -> int:
     from tracelog.parity import check
 
-    report = check(
-        args.log_dir, args.target, atol=args.atol, rtol=args.rtol, grad_atol=args.grad_atol
-    )
+    with _working(args, f"checking {args.target} on {args.log_dir}"):
+        report = check(
+            args.log_dir, args.target, atol=args.atol, rtol=args.rtol, grad_atol=args.grad_atol
+        )
     print(report.table())
     return 0 if report.ok else 1
 
@@ -151,16 +172,56 @@ def _cmd_check(args: argparse.Namespace) -> int:
 def _cmd_diff(args: argparse.Namespace) -> int:
     from tracelog.diff import diff, dumps
 
-    result = diff(args.old, args.new, counts=args.counts)
+    with _working(args, f"comparing {args.old} and {args.new}"):
+        result = diff(args.old, args.new, counts=args.counts)
     print(dumps(result, args.format))
     return 0 if result.equal else 1
+
+
+_EXAMPLES = {
+    "show": """examples:
+  tracelog show runs/digits           # one row per unique graph: batches, epochs, ops
+  tracelog show runs/digits --json    # the same, for a tool
+""",
+    "verify": """examples:
+  tracelog verify runs/digits                          # the IR on onnx.reference
+  tracelog verify runs/digits --runtime onnxruntime    # on onnxruntime
+""",
+    "emit": """examples:
+  tracelog emit runs/digits --target tensorflow   # -> runs/digits/program_tensorflow.py
+  tracelog emit runs/digits --target onnx         # -> runs/digits/model.onnx
+  tracelog emit runs/digits --target jax --out programs/digits_jax.py
+""",
+    "check": """examples:
+  tracelog check runs/digits --target tensorflow  # translation and float32 rows; exit 1 on mismatch
+  tracelog check runs/ddp --target jax --quiet     # no progress line (also off when piped)
+""",
+    "diff": """examples:
+  tracelog diff runs/main runs/pr                     # what changed in the model
+  tracelog diff runs/main runs/pr --format markdown   # for a pull-request comment
+  tracelog diff runs/main runs/pr --format json --counts
+""",
+}
+
+
+def _add(sub: Any, name: str, help: str) -> argparse.ArgumentParser:
+    """A subcommand, its --help ending with examples."""
+    p: argparse.ArgumentParser = sub.add_parser(
+        name,
+        help=help,
+        description=help,
+        epilog=_EXAMPLES[name],
+        formatter_class=argparse.RawDescriptionHelpFormatter,
+    )
+    p.add_argument("-q", "--quiet", action="store_true", help="no progress line on stderr")
+    return p
 
 
 def _log_and_target(sub: Any, name: str, help: str) -> argparse.ArgumentParser:
     """A subcommand on a log directory for one registered target."""
     from tracelog.emit import TARGETS
 
-    p: argparse.ArgumentParser = sub.add_parser(name, help=help)
+    p = _add(sub, name, help)
     p.add_argument("log_dir")
     p.add_argument("--target", choices=TARGETS, required=True)
     return p
@@ -173,16 +234,21 @@ def _tolerances(p: argparse.ArgumentParser) -> None:
 
 def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(
-        prog="tracelog", description="Inspect and check logs written by a tracelog listener."
+        prog="tracelog",
+        description="Inspect and check logs written by a tracelog listener.",
+        epilog="Each command's --help ends with examples. Progress goes to stderr, on a "
+        "terminal only, for work longer than a second (--quiet: none).",
     )
+    parser.add_argument("--version", action="version", version=f"tracelog {__version__}")
     sub = parser.add_subparsers(dest="command", required=True)
-    p = sub.add_parser("show", help="one row per unique graph, with its usage counts")
+    p = _add(sub, "show", "one row per unique graph, with its usage counts")
     p.add_argument("log_dir")
     p.add_argument("--json", action="store_true", help="machine-readable output")
     p.set_defaults(func=_cmd_show)
-    p = sub.add_parser(
+    p = _add(
+        sub,
         "verify",
-        help="replay the recorded batch through the IR on an ONNX runtime; exit 1 on mismatch",
+        "replay the recorded batch through the IR on an ONNX runtime; exit 1 on mismatch",
     )
     p.add_argument("log_dir")
     p.add_argument("--runtime", choices=("reference", "onnxruntime"), default="reference")
@@ -201,9 +267,10 @@ def build_parser() -> argparse.ArgumentParser:
     _tolerances(p)
     p.add_argument("--grad-atol", type=float, default=1e-4)
     p.set_defaults(func=_cmd_check)
-    p = sub.add_parser(
+    p = _add(
+        sub,
         "diff",
-        help="semantic diff of two logs: modules, ops, shapes, parameters; exit 1 when they differ",
+        "semantic diff of two logs: modules, ops, shapes, parameters; exit 1 when they differ",
     )
     p.add_argument("old", help="the log to compare against (the main branch's, say)")
     p.add_argument("new")

@@ -147,6 +147,9 @@ class TraceLog:
         # optimizer steps of the run (a listener that counts them: torch); with
         # gradient accumulation, fewer than the training batches (forward passes)
         self.optimizer_steps: int | None = None
+        # a torch.distributed run: backend, world_size, the rank that wrote this
+        # log and the ranks that record (None: a single process)
+        self.distributed: dict[str, Any] | None = None
         self.failures: list[dict[str, Any]] = []
         self.sample_info: SampleInfo | None = None
         self.constants: dict[str, np.ndarray] = {}
@@ -249,6 +252,7 @@ class TraceLog:
                     else {"optimizer_steps": self.optimizer_steps}
                 ),
             },
+            **({} if self.distributed is None else {"distributed": self.distributed}),
             "graphs": sorted(self.graphs),
             "entries": [
                 {"hash": e.hash, "kind": e.kind, "phase": e.phase, **e.usage.to_json()}
@@ -344,6 +348,8 @@ class TraceLog:
         steps = b.get("optimizer_steps")  # absent before it was counted, and from Keras
         log.optimizer_steps = None if steps is None else int(steps)
         log.sample_info = d.get("sample")
+        dist_facts = d.get("distributed")  # absent from single-process runs
+        log.distributed = dict(dist_facts) if isinstance(dist_facts, dict) else None
         return log
 
 

@@ -21,6 +21,7 @@ from tracelog.errors import TracelogError
 from tracelog.ir import Node
 from tracelog.log import TraceLog, stored_dtypes
 from tracelog.passes.layout import TO_NHWC
+from tracelog.progress import stage
 from tracelog.sample import input_key, sample_feeds
 from tracelog.verify import Comparison, Report, all_values, compare
 
@@ -72,8 +73,11 @@ def check_program(
     grad_atol: float = 1e-4,
 ) -> Report:
     """Write a program target's program and run its own parity check."""
+    stage(f"writing {tgt.name}'s program")
     path = write_program(log_dir, tgt)
+    stage(f"importing {path.name} and its framework")
     module = _import_path(path)
+    stage(f"running {path.name} on the recorded batch")
     rows = module.check_parity(str(log_dir), atol, rtol, grad_atol)
     comparisons = [Comparison(*row) for row in rows]
     if any(c.name.endswith(" [float64]") for c in comparisons):
@@ -86,6 +90,7 @@ def check_program(
         title = f"{path.name} vs recorded batch (atol {atol:g}, rtol {rtol:g}; gradients atol {grad_atol:g})"
     report = Report(title, comparisons)
     if not report.ok:
+        stage("a mismatch: replaying node by node for the first divergence")
         report.divergence = first_divergence(TraceLog.load(log_dir), tgt, log_dir, atol, rtol)
     return report
 

@@ -385,6 +385,7 @@ class ListenerBase(ABC):
         checkpoint_every_s: float = 5.0,
         checkpoint_every_batches: int = 200,
         checkpoint_weights: bool = False,
+        inert: bool = False,
     ) -> None:
         """The options every listener takes (``TorchListener(model, log_dir,
         **options)``, ``TFListener``, ``tracelog.Listener``):
@@ -395,9 +396,16 @@ class ListenerBase(ABC):
           counts reach disk (new graphs and the sample always do at once);
         - ``checkpoint_weights``: rewrite the weights at every checkpoint too;
         - ``strict``: raise recording errors instead of failing open (tests).
+
+        ``inert`` (set by an adapter, not a user option): this process records
+        nothing and writes nothing (a distributed rank that does not record);
+        every method keeps its contract, so the training loop is the same code
+        on every rank.
         """
         policy = CheckpointPolicy(checkpoint_every_s, checkpoint_every_batches, checkpoint_weights)
-        claim_log_dir(log_dir, overwrite)  # before training: never a silent overwrite
+        self.inert = inert
+        if not inert:
+            claim_log_dir(log_dir, overwrite)  # before training: never a silent overwrite
         self.log = log
         self.model = model
         self.log_dir = log_dir
@@ -415,7 +423,8 @@ class ListenerBase(ABC):
         self.last_counted: Counted | str | None = None
         # a listener never closed still leaves its log, marked interrupted, at interpreter exit
         self._at_exit = functools.partial(_flush_at_exit, weakref.ref(self))
-        atexit.register(self._at_exit)
+        if not inert:
+            atexit.register(self._at_exit)
 
     # -- public API ----------------------------------------------------------------------
     def epochs(self, n: int) -> Iterator[int]:
@@ -436,6 +445,9 @@ class ListenerBase(ABC):
     def batch(self, *, epoch: int | None = None) -> Iterator[Any]:
         """The window of one batch: the forward, the loss and (optionally) the backward."""
         self._open_batch(epoch)
+        if self.inert:
+            yield self
+            return
         w = self._window = self._begin_window()
         raised: BaseException | None = None
         try:
@@ -468,6 +480,8 @@ class ListenerBase(ABC):
         """Mark the loss of this batch (when it is not the last scalar computed)."""
         w = self._window
         if w is None:
+            if self.inert:
+                return t
             raise RuntimeError("listener.loss() must be called inside listener.batch()")
         try:  # not guarded by w.recording: a later error replaces an earlier one
             w.mark_loss(t)
@@ -491,6 +505,9 @@ class ListenerBase(ABC):
             return self.log
         self._closed = True
         atexit.unregister(self._at_exit)
+        if self.inert:
+            self._detach()
+            return self.log
         try:
             self._detach()
         finally:

@@ -31,6 +31,15 @@ from tracelog.ir import Graph
 from tracelog.log import TraceLog
 
 from .batch_dims import exact_batch_dims
+from .compiled import (
+    COMPILED_REASON,
+    COMPILED_WARNING,
+    MAYBE_COMPILED,
+    compiling,
+    dynamo_compiled_something,
+    unwrap_compiled,
+)
+from .distributed import LocalGrads, Ranks, facts_for_log, placement, unwrap, world
 from .recurrent import InnerOps, scope_leaf_modules
 from .reference import reference64
 from .rules import ATEN, VIEW_WRITE
@@ -108,6 +117,12 @@ class _Mode(TorchDispatchMode):
         # inside a batch (closing one micro-batch and opening the next)
         self.window: _Window | None = window
 
+    @classmethod
+    def ignore_compile_internals(cls) -> bool:
+        # Dynamo compiles with this mode on the stack instead of skipping the
+        # frame for good (compiled.py); compiled code is not recorded
+        return True
+
     def __torch_dispatch__(
         self,
         func: Any,
@@ -118,7 +133,7 @@ class _Mode(TorchDispatchMode):
         kwargs = kwargs or {}
         out = func(*args, **kwargs)
         w = self.window
-        if w is not None:
+        if w is not None and not compiling():
             w.guarded(w.on_op, func, args, kwargs, out)
         return out
 
@@ -143,6 +158,8 @@ class _Window(WindowBase):
         # step's last top-level call of a module that holds parameters
         self.step = False
         self.step_output: Any = None
+        # a distributed sample window: this rank's gradients, before the all-reduce
+        self.local_grads: LocalGrads | None = None
 
     # -- the root's call ---------------------------------------------------------------
     def start_forward(self, args: Any, kwargs: Any) -> None:
@@ -338,6 +355,10 @@ class TorchListener(ListenerBase):
       checkpoint (else when a new graph brings constants, at close, and on
       the interrupted paths below).
     - ``strict`` (False): raise recording errors instead of failing open.
+    - ``ranks`` (0): under ``torch.distributed``, the ranks that record. One
+      rank writes ``log_dir`` (the others record nothing and write nothing);
+      ``"all"`` or a list of ranks: each writes ``log_dir/rank<N>``. A model
+      wrapped in ``DistributedDataParallel`` is recorded as the module it wraps.
 
     A listener never closed writes a last checkpoint (weights included) at
     interpreter exit (atexit: a normal exit or ``SystemExit``), marked
@@ -356,27 +377,44 @@ class TorchListener(ListenerBase):
         self,
         model: torch.nn.Module,
         log_dir: str | os.PathLike[str],
+        *,
+        ranks: Ranks = 0,
         **options: Any,
     ) -> None:
         if not isinstance(model, torch.nn.Module):
             raise TypeError(f"TorchListener needs a torch.nn.Module, got {type(model).__name__}")
+        model, compiled = unwrap_compiled(unwrap(model))
+        model = unwrap(model)  # torch.compile(DDP(model))
+        facts = world()
+        records, log_dir = placement(ranks, log_dir, facts)
         super().__init__(
             TraceLog(_framework_facts(model)),
             model,
             log_dir,
+            inert=not records,
             **options,
         )
         self._window: _Window | None = None
         self._mode: _Mode | None = None
+        self._distributed = facts is not None
+        if facts is not None:
+            self.log.distributed = facts_for_log(facts, ranks)
         self.log.optimizer_steps = 0
         self._steps_model: weakref.WeakKeyDictionary[Any, bool] = weakref.WeakKeyDictionary()
-        self._handles = [register_optimizer_step_post_hook(self._optimizer_stepped)]
+        self._handles: list[Any] = []
         # a root forward outside any window, in eval mode, is an eval window of
         # its own (a trainer's evaluation loop, which has no hook before a batch)
         self.eval_windows = False
         self._auto: list[Any] = []  # the open auto window's context manager
         self._quieted: list[tuple[Any, str, bool, Any]] = []
         self._holds_params: dict[str, bool] = {}
+        self._compiled = compiled
+        if self.inert:
+            return  # a rank that does not record: no hooks at all
+        self._handles.append(register_optimizer_step_post_hook(self._optimizer_stepped))
+        if compiled:  # nothing added to a compiled model: its batches are counted (compiled.py)
+            logger.warning(COMPILED_WARNING)
+            return
         for path, mod in model.named_modules():
             self._holds_params[path] = any(True for _ in mod.parameters())
             if _is_metric(mod):  # torchmetrics: never part of the graphs
@@ -405,7 +443,7 @@ class TorchListener(ListenerBase):
     def open_batch(self) -> Any:
         """``listener.batch()`` entered by hand, for a trainer's hooks: returns
         the context manager to ``close_batch``. No-op (None) once closed."""
-        if self._closed or self._window is not None:
+        if self._closed or self._window is not None or self.inert:
             return None
         cm = self.batch()
         cm.__enter__()
@@ -442,6 +480,8 @@ class TorchListener(ListenerBase):
     def quiet(self, obj: Any, *names: str) -> None:
         """Run these methods of ``obj`` with recording paused (instance
         attributes wrapping them, removed when the listener closes)."""
+        if self.inert:
+            return
         for name in names:
             method = getattr(obj, name, None)
             if method is None or not callable(method):
@@ -458,7 +498,10 @@ class TorchListener(ListenerBase):
 
         return paused_call
 
-    def _watching(self, w: _Window, before: StateBefore | None) -> _Mode:
+    def _watching(self, w: _Window, before: StateBefore | None) -> Any:
+        if self._compiled:
+            w.stop(COMPILED_REASON)
+            return contextlib.nullcontext()
         self._mode = _Mode(w)
         return self._mode
 
@@ -481,6 +524,14 @@ class TorchListener(ListenerBase):
             self._window = self._new_window()
             self._window.stop(describe(e))
         mode.window = self._window
+
+    def _end_window(self, w: WindowBase, raised: BaseException | None = None) -> None:
+        try:
+            super()._end_window(w, raised)
+        finally:
+            local = getattr(w, "local_grads", None)
+            if local is not None:  # hooks for one window only
+                local.remove()
 
     def _open_auto_window(self) -> _Window | None:
         try:
@@ -515,6 +566,8 @@ class TorchListener(ListenerBase):
 
     def _pre_hook(self, path: str, tname: str, is_root: bool) -> Callable[..., None]:
         def hook(module: torch.nn.Module, args: Any, kwargs: Any) -> None:
+            if compiling():
+                return  # traced by Dynamo: adds nothing to the compiled graph
             w = self._window
             if w is None and is_root and self.eval_windows and not module.training:
                 w = self._open_auto_window()
@@ -531,6 +584,8 @@ class TorchListener(ListenerBase):
 
     def _post_hook(self, is_root: bool) -> Callable[..., None]:
         def hook(module: torch.nn.Module, args: Any, kwargs: Any, output: Any) -> None:
+            if compiling():
+                return
             w = self._window
             if w is not None:
                 w.guarded(w.exit_module, is_root, output)
@@ -575,6 +630,8 @@ class TorchListener(ListenerBase):
     def _state_before(self, w: _Window) -> StateBefore | None:
         if w.phase != "train":
             return None
+        if self._distributed:  # this rank's own gradients (distributed.py)
+            w.local_grads = LocalGrads(self.model)
         return StateBefore(
             params={n: to_array(p) for n, p in self.model.named_parameters()},
             buffers={n: to_array(b) for n, b in self.model.named_buffers()},
@@ -588,12 +645,22 @@ class TorchListener(ListenerBase):
     def _to_array(self, t: torch.Tensor) -> np.ndarray:
         return to_array(t)
 
+    def _record(self, w: WindowBase, before: StateBefore | None) -> None:
+        if w.root_calls == 0 and dynamo_compiled_something():
+            raise RuntimeError(self.no_forward_reason + MAYBE_COMPILED)
+        super()._record(w, before)
+
     def _gradients(
         self, w: _Window, before: StateBefore, loss: torch.Tensor
     ) -> dict[str, np.ndarray]:
         params = dict(self.model.named_parameters())
         trainable = [n for n, p in params.items() if p.requires_grad]
         grads: dict[str, np.ndarray] = {}
+        local = w.local_grads
+        if w.saw_backward and local is not None:  # before DDP's all-reduce averaged them
+            if local.failed:
+                raise RuntimeError(f"this rank's gradients were not kept: {local.failed}")
+            return {n: to_array(local.grads[n]) for n in trainable if n in local.grads}
         if w.saw_backward:
             for n in trainable:
                 g = params[n].grad
@@ -624,6 +691,8 @@ class TorchListener(ListenerBase):
         )
 
     def _grads_from(self, w: _Window) -> str:
+        if w.saw_backward and w.local_grads is not None:
+            return "backward: this rank's own gradients, before the all-reduce"
         return "backward" if w.saw_backward else "autograd.grad"
 
     def _buffer_now(self, name: str) -> np.ndarray:

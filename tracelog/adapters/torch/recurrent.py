@@ -164,6 +164,8 @@ def scope_leaf_modules(
     pushed: list[RecurrentCalls | None] = []
 
     def pre(module: torch.nn.Module, args: Any) -> None:
+        if torch.compiler.is_compiling():
+            return  # traced by Dynamo (its post hook returns alike): nothing added
         pushed.append(None)
         w = window_of()
         if w is not None and w.recording:
@@ -172,6 +174,8 @@ def scope_leaf_modules(
             pushed[-1] = mode
 
     def post(module: torch.nn.Module, args: Any, output: Any) -> None:
+        if torch.compiler.is_compiling():
+            return
         mode = pushed.pop() if pushed else None
         if mode is not None:
             mode.__exit__(None, None, None)
