@@ -143,30 +143,30 @@ def predict_train(params, x, rng=None):
     out_weight = params["out.weight"]
     out_bias = params["out.bias"]
     # Reshape() <root> (MLP) -> [batch, 64]
-    v0 = tf.reshape(x, [-1, 64])
+    reshape = tf.reshape(x, [-1, 64])
     # Gemm(transB=1) fc1 (Linear) -> [batch, 128]
-    v1 = tf.linalg.matmul(v0, fc1_weight, transpose_b=True) + fc1_bias
+    fc1 = tf.linalg.matmul(reshape, fc1_weight, transpose_b=True) + fc1_bias
     # Relu() <root> (MLP) -> [batch, 128]
-    v2 = tf.nn.relu(v1)
+    relu = tf.nn.relu(fc1)
     # Gemm(transB=1) fc2 (Linear) -> [batch, 64]
-    v3 = tf.linalg.matmul(v2, fc2_weight, transpose_b=True) + fc2_bias
+    fc2 = tf.linalg.matmul(relu, fc2_weight, transpose_b=True) + fc2_bias
     # Relu() <root> (MLP) -> [batch, 64]
-    v4 = tf.nn.relu(v3)
+    relu_1 = tf.nn.relu(fc2)
     # Dropout() drop (Dropout) -> [batch, 64], [batch, 64]
-    v5, v6 = _dropout(v4, tf.constant(0.09999999999999998, tf.float32), rng, "mask.0")
+    drop, drop_mask = _dropout(relu_1, tf.constant(0.09999999999999998, tf.float32), rng, "mask.0")
     # Gemm(transB=1) out (Linear) -> [batch, 10]
-    v7 = tf.linalg.matmul(v5, out_weight, transpose_b=True) + out_bias
-    return {"prediction": v7}
+    out = tf.linalg.matmul(drop, out_weight, transpose_b=True) + out_bias
+    return {"prediction": out}
 
 
 # loss graph 890849aa7a0e, 2 ops. train: 23 batches, epoch 0, first 0:0, last 0:22; eval: 1 batch, epoch 0, first 0:0, last 0:0
 def loss_train(params, prediction, target):
     """Returns the loss."""
     # LogSoftmax(axis=1) <loss> -> [batch, 10]
-    v0 = tf.nn.log_softmax(prediction, axis=1)
+    log_softmax = tf.nn.log_softmax(prediction, axis=1)
     # NegativeLogLikelihoodLoss(ignore_index=-100, reduction=mean) <loss> -> []
-    v1 = _nll_loss(v0, target, None, "mean", -100)
-    return v1
+    nll_loss = _nll_loss(log_softmax, target, None, "mean", -100)
+    return nll_loss
 
 
 # prediction graph 3946eb37e7a3, 6 ops. eval: 1 batch, epoch 0, first 0:0, last 0:0
@@ -179,18 +179,18 @@ def predict_eval(params, x, rng=None):
     out_weight = params["out.weight"]
     out_bias = params["out.bias"]
     # Reshape() <root> (MLP) -> [batch, 64]
-    v0 = tf.reshape(x, [-1, 64])
+    reshape = tf.reshape(x, [-1, 64])
     # Gemm(transB=1) fc1 (Linear) -> [batch, 128]
-    v1 = tf.linalg.matmul(v0, fc1_weight, transpose_b=True) + fc1_bias
+    fc1 = tf.linalg.matmul(reshape, fc1_weight, transpose_b=True) + fc1_bias
     # Relu() <root> (MLP) -> [batch, 128]
-    v2 = tf.nn.relu(v1)
+    relu = tf.nn.relu(fc1)
     # Gemm(transB=1) fc2 (Linear) -> [batch, 64]
-    v3 = tf.linalg.matmul(v2, fc2_weight, transpose_b=True) + fc2_bias
+    fc2 = tf.linalg.matmul(relu, fc2_weight, transpose_b=True) + fc2_bias
     # Relu() <root> (MLP) -> [batch, 64]
-    v4 = tf.nn.relu(v3)
+    relu_1 = tf.nn.relu(fc2)
     # Gemm(transB=1) out (Linear) -> [batch, 10]
-    v5 = tf.linalg.matmul(v4, out_weight, transpose_b=True) + out_bias
-    return {"prediction": v5}
+    out = tf.linalg.matmul(relu_1, out_weight, transpose_b=True) + out_bias
+    return {"prediction": out}
 
 
 def input_key(name: str) -> str:

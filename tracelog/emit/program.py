@@ -34,6 +34,7 @@ from tracelog.emit.common import (
     usage_comment,
 )
 from tracelog.emit.inline import Inlinable, import_block, inlinable
+from tracelog.emit.names import value_candidates
 from tracelog.emit.onnx import const_array
 from tracelog.emit.rules import RuleCtx, Spellings, write
 from tracelog.errors import LogError, UnsupportedOpError
@@ -181,10 +182,13 @@ class _Body:
 
     def __post_init__(self) -> None:
         self.ns = self.program.child()
+        self.candidates = value_candidates(self.graph)
 
     def bind(self, value: str) -> str:
-        """The printed name of a value the function defines (a fresh one)."""
-        self.names[value] = self.ns.name(value, ("v", value))
+        """The printed name of a value the function defines (a fresh one):
+        node outputs by module and role (tracelog.emit.names), inputs and
+        parameters by their own names."""
+        self.names[value] = self.ns.name(self.candidates.get(value, value), ("v", value))
         return self.names[value]
 
     def value_lines(self) -> list[str]:
