@@ -2,6 +2,9 @@
 
 from __future__ import annotations
 
+import shutil
+import subprocess
+import sysconfig
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any
@@ -68,3 +71,21 @@ def edit_onnx_graphs(monkeypatch: Any, edit: Callable[[tracelog.Graph], bool]) -
             return log
 
     monkeypatch.setattr(onnx_model, "TraceLog", Edited)
+
+
+def assert_lint_clean(text: str, what: str = "program") -> None:
+    """An emitted program as a user's CI sees it with no configuration: black
+    at its defaults changes nothing, and ruff's pyflakes (F) and isort (I)
+    rules find nothing."""
+    import black
+
+    assert black.format_str(text, mode=black.Mode()) == text, f"{what}: not black-clean at 88"
+    ruff = shutil.which("ruff", path=sysconfig.get_path("scripts")) or shutil.which("ruff")
+    assert ruff, "ruff is a dev dependency (pip install -e '.[dev]')"
+    done = subprocess.run(
+        [ruff, "check", "--isolated", "--select", "F,I", "--stdin-filename", "program.py", "-"],
+        input=text,
+        capture_output=True,
+        text=True,
+    )
+    assert done.returncode == 0, f"{what}: ruff check --select F,I\n{done.stdout}{done.stderr}"

@@ -6,7 +6,7 @@ onnx.reference node by node and are black-formatted."""
 from __future__ import annotations
 
 import pytest
-from helpers import assert_translated
+from helpers import assert_lint_clean, assert_translated
 
 import tracelog
 from tracelog.emit import PROGRAM_TARGETS, TARGETS, get_target, targets
@@ -68,7 +68,11 @@ def test_every_node_agrees_with_onnx_reference(recorded, target: str) -> None:
     assert rows and not bad
 
 
-def test_program_is_black_formatted(recorded, target: str) -> None:
+def test_program_is_black_and_ruff_clean(recorded, target: str) -> None:
+    """black at its defaults (88) and ruff's F and I rules, with no config;
+    at another line length on request, black-clean at that length."""
     _, log_dir, _ = recorded
     text = tracelog.emit(log_dir, target).read_text()
-    assert format_source(text) == text
+    assert_lint_clean(text, target)
+    wide = tracelog.emit(log_dir, target, out=str(log_dir / "wide.py"), line_length=120)
+    assert format_source(wide.read_text(), 120) == wide.read_text() != text

@@ -95,7 +95,7 @@ _TRANSPOSED = {
 # per target: exact GELU (the source's) -> its tanh approximation
 _GELU_TANH = {
     "torch": (r'approximate="none"', 'approximate="tanh"'),
-    "tensorflow": (r"_gelu\((v\d+), False\)", r"_gelu(\1, True)"),
+    "tensorflow": (r"_gelu\((layer_linear1_reshape_1), False\)", r"_gelu(\1, True)"),
     "jax": (r"approximate=False", "approximate=True"),
 }
 
@@ -204,7 +204,7 @@ EDITS = [
         "batch_norm_epsilon",
         "convnet",
         "bn1",
-        lambda t: (r"1e-05, 0\.1, ", "1e-04, 0.1, "),
+        lambda t: (r"1e-05,(\s+)0\.1,", r"1e-04,\g<1>0.1,"),
         _set_attr("BatchNormTraining", "epsilon", 1e-4),
     ),
     Edit(
@@ -225,21 +225,21 @@ EDITS = [
         "label_smoothing_changed",
         "convnet",
         "<loss>",
-        lambda t: (r"\(0\.9, ", "(0.95, "),
+        lambda t: (r"\(\s*0\.9,", "(0.95,"),
         _set_const("Mul", "", 0.9, 0.95),
     ),
     Edit(
         "activation_input_scaled_by_1e-6",
         "convnet",
         "<root>",
-        lambda t: (r"tanh\((v\d+)\)", r"tanh(\1 * 1.000001)"),
+        lambda t: (r"tanh\((fc)\)", r"tanh(\1 * 1.000001)"),
         _scale_input("Tanh"),
     ),
     Edit(
         "attention_scale_changed",
         "transformer",
         "layer.self_attn",
-        lambda t: (r"\(0\.5, ", "(0.51, "),
+        lambda t: (r"\(\s*0\.5,", "(0.51,"),
         _set_const("Mul", "layer.self_attn", 0.5, 0.51),
     ),
     Edit(
@@ -253,14 +253,17 @@ EDITS = [
         "gelu_input_scaled_by_1e-6",
         "transformer",
         "layer",
-        lambda t: (r"gelu\((v\d+), ", r"gelu(\1 * 1.000001, "),
+        lambda t: (r"gelu\((layer_linear1_reshape_1), ", r"gelu(\1 * 1.000001, "),
         _scale_input("Gelu"),
     ),
     Edit(
         "lstm_gate_order_swapped",
         "lstm",
         "lstm",
-        lambda t: (r"\[v1, v4, v2, v3\]", "[v1, v2, v4, v3]"),
+        lambda t: (
+            r"\[lstm_split, lstm_split_3, lstm_split_1, lstm_split_2\]",
+            "[lstm_split, lstm_split_1, lstm_split_3, lstm_split_2]",
+        ),
         _swap_inputs("Concat", "lstm", 1, 2),
     ),
 ]

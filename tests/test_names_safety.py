@@ -208,6 +208,8 @@ INTERNAL = sorted(
     {n for n in RESERVED if n.isidentifier() and not keyword.iskeyword(n)}
     | {"x", "target", "v0", "v1", "c0", "h1", "k0", "predict_train", "loss_train", "rng"}
     | {"prediction", "loss", "target_1", "const0", "batch_size_float32_0"}
+    # values named by role (tracelog.emit.names): root and loss ops of these models
+    | {"mul", "mul_1", "sub", "pow", "add", "reduce_mean", "reduce_sum", "gemm", "gemm_0"}
     | set(get_target("jax").reserved)
 )
 

@@ -13,7 +13,7 @@ import pytest
 
 from tracelog import sample as sample_format
 from tracelog.emit import PROGRAM_TARGETS, get_target
-from tracelog.emit.inline import import_block, inlinable
+from tracelog.emit.inline import import_block, inlinable, used_names
 from tracelog.emit.runtime import parity
 
 
@@ -186,6 +186,20 @@ def test_import_block_orders_as_isort() -> None:
         "import torch.nn.functional as F",
         "from safetensors import deserialize",
     ]
+
+
+def test_import_block_merges_modules_and_keeps_only_used_names() -> None:
+    """One `from x import ...` per module (two runtimes both import Callable),
+    and with `used`, only the imports that bind a name the program reads."""
+    pieces = get_target("jax").pieces
+    block = import_block(pieces)
+    assert block.count("from collections.abc import") == 1
+    assert "from collections.abc import Callable, Iterator" in block
+    # a module looked up by name (FLOAT_MODULES) counts as used
+    assert {"jnp", "np"} <= used_names('FLOAT_MODULES = ("jnp", "np")')
+    assert import_block(pieces, {"jax", "np", "Iterator"}) == (
+        "from collections.abc import Iterator\n\nimport jax\nimport numpy as np"
+    )
 
 
 @pytest.mark.parametrize("target", PROGRAM_TARGETS)

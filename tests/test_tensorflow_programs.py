@@ -14,6 +14,7 @@ import pytest
 import torch
 import torch.nn as nn
 import torch.nn.functional as F
+from helpers import assert_lint_clean
 
 import tracelog
 from tracelog.cli import main as cli
@@ -49,6 +50,7 @@ def test_golden_program_text(mlp_log: Path) -> None:
         difflib.unified_diff(want.splitlines(True), text.splitlines(True), "golden", "emitted")
     )
     assert text == want, diff
+    assert_lint_clean(text, GOLDEN.name)  # black at 88, ruff F and I, no config
 
 
 def test_emission_is_byte_identical_across_processes(mlp_log: Path, tmp_path: Path) -> None:
@@ -89,6 +91,23 @@ def test_program_runs_alone_in_a_fresh_process(mlp_log: Path) -> None:
     assert r.returncode == 0, r.stdout + r.stderr
     assert "parity: ok" in r.stdout
     assert "grad fc1.weight" in r.stdout
+
+
+def test_emit_cli_line_length(mlp_log: Path, tmp_path: Path) -> None:
+    """--line-length: black at that length instead of its default (88)."""
+    import black
+
+    out = tmp_path / "wide.py"
+    assert (
+        cli(["emit", str(mlp_log), "--target", "torch", "--line-length", "120", "--out", str(out)])
+        == 0
+    )
+    text = out.read_text()
+    assert black.format_str(text, mode=black.Mode(line_length=120)) == text
+    assert max(map(len, text.splitlines())) > 88  # not the default's layout
+    with pytest.raises(SystemExit) as e:
+        cli(["emit", str(mlp_log), "--line-length", "0"])
+    assert e.value.code == 2
 
 
 def test_check_cli_and_report(mlp_log: Path, capsys) -> None:

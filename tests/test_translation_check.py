@@ -71,7 +71,9 @@ def _run_edited(log_dir: Path, target: str, old: str, new: str) -> list:
 def test_an_edit_below_float32_resolution_fails_only_the_translation(mlp_log: Path) -> None:
     """tanh's input scaled by 1 + 1e-6: every float32 comparison still passes
     (atol 1e-5), while the float64 run is off the reference by ~1e-7."""
-    rows = _run_edited(mlp_log, "tensorflow", "tf.math.tanh(v0)", "tf.math.tanh(v0 * (1 + 1e-6))")
+    rows = _run_edited(
+        mlp_log, "tensorflow", "tf.math.tanh(gemm_0)", "tf.math.tanh(gemm_0 * (1 + 1e-6))"
+    )
     float64 = [r for r in rows if r[0].endswith("[float64]")]
     float32 = [r for r in rows if not r[0].endswith("[float64]")]
     assert all(r[3] for r in float32)

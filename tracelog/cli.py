@@ -11,6 +11,7 @@ from pathlib import Path
 from typing import Any
 
 from tracelog import __version__
+from tracelog.emit.common import LINE_LENGTH
 from tracelog.errors import TracelogError
 from tracelog.log import TraceLog
 from tracelog.progress import progress, stderr_is_tty
@@ -141,6 +142,17 @@ def _cmd_verify(args: argparse.Namespace) -> int:
     return 0 if report.ok else 1
 
 
+def _line_length(text: str) -> int:
+    """--line-length: a positive int (black takes any; 1 is legal, if odd)."""
+    try:
+        n = int(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"not an integer: {text!r}") from None
+    if n < 1:
+        raise argparse.ArgumentTypeError(f"must be at least 1, got {n}")
+    return n
+
+
 def _cmd_emit(args: argparse.Namespace) -> int:
     from tracelog.emit import emit
 
@@ -153,7 +165,7 @@ def _cmd_emit(args: argparse.Namespace) -> int:
                 f"cannot create {parent} for --out: {e.strerror or e} ({e.filename or parent})"
             ) from None
     with _working(args, f"emitting {args.target} from {args.log_dir}"):
-        path = emit(args.log_dir, args.target, args.out)
+        path = emit(args.log_dir, args.target, args.out, line_length=args.line_length)
     print(path)
     return 0
 
@@ -259,6 +271,12 @@ def build_parser() -> argparse.ArgumentParser:
     )
     p.add_argument(
         "--out", help="file to write (default: LOG_DIR/program_<target>.py, or LOG_DIR/model.onnx)"
+    )
+    p.add_argument(
+        "--line-length",
+        type=_line_length,
+        default=LINE_LENGTH,
+        help=f"black's line length for the program (default: {LINE_LENGTH}, black's own)",
     )
     p.set_defaults(func=_cmd_emit)
     p = _log_and_target(

@@ -10,7 +10,6 @@ the log directory) to replay the recorded batch and print the parity table.
 import contextlib
 import os
 import sys
-from collections.abc import Callable
 from collections.abc import Callable, Iterator
 from typing import Any
 
@@ -32,7 +31,7 @@ FLOOR_ULPS = 4.0
 
 TRANSLATION_RTOL = 1e-9
 
-NEAR_ZERO = 1e-5  # an output below this times the median scale of its kind counts as zero
+NEAR_ZERO = 1e-5
 
 STORED_DTYPES = {
     "F64": "<f8",
@@ -93,10 +92,16 @@ def _value_and_grads(step: Step, params: dict[str, Any], trainable: list[str]) -
         outputs, loss = step(params)
     grads = tape.gradient(loss, [params[name] for name in trainable])
     # an embedding's gradient arrives as IndexedSlices
-    return outputs, loss, [None if g is None else tf.convert_to_tensor(g) for g in grads]
+    return (
+        outputs,
+        loss,
+        [None if g is None else tf.convert_to_tensor(g) for g in grads],
+    )
 
 
-def _dropout(x: tf.Tensor, rate: Any, rng: Any, key: str) -> tuple[tf.Tensor, tf.Tensor]:
+def _dropout(
+    x: tf.Tensor, rate: Any, rng: Any, key: str
+) -> tuple[tf.Tensor, tf.Tensor]:
     """Dropout in training mode; returns the output and the mask. rng: a dict
     of recorded masks (parity replay), a tf.random.Generator, or None for the
     global generator."""
@@ -121,7 +126,9 @@ def _nll_loss(
     flat = tf.reshape(tf.transpose(logp, perm), [-1, c])
     t = tf.reshape(target, [-1])
     valid = (
-        tf.ones_like(t, dtype=tf.bool) if ignore_index is None else tf.not_equal(t, ignore_index)
+        tf.ones_like(t, dtype=tf.bool)
+        if ignore_index is None
+        else tf.not_equal(t, ignore_index)
     )
     safe = tf.where(valid, t, tf.zeros_like(t))
     picked = -tf.gather(flat, safe, axis=1, batch_dims=1)
@@ -145,30 +152,32 @@ def predict_train(params, x, rng=None):
     out_weight = params["out.weight"]
     out_bias = params["out.bias"]
     # Reshape() <root> (MLP) -> [batch, 64]
-    v0 = tf.reshape(x, [-1, 64])
+    reshape = tf.reshape(x, [-1, 64])
     # Gemm(transB=1) fc1 (Linear) -> [batch, 128]
-    v1 = tf.linalg.matmul(v0, fc1_weight, transpose_b=True) + fc1_bias
+    fc1 = tf.linalg.matmul(reshape, fc1_weight, transpose_b=True) + fc1_bias
     # Relu() <root> (MLP) -> [batch, 128]
-    v2 = tf.nn.relu(v1)
+    relu = tf.nn.relu(fc1)
     # Gemm(transB=1) fc2 (Linear) -> [batch, 64]
-    v3 = tf.linalg.matmul(v2, fc2_weight, transpose_b=True) + fc2_bias
+    fc2 = tf.linalg.matmul(relu, fc2_weight, transpose_b=True) + fc2_bias
     # Relu() <root> (MLP) -> [batch, 64]
-    v4 = tf.nn.relu(v3)
+    relu_1 = tf.nn.relu(fc2)
     # Dropout() drop (Dropout) -> [batch, 64], [batch, 64]
-    v5, v6 = _dropout(v4, tf.constant(0.09999999999999998, tf.float32), rng, "mask.0")
+    drop, drop_mask = _dropout(
+        relu_1, tf.constant(0.09999999999999998, tf.float32), rng, "mask.0"
+    )
     # Gemm(transB=1) out (Linear) -> [batch, 10]
-    v7 = tf.linalg.matmul(v5, out_weight, transpose_b=True) + out_bias
-    return {"prediction": v7}
+    out = tf.linalg.matmul(drop, out_weight, transpose_b=True) + out_bias
+    return {"prediction": out}
 
 
 # loss graph 890849aa7a0e, 2 ops. train: 23 batches, epoch 0, first 0:0, last 0:22; eval: 1 batch, epoch 0, first 0:0, last 0:0
 def loss_train(params, prediction, target):
     """Returns the loss."""
     # LogSoftmax(axis=1) <loss> -> [batch, 10]
-    v0 = tf.nn.log_softmax(prediction, axis=1)
+    log_softmax = tf.nn.log_softmax(prediction, axis=1)
     # NegativeLogLikelihoodLoss(ignore_index=-100, reduction=mean) <loss> -> []
-    v1 = _nll_loss(v0, target, None, "mean", -100)
-    return v1
+    nll_loss = _nll_loss(log_softmax, target, None, "mean", -100)
+    return nll_loss
 
 
 # prediction graph 3946eb37e7a3, 6 ops. eval: 1 batch, epoch 0, first 0:0, last 0:0
@@ -181,18 +190,18 @@ def predict_eval(params, x, rng=None):
     out_weight = params["out.weight"]
     out_bias = params["out.bias"]
     # Reshape() <root> (MLP) -> [batch, 64]
-    v0 = tf.reshape(x, [-1, 64])
+    reshape = tf.reshape(x, [-1, 64])
     # Gemm(transB=1) fc1 (Linear) -> [batch, 128]
-    v1 = tf.linalg.matmul(v0, fc1_weight, transpose_b=True) + fc1_bias
+    fc1 = tf.linalg.matmul(reshape, fc1_weight, transpose_b=True) + fc1_bias
     # Relu() <root> (MLP) -> [batch, 128]
-    v2 = tf.nn.relu(v1)
+    relu = tf.nn.relu(fc1)
     # Gemm(transB=1) fc2 (Linear) -> [batch, 64]
-    v3 = tf.linalg.matmul(v2, fc2_weight, transpose_b=True) + fc2_bias
+    fc2 = tf.linalg.matmul(relu, fc2_weight, transpose_b=True) + fc2_bias
     # Relu() <root> (MLP) -> [batch, 64]
-    v4 = tf.nn.relu(v3)
+    relu_1 = tf.nn.relu(fc2)
     # Gemm(transB=1) out (Linear) -> [batch, 10]
-    v5 = tf.linalg.matmul(v4, out_weight, transpose_b=True) + out_bias
-    return {"prediction": v5}
+    out = tf.linalg.matmul(relu_1, out_weight, transpose_b=True) + out_bias
+    return {"prediction": out}
 
 
 def input_key(name: str) -> str:
@@ -258,14 +267,22 @@ def scale_key(key: str) -> str:
 
 def masks_as_rng(sample: dict[str, Any]) -> dict[str, Any]:
     """The sample's dropout masks as the rng dict a program's functions take."""
-    return {rng_key(int(k[len("mask/") :])): v for k, v in sample.items() if k.startswith("mask/")}
+    return {
+        rng_key(int(k[len("mask/") :])): v
+        for k, v in sample.items()
+        if k.startswith("mask/")
+    }
 
 
 def sample_step(params, sample):
     """The recorded batch: its prediction graph, then its loss graph."""
-    outputs = predict_train(params, x=_as_const(sample[input_key("x")]), rng=masks_as_rng(sample))
+    outputs = predict_train(
+        params, x=_as_const(sample[input_key("x")]), rng=masks_as_rng(sample)
+    )
     loss = loss_train(
-        params, prediction=outputs["prediction"], target=_as_const(sample[target_key("target")])
+        params,
+        prediction=outputs["prediction"],
+        target=_as_const(sample[target_key("target")]),
     )
     return outputs, loss
 
@@ -280,9 +297,12 @@ def _load(path: str) -> dict[str, np.ndarray]:
     for name, view in deserialize(data):
         if view["dtype"] == "BF16":
             bits = np.frombuffer(view["data"], dtype="<u2").astype(np.uint32) << 16
-            array = bits.view("<f4")  # a string: np.float32 means float64 in _in_float64
+            # a string: np.float32 means float64 in _in_float64
+            array = bits.view("<f4")
         else:
-            array = np.frombuffer(view["data"], dtype=STORED_DTYPES[view["dtype"]]).copy()
+            array = np.frombuffer(
+                view["data"], dtype=STORED_DTYPES[view["dtype"]]
+            ).copy()
         arrays[name] = array.reshape(view["shape"])
     return arrays
 
@@ -294,7 +314,9 @@ def _terms(source: np.ndarray, ref: np.ndarray, median: float) -> float:
     arithmetic: a bias before a batch norm) carries rounding of that size."""
     if source.dtype.kind != "f":
         return 0.0
-    own = _error(np.asarray(source, dtype=np.float64), np.asarray(ref, dtype=np.float64))
+    own = _error(
+        np.asarray(source, dtype=np.float64), np.asarray(ref, dtype=np.float64)
+    )
     return min(own / float(np.finfo(source.dtype).eps), median)
 
 
@@ -302,8 +324,12 @@ def load_params(path: str) -> dict[str, Any]:
     """Read weights.safetensors: parameters as trainable objects of this
     framework, buffers as plain tensors, large constants by key."""
     arrays = _load(path)
-    params = {name: _as_param(arrays[name], trainable) for name, trainable in PARAMETERS}
-    params.update({k: _as_const(v) for k, v in arrays.items() if k.startswith("const/")})
+    params = {
+        name: _as_param(arrays[name], trainable) for name, trainable in PARAMETERS
+    }
+    params.update(
+        {k: _as_const(v) for k, v in arrays.items() if k.startswith("const/")}
+    )
     return params
 
 
@@ -315,7 +341,14 @@ def _compare(name: str, got: Any, want: np.ndarray, atol: float, rtol: float) ->
     err = np.abs(got - want)
     rel = err / np.maximum(np.abs(want), 1e-12)
     ok = bool(np.all(err <= atol + rtol * np.abs(want)))
-    return name, float(err.max(initial=0.0)), float(rel.max(initial=0.0)), ok, None, None
+    return (
+        name,
+        float(err.max(initial=0.0)),
+        float(rel.max(initial=0.0)),
+        ok,
+        None,
+        None,
+    )
 
 
 def _error(got: np.ndarray, ref: np.ndarray) -> float:
@@ -359,7 +392,9 @@ def _calibrated(
     return name, err, rel, err <= FLOAT32_FACTOR * unit, own, err / unit
 
 
-def _typical_error(sample: dict[str, np.ndarray], medians: dict[bool, float]) -> dict[bool, float]:
+def _typical_error(
+    sample: dict[str, np.ndarray], medians: dict[bool, float]
+) -> dict[bool, float]:
     """What float32 costs the source on this model, per kind of output
     (gradients: True, the others: False): the median, over the outputs of
     that kind with a reference that do not cancel to near zero (at or above
@@ -377,12 +412,16 @@ def _typical_error(sample: dict[str, np.ndarray], medians: dict[bool, float]) ->
         if scale > 0 and scale >= _floor(sample, key, medians, is_grad):
             own = _error(value.astype(np.float64), ref.astype(np.float64))
             found[is_grad].append(own / scale)
-    return {kind: float(np.median(errs)) if errs else 0.0 for kind, errs in found.items()}
+    return {
+        kind: float(np.median(errs)) if errs else 0.0 for kind, errs in found.items()
+    }
 
 
 def _promoted(arrays: dict[str, np.ndarray]) -> dict[str, np.ndarray]:
     """Every floating array in float64 (the translation check's inputs)."""
-    return {k: a.astype(np.float64) if a.dtype.kind == "f" else a for k, a in arrays.items()}
+    return {
+        k: a.astype(np.float64) if a.dtype.kind == "f" else a for k, a in arrays.items()
+    }
 
 
 def sample_params(log_dir: str, float64: bool = False) -> dict[str, Any]:
@@ -396,7 +435,9 @@ def sample_params(log_dir: str, float64: bool = False) -> dict[str, Any]:
     for name, trainable in PARAMETERS:
         key = param_key(name) if param_key(name) in sample else buffer_key(name)
         params[name] = _as_param(sample[key], trainable)
-    params.update({k: _as_const(v) for k, v in weights.items() if k.startswith("const/")})
+    params.update(
+        {k: _as_const(v) for k, v in weights.items() if k.startswith("const/")}
+    )
     return params
 
 
@@ -413,7 +454,12 @@ def _in_float64() -> Iterator[None]:
 
 
 def _translated(
-    name: str, got: Any, ref: np.ndarray, floor: float, source: np.ndarray, median: float
+    name: str,
+    got: Any,
+    ref: np.ndarray,
+    floor: float,
+    source: np.ndarray,
+    median: float,
 ) -> Row:
     """The float64 run's result against the float64 reference: within
     TRANSLATION_RTOL of the output's scale. The scale is its largest value, or
@@ -437,11 +483,16 @@ def _typical_scales(sample: dict[str, np.ndarray]) -> dict[bool, float]:
     scales: dict[bool, list[float]] = {True: [], False: []}
     for key, ref in sample.items():
         if key.startswith(reference_key("")):
-            finite = np.abs(ref[np.isfinite(ref)]) if ref.dtype.kind == "f" else np.abs(ref)
+            finite = (
+                np.abs(ref[np.isfinite(ref)]) if ref.dtype.kind == "f" else np.abs(ref)
+            )
             scales[key.startswith(reference_key(grad_key("")))].append(
                 float(finite.max(initial=0.0))
             )
-    return {kind: float(np.median(found)) if found else 0.0 for kind, found in scales.items()}
+    return {
+        kind: float(np.median(found)) if found else 0.0
+        for kind, found in scales.items()
+    }
 
 
 def _floor(
@@ -454,7 +505,9 @@ def _floor(
     return max(NEAR_ZERO * medians[is_grad], float(found) if found is not None else 0.0)
 
 
-def _translation(log_dir: str, sample: dict[str, np.ndarray], trainable: list[str]) -> list[Row]:
+def _translation(
+    log_dir: str, sample: dict[str, np.ndarray], trainable: list[str]
+) -> list[Row]:
     """The translation check: this program in float64 against the reference
     (rows "... [float64]"); one row saying why where it cannot run."""
     wide = _promoted(sample)
@@ -474,16 +527,30 @@ def _translation(log_dir: str, sample: dict[str, np.ndarray], trainable: list[st
                             sample, key, medians, is_grad
                         )
                         row = f"{name}{label} [float64]"
-                        found = _translated(row, value, ref, floor, sample[key], medians[is_grad])
+                        found = _translated(
+                            row, value, ref, floor, sample[key], medians[is_grad]
+                        )
                         rows.append(found)
-    except Exception as e:  # a kernel this framework has in float32 only (MaxPool3D in TF)
+    # a kernel this framework has in float32 only (MaxPool3D in TF)
+    except Exception as e:
         reason = f"{type(e).__name__}: {str(e).splitlines()[0][:100] if str(e) else ''}"
-        rows = [(f"[float64] not run ({reason})", float("nan"), float("nan"), True, None, None)]
+        rows = [
+            (
+                f"[float64] not run ({reason})",
+                float("nan"),
+                float("nan"),
+                True,
+                None,
+                None,
+            )
+        ]
     return rows
 
 
 def _runs(
-    step: Callable[[dict[str, Any]], tuple[Any, Any]], params: dict[str, Any], trainable: list[str]
+    step: Callable[[dict[str, Any]], tuple[Any, Any]],
+    params: dict[str, Any],
+    trainable: list[str],
 ) -> list[tuple[str, tuple[dict[str, Any], Any, list[Any]]]]:
     """The runs the parity check compares with the recording: one, eager (a
     target's runtime may define its own, as JAX does: jitted and op by op)."""
@@ -491,7 +558,9 @@ def _runs(
 
 
 def _outputs(
-    sample: dict[str, np.ndarray], trainable: list[str], run: tuple[dict[str, Any], Any, list[Any]]
+    sample: dict[str, np.ndarray],
+    trainable: list[str],
+    run: tuple[dict[str, Any], Any, list[Any]],
 ) -> list[tuple[str, Any, str, bool]]:
     """(name, value, sample key, is a gradient) for each output a run computed
     that the sample recorded."""
@@ -548,7 +617,13 @@ def check_parity(
                 ref = sample[reference_key(key)]
                 floor = _floor(sample, key, medians, is_grad)
                 found = _calibrated(
-                    name + label, value, sample[key], ref, typical[is_grad], floor, medians[is_grad]
+                    name + label,
+                    value,
+                    sample[key],
+                    ref,
+                    typical[is_grad],
+                    floor,
+                    medians[is_grad],
                 )
                 rows.append(found)
             else:
@@ -562,7 +637,9 @@ def print_table(rows: list[Row]) -> None:
     there is a float64 reference the source's own float32 error against it and
     the ratio of this program's error against it to that."""
     width = max(len(r[0]) for r in rows)
-    print(f"{'output':<{width}}  {'max abs err':>12}  {'source f32 err':>14}  {'ratio':>7}  ok")
+    print(
+        f"{'output':<{width}}  {'max abs err':>12}  {'source f32 err':>14}  {'ratio':>7}  ok"
+    )
     for name, err, _rel, ok, own, ratio in rows:
         own_text = "-" if own is None else f"{own:.3e}"
         ratio_text = "-" if ratio is None else f"{ratio:.2f}"
@@ -572,7 +649,9 @@ def print_table(rows: list[Row]) -> None:
 
 
 def main() -> int:
-    log_dir = sys.argv[1] if len(sys.argv) > 1 else os.path.dirname(os.path.abspath(__file__))
+    log_dir = (
+        sys.argv[1] if len(sys.argv) > 1 else os.path.dirname(os.path.abspath(__file__))
+    )
     rows = check_parity(log_dir)
     print_table(rows)
     ok = all(r[3] for r in rows)

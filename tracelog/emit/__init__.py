@@ -12,6 +12,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING
 
 from tracelog.emit import targets
+from tracelog.emit.common import LINE_LENGTH
 
 if TYPE_CHECKING:
     from tracelog.emit.program import Target
@@ -26,12 +27,17 @@ def get_target(name: str) -> Target:
 
 
 def emit(
-    log_dir: str | os.PathLike[str], target: str = "tensorflow", out: str | None = None
+    log_dir: str | os.PathLike[str],
+    target: str = "tensorflow",
+    out: str | None = None,
+    *,
+    line_length: int = LINE_LENGTH,
 ) -> Path:
     """Write the program for `target` (model.onnx for "onnx") into the log
-    directory (or `out`); return its path.
+    directory (or `out`); return its path. Programs are black-formatted at
+    `line_length` (black's default, 88, unless given).
     Raises tracelog.UnsupportedOpError, writing nothing, when an op has no rule."""
-    return targets.get(target).emit(log_dir, out)
+    return targets.get(target).emit(log_dir, out, line_length)
 
 
 class _CallableModule(types.ModuleType):
@@ -40,9 +46,14 @@ class _CallableModule(types.ModuleType):
     the package attribute, so the package itself must be the callable."""
 
     def __call__(
-        self, log_dir: str | os.PathLike[str], target: str = "tensorflow", out: str | None = None
+        self,
+        log_dir: str | os.PathLike[str],
+        target: str = "tensorflow",
+        out: str | None = None,
+        *,
+        line_length: int = LINE_LENGTH,
     ) -> Path:
-        return emit(log_dir, target, out)
+        return emit(log_dir, target, out, line_length=line_length)
 
 
 sys.modules[__name__].__class__ = _CallableModule

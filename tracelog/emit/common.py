@@ -129,7 +129,11 @@ def check_supported(log: TraceLog, table: Table[Any], target: str) -> None:
         raise UnsupportedOpError(target, [(k, c, m) for k, (c, m) in sorted(found.items())])
 
 
-def format_source(text: str) -> str:
+LINE_LENGTH = 88
+"""black's default: what a user's CI checks a file with no configuration at."""
+
+
+def format_source(text: str, line_length: int = LINE_LENGTH) -> str:
     import black
 
-    return black.format_str(text, mode=black.Mode(line_length=100))
+    return black.format_str(text, mode=black.Mode(line_length=line_length))

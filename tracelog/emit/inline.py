@@ -17,7 +17,7 @@ import importlib.util
 import re
 import sys
 from dataclasses import dataclass, field
-from functools import cache
+from functools import cache, lru_cache
 from pathlib import Path
 
 
@@ -120,15 +120,62 @@ def inlinable(module: str) -> Inlinable:
     return Inlinable(tuple(imports), tuple(statements), functions, inlined)
 
 
-def import_block(modules: list[Inlinable]) -> str:
-    """The merged imports of `modules`, grouped and ordered as isort orders
-    them: the standard library, then the rest; `import x` before `from x`."""
-    groups: dict[bool, dict[tuple[int, str], str]] = {True: {}, False: {}}
+def import_block(modules: list[Inlinable], used: set[str] | None = None) -> str:
+    """The merged imports of `modules`, as isort (and ruff's I rules) order
+    them: the standard library, then the rest; `import x` before `from x`,
+    modules by name, one `from x import ...` per module with its names by
+    type (CONSTANTS, Classes, functions). With `used`, only imports that bind
+    one of those names: a program imports nothing it does not use."""
+    straight: dict[bool, set[tuple[str, str]]] = {True: set(), False: set()}
+    froms: dict[bool, dict[str, set[tuple[str, str]]]] = {True: {}, False: {}}
     for m in modules:
         for node in m.imports:
-            module = node.module if isinstance(node, ast.ImportFrom) else node.names[0].name
-            stdlib = (module or "").split(".")[0] in sys.stdlib_module_names
-            kind = 1 if isinstance(node, ast.ImportFrom) else 0
-            groups[stdlib][(kind, ast.unparse(node).lower())] = ast.unparse(node)
-    blocks = ["\n".join(g[k] for k in sorted(g)) for g in (groups[True], groups[False]) if g]
+            for a in node.names:
+                if isinstance(node, ast.ImportFrom):
+                    module, bound = node.module or "", a.asname or a.name
+                else:
+                    module, bound = a.name, a.asname or a.name.split(".")[0]
+                if used is not None and bound not in used:
+                    continue
+                stdlib = module.split(".")[0] in sys.stdlib_module_names
+                if isinstance(node, ast.ImportFrom):
+                    froms[stdlib].setdefault(module, set()).add((a.name, a.asname or ""))
+                else:
+                    straight[stdlib].add((a.name, a.asname or ""))
+    blocks = []
+    for stdlib in (True, False):
+        lines = [
+            f"import {name}" + (f" as {alias}" if alias else "")
+            for name, alias in sorted(straight[stdlib], key=lambda p: (p[0].lower(), p))
+        ]
+        for module in sorted(froms[stdlib], key=lambda m: (m.lower(), m)):
+            members = sorted(
+                froms[stdlib][module], key=lambda p: (_member_type(p[0]), p[0].lower(), p)
+            )
+            names = ", ".join(n + (f" as {alias}" if alias else "") for n, alias in members)
+            lines.append(f"from {module} import {names}")
+        if lines:
+            blocks.append("\n".join(lines))
     return "\n\n".join(blocks)
+
+
+def _member_type(name: str) -> int:
+    """isort's order_by_type: CONSTANTS, then Classes, then the rest."""
+    if len(name) > 1 and name.isupper():
+        return 0
+    return 1 if name[:1].isupper() else 2
+
+
+@lru_cache(maxsize=1024)
+def used_names(code: str) -> frozenset[str]:
+    """Every name `code` reads (a program keeps the imports that bind one),
+    and every string that is an identifier: code may look a module up in
+    globals() by name (the parity check's FLOAT_MODULES); cached: the inlined
+    runtime recurs in every program."""
+    found = set()
+    for n in ast.walk(ast.parse(code)):
+        if isinstance(n, ast.Name):
+            found.add(n.id)
+        elif isinstance(n, ast.Constant) and isinstance(n.value, str) and n.value.isidentifier():
+            found.add(n.value)
+    return frozenset(found)

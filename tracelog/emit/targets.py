@@ -12,6 +12,8 @@ from pathlib import Path
 from types import ModuleType
 from typing import TYPE_CHECKING, Any
 
+from tracelog.emit.common import LINE_LENGTH
+
 if TYPE_CHECKING:
     from tracelog.emit.program import Target
     from tracelog.registry import Table
@@ -44,11 +46,17 @@ class TargetSpec:
         module = self.load()
         return module.TARGET.table if self.kind == PROGRAM else module.TABLE
 
-    def emit(self, log_dir: str | os.PathLike[str], out: str | None = None) -> Path:
+    def emit(
+        self,
+        log_dir: str | os.PathLike[str],
+        out: str | None = None,
+        line_length: int = LINE_LENGTH,
+    ) -> Path:
+        """Write the target's file; a program is black-formatted at `line_length`."""
         if self.kind == PROGRAM:
             from tracelog.emit.program import write_program
 
-            return write_program(log_dir, self.program, out)
+            return write_program(log_dir, self.program, out, line_length)
         return self.load().write_model(log_dir, out)
 
     def check(

@@ -203,7 +203,8 @@ def _resize_taps(
     [n_out, k], in float64 as onnx.reference computes them; out-of-range taps
     read the edge."""
     y = np.arange(n_out, dtype=np.float64)
-    if coord == "align_corners":  # ONNX's resized length is n_in * scale, before its floor
+    # ONNX's resized length is n_in * scale, before its floor
+    if coord == "align_corners":
         x = np.zeros(n_out) if n_out == 1 else y * (n_in - 1) / (n_in * scale - 1)
     elif coord == "asymmetric":
         x = y / scale
@@ -300,7 +301,8 @@ def _recurrent(
             wb = rb = jnp.zeros((int(w.shape[1]),), x.dtype)
         else:
             wb, rb = jnp.split(b[d], 2)
-        xw = jnp.einsum("tbi,gi->tbg", x, w[d]) + wb  # every step's input projection at once
+        # every step's input projection at once
+        xw = jnp.einsum("tbi,gi->tbg", x, w[d]) + wb
         zeros = jnp.zeros((x.shape[1], hidden), x.dtype)
         init = tuple(zeros if s is None else s[d] for s in states)
         reverse = direction == "reverse" or d == 1

@@ -29,7 +29,8 @@ if TYPE_CHECKING:  # defined by the program: its target's runtime and its genera
     )
 
     PARAMETERS: list[tuple[str, bool]] = []
-    FLOAT_MODULES: tuple[str, ...] = ()  # the program's framework modules that name float32
+    # the program's framework modules that name float32
+    FLOAT_MODULES: tuple[str, ...] = ()
 
     def _as_param(array: np.ndarray, trainable: bool) -> Any: ...
     def _as_const(array: np.ndarray) -> Any: ...
@@ -56,7 +57,8 @@ FLOOR_ULPS = 4.0
 # size of the terms it sums where it cancels to near zero): float64 rounding, with
 # room for a network's depth; a wrong translation is off by far more.
 TRANSLATION_RTOL = 1e-9
-NEAR_ZERO = 1e-5  # an output below this times the median scale of its kind counts as zero
+# an output below this times the median scale of its kind counts as zero
+NEAR_ZERO = 1e-5
 
 # safetensors' dtype names as numpy reads them; BF16, which numpy lacks, is read by _load
 STORED_DTYPES = {
@@ -85,7 +87,8 @@ def _load(path: str) -> dict[str, np.ndarray]:
     for name, view in deserialize(data):
         if view["dtype"] == "BF16":
             bits = np.frombuffer(view["data"], dtype="<u2").astype(np.uint32) << 16
-            array = bits.view("<f4")  # a string: np.float32 means float64 in _in_float64
+            # a string: np.float32 means float64 in _in_float64
+            array = bits.view("<f4")
         else:
             array = np.frombuffer(view["data"], dtype=STORED_DTYPES[view["dtype"]]).copy()
         arrays[name] = array.reshape(view["shape"])
@@ -325,7 +328,8 @@ def _translation(log_dir: str, sample: dict[str, np.ndarray], trainable: list[st
                         row = f"{name}{label} [float64]"
                         found = _translated(row, value, ref, floor, sample[key], medians[is_grad])
                         rows.append(found)
-    except Exception as e:  # a kernel this framework has in float32 only (MaxPool3D in TF)
+    # a kernel this framework has in float32 only (MaxPool3D in TF)
+    except Exception as e:
         reason = f"{type(e).__name__}: {str(e).splitlines()[0][:100] if str(e) else ''}"
         rows = [(f"[float64] not run ({reason})", float("nan"), float("nan"), True, None, None)]
     return rows

@@ -202,7 +202,8 @@ def _gru_reset_before(
             if lens is None:
                 h = out[t] = new
                 continue
-            keep = (t < lens.to(torch.int64))[:, None]  # past a row's length: state kept, 0 out
+            # past a row's length: state kept, 0 out
+            keep = (t < lens.to(torch.int64))[:, None]
             h = torch.where(keep, new, h)
             out[t] = torch.where(keep, new, torch.zeros_like(new))
         ys.append(torch.stack(out))
