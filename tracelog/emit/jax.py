@@ -74,6 +74,11 @@ JAX.spell(
         "tracelog.BatchNormTraining": (
             "_batch_norm_train({0}, {1}, {2}, {3}, {4}, {eps}, {momentum}, {axes})"
         ),
+        # Keras' update (tracelog.ops BatchNormTraining: decay, unbiased)
+        "tracelog.BatchNormTraining/weighted": (
+            "_batch_norm_train_weighted({0}, {1}, {2}, {3}, {4}, {eps}, {momentum}, {decay}, "
+            "{unbiased}, {axes})"
+        ),
         "LayerNormalization": "_layer_norm({0}, {1}, {bias}, {axes_t}, {eps})",
         "Dropout": "_dropout({0}, {1}, rng, {key})",
         "GlobalAveragePool": "jnp.mean({0}, axis={axes_t}, keepdims=True)",

@@ -71,6 +71,11 @@ TORCH.spell(
         "tracelog.BatchNormTraining": (
             "_batch_norm_train({0}, {1}, {2}, {3}, {4}, {eps}, {momentum}, {axes})"
         ),
+        # Keras' update (tracelog.ops BatchNormTraining: decay, unbiased)
+        "tracelog.BatchNormTraining/weighted": (
+            "_batch_norm_train_weighted({0}, {1}, {2}, {3}, {4}, {eps}, {momentum}, {decay}, "
+            "{unbiased}, {axes})"
+        ),
         "LayerNormalization": "F.layer_norm({0}, {0}.shape[{axis}:], {1}, {bias}, {eps})",
         "Dropout": "_dropout({0}, {1}, rng, {key})",
         "ReduceMean": "torch.mean({0}, dim={dims}, keepdim={keep})",

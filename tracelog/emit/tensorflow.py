@@ -78,6 +78,11 @@ TF.spell(
         "tracelog.BatchNormTraining": (
             "_batch_norm_train({0}, {1}, {2}, {3}, {4}, {eps}, {momentum}, {axes}, {channel_axis})"
         ),
+        # Keras' update (tracelog.ops BatchNormTraining: decay, unbiased)
+        "tracelog.BatchNormTraining/weighted": (
+            "_batch_norm_train_weighted({0}, {1}, {2}, {3}, {4}, {eps}, {momentum}, {decay}, "
+            "{unbiased}, {axes}, {channel_axis})"
+        ),
         "LayerNormalization": "_layer_norm({0}, {1}, {bias}, {axes}, {eps})",
         "Dropout": "_dropout({0}, {1}, rng, {key})",
         "ReduceMean": "tf.math.reduce_mean({0}, axis={axes}, keepdims={keep})",

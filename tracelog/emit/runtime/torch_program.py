@@ -67,6 +67,31 @@ def _batch_norm_train(
     return y, new_mean, new_var
 
 
+def _batch_norm_train_weighted(
+    x: torch.Tensor,
+    scale: torch.Tensor,
+    bias: torch.Tensor,
+    running_mean: torch.Tensor,
+    running_var: torch.Tensor,
+    eps: float,
+    momentum: float,
+    decay: float,
+    unbiased: bool,
+    axes: list[int],
+) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """Batch norm in training mode whose running statistics update as
+    decay * running + momentum * batch statistic (Keras: decay is its momentum),
+    the variance biased unless `unbiased`. The output is torch's fused kernel
+    (F.batch_norm on batch statistics) where the channel axis is 1."""
+    channel = [d for d in range(x.dim()) if d not in axes]
+    if channel == [1]:
+        y = F.batch_norm(x, None, None, scale, bias, True, 0.0, eps)
+    else:
+        y, _, _ = _batch_norm_train(x, scale, bias, running_mean, running_var, eps, 0.0, axes)
+    var, mean = torch.var_mean(x.detach(), dim=axes, unbiased=unbiased)
+    return y, decay * running_mean + momentum * mean, decay * running_var + momentum * var
+
+
 def _dropout(x: torch.Tensor, rate: Any, rng: Any, key: str) -> tuple[torch.Tensor, torch.Tensor]:
     """Dropout in training mode; returns the output and the mask. rng: a dict
     of recorded masks (parity replay), a torch.Generator, or None."""
