@@ -61,6 +61,8 @@ JAX.spell(
         "Min": "jnp.minimum({0}, {1})",
         "Celu": "jax.nn.celu({0}, {alpha})",
         "LeakyRelu": "jax.nn.leaky_relu({0}, {alpha})",
+        # fused kernels (issue 15): jax.nn.gelu, jax.nn.softmax / log_softmax; the normalisations
+        # are runtime helpers (JAX has no batch/layer-norm primitive) over jnp.mean and lax
         "Gelu": "jax.nn.gelu({0}, approximate={tanh})",
         "Clip": "jnp.clip({0}, {lo}, {hi})",
         "Where": "jnp.where({0}, {1}, {2})",

@@ -58,6 +58,8 @@ TORCH.spell(
         "Min": "torch.minimum({0}, {1})",
         "Celu": "F.celu({0}, {alpha})",
         "LeakyRelu": "F.leaky_relu({0}, {alpha})",
+        # fused kernels (issue 15): F.gelu, torch.softmax/log_softmax, F.batch_norm, F.layer_norm
+        # and F.group_norm: ATen's own kernels, whatever the source wrote out
         "Gelu": "F.gelu({0}, approximate={approximate})",
         "Clip": "torch.clamp({0}, {lo}, {hi})",
         "Where": "torch.where({0}, {1}, {2})",
