@@ -311,21 +311,36 @@ def _batch_stat(m: Match, value: str, rank: int) -> tuple[str, list[int]] | None
     return sq.inputs[0], sorted(a % rank for a in axes)
 
 
+def _unbroadcast(m: Match, value: str) -> tuple[str, Node | None, int | None]:
+    """A statistic Keras reshaped to broadcast ([1, 1, 1, C] for axis=3, not -1):
+    (the [C] value, the Reshape, the channel axis); `value` itself where not reshaped."""
+    reshape = _made_by(m, value, "Reshape")
+    if reshape is None or len(m.type(reshape.inputs[0]).shape) != 1:
+        return value, None, None
+    shape = m.type(value).shape
+    wide = [d for d, k in enumerate(shape) if k != 1]
+    if len(wide) != 1 or shape[wide[0]] != m.type(reshape.inputs[0]).shape[0]:
+        return value, None, None
+    m.absorb(reshape)
+    return reshape.inputs[0], reshape, wide[0]
+
+
 def _keras_batch_norm(m: Match) -> list[Node] | None:
     """tf.nn.batch_normalization (x * inv + (beta - mean * inv), inv = gamma *
     rsqrt(var + eps)) per channel. With the batch's moments and Keras' moving
     averages of them, BatchNormTraining (decay, momentum and the biased variance as
     Keras updates); with the moving statistics themselves, BatchNormalization."""
-    x, mean, var, gamma, beta = m["x"], m["mean"], m["var"], m["gamma"], m["beta"]
-    eps = _scalar(m, m["eps"])
+    gamma, beta, eps = m["gamma"], m["beta"], _scalar(m, m["eps"])
+    x = m["x"]
     ty = m.type(x)
     rank = len(ty.shape)
-    if eps is None or rank < 2:
+    mean, mean_reshape, mean_axis = _unbroadcast(m, m["mean"])
+    var, var_reshape, var_axis = _unbroadcast(m, m["var"])
+    if eps is None or rank < 2 or mean_axis != var_axis:
         return None
     kinds = (m.graph.values[mean].kind, m.graph.values[var].kind)
     if kinds == ("buffer", "buffer"):  # inference: the moving statistics
-        channels = [d for d in range(rank) if tuple(m.type(mean).shape) == (ty.shape[d],)]
-        channel = rank - 1 if rank - 1 in channels else None
+        channel = rank - 1 if mean_axis is None else mean_axis
         stats = (mean, var)
         train = None
     else:
@@ -336,9 +351,10 @@ def _keras_batch_norm(m: Match) -> list[Node] | None:
         if axes is None or axes != sm[1] or len(axes) != rank - 1:
             return None
         channel = next(d for d in range(rank) if d not in axes)
-        used = m.nodes["mean_inv"]
-        um = _moving_average(m, mean, used)
-        uv = _moving_average(m, var, m.nodes["var_eps"])
+        if mean_axis is not None and mean_axis != channel:
+            return None
+        um = _moving_average(m, mean, mean_reshape or m.nodes["mean_inv"])
+        uv = _moving_average(m, var, var_reshape or m.nodes["var_eps"])
         if um is None or uv is None or um[1:3] != uv[1:3]:
             return None
         stats = (um[0], uv[0])
