@@ -301,6 +301,22 @@ def _samples() -> list[OpSample]:
             torch=_t(bn_train),
         )
     )
+
+    def bn_train_weighted(a, g, b, m, v):
+        # Keras' update (decay * moving + momentum * batch statistic, the biased
+        # variance) is checked against the op's ONNX function on onnx.reference
+        return F.batch_norm(a, None, None, g, b, True, 0.0, 1e-3)
+
+    s.append(
+        OpSample(
+            "tracelog.BatchNormTraining",
+            [("x", img), *stats],
+            {"epsilon": 1e-3, "momentum": 0.01, "decay": 0.99, "unbiased": 0, "axes": [0, 2, 3]},
+            n_out=3,
+            torch=_t(bn_train_weighted),
+            name="BatchNormTraining-weighted",
+        )
+    )
     s.append(
         OpSample(
             "LayerNormalization",

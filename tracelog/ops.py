@@ -9,7 +9,7 @@ ops, so that onnx.reference and onnxruntime can still serve as oracles.
 
 from __future__ import annotations
 
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Protocol
 
@@ -49,6 +49,15 @@ class OpSchema:
     traits: frozenset[str] = frozenset()
     doc: str = ""
     function: str | None = field(default=None, compare=False)  # ONNX text body
+    # attributes whose default follows from the others (BatchNormTraining's decay is
+    # 1 - momentum): the ONNX function body takes every attribute it reads explicitly
+    derived: Callable[[Mapping[str, object]], dict[str, object]] | None = field(
+        default=None, compare=False
+    )
+
+    def explicit_attrs(self, attrs: Mapping[str, object]) -> dict[str, object]:
+        """``attrs`` with the derived defaults filled in (tracelog.emit.onnx)."""
+        return {**(self.derived(attrs) if self.derived else {}), **attrs}
 
     @property
     def qualified(self) -> str:
@@ -225,15 +234,26 @@ _onnx(
     "ignore_index reduction",
 )
 
+
 # -- tracelog ops --------------------------------------------------------------
+def _batch_norm_update(attrs: Mapping[str, object]) -> dict[str, object]:
+    """BatchNormTraining's running-statistics update as PyTorch's where the
+    node does not say otherwise: decay 1 - momentum, the unbiased variance."""
+    momentum = attrs.get("momentum")
+    if not isinstance(momentum, (int, float)):
+        return {"unbiased": 1}
+    return {"decay": 1.0 - float(momentum), "unbiased": 1}
+
+
 define(
     OpSchema(
         "BatchNormTraining",
         ("X", "scale", "B", "running_mean", "running_var"),
         ("Y", "new_running_mean", "new_running_var"),
-        ("epsilon", "momentum", "axes", "channels_last"),
+        ("epsilon", "momentum", "axes", "channels_last", "decay", "unbiased"),
         domain=TRACELOG_DOMAIN,
         traits=frozenset({"channels_first"}),
+        derived=_batch_norm_update,
         doc=(
             "Batch normalisation in training mode as PyTorch computes it. Y normalises X with "
             "the batch mean and the biased batch variance over `axes` (all but the channel "
@@ -244,12 +264,17 @@ define(
             "training_mode=1 uses the biased variance and the opposite momentum convention, "
             "hence this op. In ONNX, epsilon and momentum are double scalar tensors (every "
             "float attribute of a tracelog op is): a float attribute is float32 by the "
-            "standard, and momentum 0.1 in float32 moves a float64 run's statistics by 1.5e-8."
+            "standard, and momentum 0.1 in float32 moves a float64 run's statistics by 1.5e-8. "
+            "Keras' update is written with two more attributes: `decay`, the factor of the old "
+            "statistic where it is not 1 - momentum (Keras multiplies by its momentum and by "
+            "1 - momentum, each rounded to float32 on its own, whose sum is not 1), and "
+            "`unbiased` = 0 where the running variance takes the biased batch variance: "
+            "new_running_stat = decay * running_stat + momentum * batch_stat."
         ),
         function="""
 <domain: "tracelog", opset_import: ["" : 21]>
-BatchNormTraining <epsilon, momentum, axes> (X, scale, B, running_mean, running_var)
-    => (Y, new_running_mean, new_running_var) {
+BatchNormTraining <epsilon, momentum, axes, decay, unbiased>
+    (X, scale, B, running_mean, running_var) => (Y, new_running_mean, new_running_var) {
   eps_d = Constant <value: tensor = @epsilon> ()
   eps = CastLike (eps_d, X)
   mom_d = Constant <value: tensor = @momentum> ()
@@ -275,9 +300,13 @@ BatchNormTraining <epsilon, momentum, axes> (X, scale, B, running_mean, running_
   n_int = Div (n_all, n_chan)
   n = CastLike (n_int, X)
   n_minus_1 = Sub (n, one)
-  bessel = Div (n, n_minus_1)
+  bessel_n = Div (n, n_minus_1)
+  unb_i = Constant <value_int: int = @unbiased> ()
+  unb = Cast <to = 9> (unb_i)
+  bessel = Where (unb, bessel_n, one)
   var_unbiased = Mul (var, bessel)
-  keep = Sub (one, mom)
+  keep_d = Constant <value: tensor = @decay> ()
+  keep = CastLike (keep_d, X)
   old_mean = Mul (running_mean, keep)
   new_mean_part = Mul (mean, mom)
   new_running_mean = Add (old_mean, new_mean_part)

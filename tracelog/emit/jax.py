@@ -62,6 +62,8 @@ JAX.spell(
         "Min": "jnp.minimum({0}, {1})",
         "Celu": "jax.nn.celu({0}, {alpha})",
         "LeakyRelu": "jax.nn.leaky_relu({0}, {alpha})",
+        # fused kernels (issue 15): jax.nn.gelu, jax.nn.softmax / log_softmax; the normalisations
+        # are runtime helpers (JAX has no batch/layer-norm primitive) over jnp.mean and lax
         "Gelu": "jax.nn.gelu({0}, approximate={tanh})",
         "Clip": "jnp.clip({0}, {lo}, {hi})",
         "Where": "jnp.where({0}, {1}, {2})",
@@ -74,6 +76,11 @@ JAX.spell(
         "BatchNormalization": "_batch_norm_eval({0}, {1}, {2}, {3}, {4}, {eps})",
         "tracelog.BatchNormTraining": (
             "_batch_norm_train({0}, {1}, {2}, {3}, {4}, {eps}, {momentum}, {axes})"
+        ),
+        # Keras' update (tracelog.ops BatchNormTraining: decay, unbiased)
+        "tracelog.BatchNormTraining/weighted": (
+            "_batch_norm_train_weighted({0}, {1}, {2}, {3}, {4}, {eps}, {momentum}, {decay}, "
+            "{unbiased}, {axes})"
         ),
         "LayerNormalization": "_layer_norm({0}, {1}, {bias}, {axes_t}, {eps})",
         "Dropout": "_dropout({0}, {1}, rng, {key})",

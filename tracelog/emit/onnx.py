@@ -168,8 +168,10 @@ def _graph_nodes(graph: Graph, replay_masks: bool) -> tuple[list[Any], dict[str,
             masks.append(value_info(mask_name, mask_type))
             nodes.extend(_replayed_dropout(node, mask_name, graph, node_name))
             continue
+        given = schema_for(node.domain, node.op).explicit_attrs(node.attrs) if node.domain else {}
         attrs = {
-            k: _attr(node.op, k, v, graph, node.outputs, node.domain) for k, v in node.attrs.items()
+            k: _attr(node.op, k, v, graph, node.outputs, node.domain)
+            for k, v in (given or node.attrs).items()
         }
         nodes.append(
             helper.make_node(

@@ -58,6 +58,8 @@ TORCH.spell(
         "Min": "torch.minimum({0}, {1})",
         "Celu": "F.celu({0}, {alpha})",
         "LeakyRelu": "F.leaky_relu({0}, {alpha})",
+        # fused kernels (issue 15): F.gelu, torch.softmax/log_softmax, F.batch_norm, F.layer_norm
+        # and F.group_norm: ATen's own kernels, whatever the source wrote out
         "Gelu": "F.gelu({0}, approximate={approximate})",
         "Clip": "torch.clamp({0}, {lo}, {hi})",
         "Where": "torch.where({0}, {1}, {2})",
@@ -70,6 +72,11 @@ TORCH.spell(
         "BatchNormalization": "F.batch_norm({0}, {3}, {4}, {1}, {2}, False, 0.0, {eps})",
         "tracelog.BatchNormTraining": (
             "_batch_norm_train({0}, {1}, {2}, {3}, {4}, {eps}, {momentum}, {axes})"
+        ),
+        # Keras' update (tracelog.ops BatchNormTraining: decay, unbiased)
+        "tracelog.BatchNormTraining/weighted": (
+            "_batch_norm_train_weighted({0}, {1}, {2}, {3}, {4}, {eps}, {momentum}, {decay}, "
+            "{unbiased}, {axes})"
         ),
         "LayerNormalization": "F.layer_norm({0}, {0}.shape[{axis}:], {1}, {bias}, {eps})",
         "Dropout": "_dropout({0}, {1}, rng, {key})",

@@ -306,14 +306,25 @@ def _batch_norm(c: RuleCtx) -> dict[str, Any]:
     return {"eps": literal(float(c.attr("epsilon", 1e-5))), "channel_axis": _channel_axis(c)}
 
 
-@OPS.op("tracelog.BatchNormTraining")
 def _batch_norm_training(c: RuleCtx) -> dict[str, Any]:
+    momentum = float(c.attr("momentum"))
     return {
         "eps": literal(float(c.attr("epsilon"))),
-        "momentum": literal(float(c.attr("momentum"))),
+        "momentum": literal(momentum),
         "axes": [int(a) for a in c.attr("axes")],
         "channel_axis": _channel_axis(c),
+        "decay": literal(float(c.attr("decay", 1.0 - momentum))),
+        "unbiased": bool(int(c.attr("unbiased", 1))),
     }
+
+
+def _weighted_update(c: RuleCtx) -> str:
+    """Keras' running-statistics update (decay given, or the biased variance):
+    "weighted", which every target writes with its own helper."""
+    return "weighted" if "decay" in c.node.attrs or not c.f["unbiased"] else ""
+
+
+OPS.add("tracelog.BatchNormTraining", OpRule(_batch_norm_training, variant=_weighted_update))
 
 
 @OPS.op("LayerNormalization")

@@ -66,6 +66,9 @@ TF.spell(
         "Min": "tf.math.minimum({0}, {1})",
         "Celu": "tf.nn.elu({0} / {alpha}) * {alpha}",
         "LeakyRelu": "tf.nn.leaky_relu({0}, alpha={alpha})",
+        # fused kernels (issue 15): _gelu (tf.nn.gelu's constants are float32), tf.nn.softmax /
+        # log_softmax; the normalisations are helpers over tf.nn.moments (TF has no fused layer
+        # norm; Keras' batch-norm update through tf.nn.batch_normalization)
         "Gelu": "_gelu({0}, {tanh})",
         "Where": "tf.where({0}, {1}, {2})",
         "Cast": "tf.cast({0}, tf.{to})",
@@ -77,6 +80,11 @@ TF.spell(
         "BatchNormalization": "_batch_norm_eval({0}, {1}, {2}, {3}, {4}, {eps}, {channel_axis})",
         "tracelog.BatchNormTraining": (
             "_batch_norm_train({0}, {1}, {2}, {3}, {4}, {eps}, {momentum}, {axes}, {channel_axis})"
+        ),
+        # Keras' update (tracelog.ops BatchNormTraining: decay, unbiased)
+        "tracelog.BatchNormTraining/weighted": (
+            "_batch_norm_train_weighted({0}, {1}, {2}, {3}, {4}, {eps}, {momentum}, {decay}, "
+            "{unbiased}, {axes}, {channel_axis})"
         ),
         "LayerNormalization": "_layer_norm({0}, {1}, {bias}, {axes}, {eps})",
         "Dropout": "_dropout({0}, {1}, rng, {key})",

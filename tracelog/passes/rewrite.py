@@ -14,6 +14,12 @@ not apply. The driver runs the rules to a fixed point and
   outputs and later consumers are untouched;
 - removes matched inner nodes that nothing reads any more.
 
+A rule for a fusion with several results (batch norm: the output and the
+running-statistics updates) reads past its pattern with ``Match.producer`` and
+``Match.readers``, names the extra nodes it folds with ``Match.absorb``, and
+may give its replacement outputs that an absorbed node produced: that node
+goes, and the replacement takes its place for every reader.
+
 An inner pattern matches only a node whose outputs have no other reader
 (single use), so a rewrite never folds away a node another reader needs; ``shared=True``
 lets a pattern read through a node that others also read (it then stays).
@@ -106,12 +112,21 @@ class Match:
     """What a rule sees: the root, bound values and nodes, and ways to make
     new values in the graph."""
 
-    def __init__(self, graph: Graph, root: Node) -> None:
+    def __init__(
+        self,
+        graph: Graph,
+        root: Node,
+        producer: dict[str, Node] | None = None,
+        uses: Counter[str] | None = None,
+    ) -> None:
         self.graph = graph
         self.root = root
+        self._uses = uses
         self.vars: dict[str, str] = {}
         self.nodes: dict[str, Node] = {}
         self.inner: list[Node] = []  # matched nodes below the root, for dead-code removal
+        self.absorbed: list[Node] = []  # nodes outside the pattern the rule folds (absorb)
+        self._producer = producer
 
     def __getitem__(self, var: str) -> str:
         return self.vars[var]
@@ -150,6 +165,40 @@ class Match:
             return None
         data = v.const.data
         return [float(x) for x in (data if isinstance(data, list) else [data])]
+
+    def producer(self, value: str) -> Node | None:
+        """The node that computes ``value``; None for inputs, parameters, constants."""
+        if self._producer is None:
+            self._producer = {o: n for n in self.graph.nodes for o in n.outputs if o}
+        return self._producer.get(value)
+
+    def readers(self, value: str) -> list[Node]:
+        """The nodes that read ``value``, in graph order."""
+        return [n for n in self.graph.nodes if value in n.inputs]
+
+    def uses(self, value: str) -> int:
+        """How often ``value`` is read (by node inputs and as a graph output)."""
+        if self._uses is None:
+            self._uses = _readers(self.graph)
+        return self._uses[value]
+
+    def is_output(self, value: str) -> bool:
+        return any(o.name == value for o in self.graph.outputs)
+
+    def absorb(self, *nodes: Node) -> None:
+        """Nodes outside the pattern that the replacement folds: they go where
+        nothing reads them afterwards, or where the replacement defines their outputs."""
+        self.absorbed.extend(nodes)
+
+    def read_before_root(self, value: str) -> bool:
+        """Whether a node before the root reads ``value`` (a replacement that
+        redefines it, placed at the root, would come too late)."""
+        for n in self.graph.nodes:
+            if n is self.root:
+                return False
+            if value in n.inputs:
+                return True
+        return False
 
     def node_as(
         self,
@@ -243,7 +292,7 @@ def _step(g: Graph, rules: Rewrites, report: RewriteReport) -> bool:
     readers = _readers(g)
     for idx, root in enumerate(g.nodes):
         for pat, fn in rules.pdict.get((root.domain, root.op), ()):
-            m = Match(g, root)
+            m = Match(g, root, producer, readers)
             if not _match(pat, root, m, producer, readers):
                 continue
             values_before = set(g.values)
@@ -268,18 +317,31 @@ def _replace(g: Graph, idx: int, m: Match, new: list[Node], readers: Counter[str
         raise ValueError(f"a rewrite of {root.qualified_op} drops {lost}, which are still read")
     for n in new:  # provenance: the source op that made the root
         n.module, n.module_type, n.source = root.module, root.module_type, root.source
+    # absorbed nodes whose results the replacement now computes (a fusion's extra outputs)
+    taken = [n for n in m.absorbed if any(o in defined for o in n.outputs if o)]
+    for n in taken:
+        kept = [o for o in n.outputs if o and o not in defined and readers[o]]
+        if kept:
+            raise ValueError(f"a rewrite takes {n.qualified_op}'s outputs but not {kept}")
     g.nodes[idx : idx + 1] = new
     for o in root.outputs:
         if o and o not in defined:
             g.values.pop(o, None)
-    # matched inner nodes nothing reads any more go; m.inner lists children
-    # after their own inputs' nodes, so walk it backwards (outermost first)
+    g.nodes = [n for n in g.nodes if not any(n is t for t in taken)]
+    # matched inner and absorbed nodes nothing reads any more go, to a fixed point
+    # (each removal can leave another unread)
     readers = _readers(g)
-    for inner in reversed(m.inner):
-        at = next((k for k, n in enumerate(g.nodes) if n is inner), None)
-        if at is not None and not any(readers[o] for o in inner.outputs if o):
+    candidates = [*m.inner, *m.absorbed]
+    removed = True
+    while removed:
+        removed = False
+        for cand in reversed(candidates):
+            at = next((k for k, n in enumerate(g.nodes) if n is cand), None)
+            if at is None or any(readers[o] for o in cand.outputs if o):
+                continue
             del g.nodes[at]
-            readers.subtract(i for i in inner.inputs if i)
-            for o in inner.outputs:
-                if o:
+            readers.subtract(i for i in cand.inputs if i)
+            for o in cand.outputs:
+                if o and o not in defined:
                     g.values.pop(o, None)
+            removed = True

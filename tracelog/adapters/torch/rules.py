@@ -18,11 +18,12 @@ from tracelog.adapters.builder import Converter, Ctx, NotSupported, use_rewrites
 from tracelog.adapters.tape import TArg
 from tracelog.ir import BATCH, TensorType, dim_scale, format_dim, is_symbolic, parse_dim
 from tracelog.ops import TRACELOG_DOMAIN
-from tracelog.passes.fusions import GEMM_TRANSPOSES
+from tracelog.passes.fusions import GEMM_TRANSPOSES, WRITTEN_OUT
 from tracelog.registry import Table
 
 ATEN: Table[Converter] = Table("aten")
-use_rewrites(ATEN, GEMM_TRANSPOSES)  # t + mm/addmm -> Gemm(transB=1)
+# t + mm/addmm -> Gemm(transB=1); layer norm, softmax, GELU written out -> the fused op
+use_rewrites(ATEN, GEMM_TRANSPOSES + WRITTEN_OUT)
 
 INT64_MAX = 2**63 - 1
 _REDUCTION = {0: "none", 1: "mean", 2: "sum"}

@@ -88,6 +88,29 @@ def _batch_norm_train(
     return y, lax.stop_gradient(new_mean), lax.stop_gradient(new_var)
 
 
+def _batch_norm_train_weighted(
+    x: jax.Array,
+    scale: jax.Array,
+    bias: jax.Array,
+    running_mean: jax.Array,
+    running_var: jax.Array,
+    eps: float,
+    momentum: float,
+    decay: float,
+    unbiased: bool,
+    axes: tuple[int, ...],
+) -> tuple[jax.Array, jax.Array, jax.Array]:
+    """Batch norm in training mode whose running statistics update as
+    decay * running + momentum * batch statistic (Keras: decay is its momentum),
+    the variance biased unless `unbiased`; the output as _batch_norm_train's."""
+    y, _, _ = _batch_norm_train(x, scale, bias, running_mean, running_var, eps, 0.0, axes)
+    x64 = lax.stop_gradient(x).astype(jnp.float64)
+    mean = jnp.mean(x64, axis=tuple(axes))
+    var = jnp.var(x64, axis=tuple(axes), ddof=1 if unbiased else 0)
+    new_mean = decay * running_mean + momentum * mean.astype(x.dtype)
+    return y, new_mean, decay * running_var + momentum * var.astype(x.dtype)
+
+
 def _batch_norm_eval(
     x: jax.Array, scale: jax.Array, bias: jax.Array, mean: jax.Array, var: jax.Array, eps: float
 ) -> jax.Array:

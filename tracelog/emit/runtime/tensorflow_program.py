@@ -68,6 +68,41 @@ def _batch_norm_train(
     return y, new_mean, new_var
 
 
+def _batch_norm_train_weighted(
+    x: tf.Tensor,
+    scale: tf.Tensor,
+    bias: tf.Tensor,
+    running_mean: tf.Tensor,
+    running_var: tf.Tensor,
+    eps: float,
+    momentum: float,
+    decay: float,
+    unbiased: bool,
+    axes: list[int],
+    channel_axis: int,
+) -> tuple[tf.Tensor, tf.Tensor, tf.Tensor]:
+    """Batch norm in training mode whose running statistics update as
+    decay * running + momentum * batch statistic (Keras: decay is its momentum),
+    the variance biased unless `unbiased`; the output through
+    tf.nn.batch_normalization, the kernel Keras calls."""
+    shape = [1] * len(x.shape)
+    shape[channel_axis] = -1
+    mean, var = tf.nn.moments(x, axes=axes)
+    y = tf.nn.batch_normalization(
+        x,
+        tf.reshape(mean, shape),
+        tf.reshape(var, shape),
+        tf.reshape(bias, shape),
+        tf.reshape(scale, shape),
+        eps,
+    )
+    mean, var = tf.stop_gradient(mean), tf.stop_gradient(var)
+    if unbiased:
+        n = tf.cast(tf.size(x) // tf.size(mean), x.dtype)
+        var = var * n / (n - 1.0)
+    return y, decay * running_mean + momentum * mean, decay * running_var + momentum * var
+
+
 def _batch_norm_eval(
     x: tf.Tensor,
     scale: tf.Tensor,
