@@ -122,3 +122,18 @@ def test_an_onnx_edit_below_float32_resolution_fails_only_the_translation(
     assert [c.name for c in float64] == ["prediction [float64]", "loss [float64]"]
     assert all(c.ok for c in float32), float32
     assert all(not c.ok and c.max_rel > 1e-8 for c in float64), float64
+
+
+def test_a_float32_only_failure_is_reported_as_accuracy_not_as_a_node() -> None:
+    """Translation rows that pass and float32 rows that fail: the program is
+    the source's function, less accurate; no node is searched for."""
+    from tracelog.parity import accuracy_only
+    from tracelog.verify import Comparison, Report
+
+    translated = Comparison("loss [float64]", 1e-17, 1e-16, True)
+    inaccurate = Comparison("loss", 1e-4, 1e-4, False, 1e-6, 50.0)
+    line = accuracy_only(Report("t", [translated, inaccurate]))
+    assert line is not None and "fail on accuracy" in line and "50.0x" in line
+    wrong = Comparison("loss [float64]", 1.0, 1.0, False)
+    assert accuracy_only(Report("t", [wrong, inaccurate])) is None
+    assert accuracy_only(Report("t", [inaccurate])) is None  # no reference: atol rows

@@ -256,9 +256,11 @@ def check_model(log_dir: str | os.PathLike[str], *, atol: float, rtol: float) ->
             report.comparisons.append(checked(role, value, sample, key, atol, rtol))
     report.comparisons.append(checked("loss", results[-1], sample, LOSS_KEY, atol, rtol))
     if not report.ok:
-        from tracelog.parity import first_divergence
+        from tracelog.parity import accuracy_only, first_divergence
 
-        report.divergence = first_divergence(log, None, log_dir, atol, rtol)
+        report.divergence = accuracy_only(report) or first_divergence(
+            log, None, log_dir, atol, rtol
+        )
     return report
 
 
