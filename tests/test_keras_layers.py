@@ -449,9 +449,8 @@ def test_both_batches_count_against_one_graph_pair(layer_log) -> None:
 def test_ir_matches_tensorflow(layer_log) -> None:
     case, log_dir, log = layer_log
     _known(case, "reference")
-    # grouped too (TF's CPU has no float64 grouped kernel); not the dilated
-    # transposed one yet: TF's CPU Conv2DBackpropInput takes no float64 dilations
-    if case.startswith("layer_Conv2D") and case != "layer_Conv2DTranspose_dilated":
+    # grouped and dilated transposed too: TF's CPU has no float64 kernels for them
+    if case.startswith("layer_Conv2D"):
         assert log.sample_info and log.sample_info["reference"] == "float64", log.sample_info
     report = verify(log_dir, runtime="reference")
     assert report.ok, report.table()

@@ -107,6 +107,49 @@ def _conv2d_by_groups(inputs: list[Any], attrs: tuple[Any, ...]) -> list[Any] | 
     return [tf.concat(outs, axis=axis)]
 
 
+def _dilated_filter(w: Any, rates: list[int]) -> Any:
+    """A [kh, kw, ...] filter with rate-1 zeros between its taps on the two
+    spatial axes: a convolution with it at dilation 1 is the dilated one."""
+    import tensorflow as tf
+
+    for axis, rate in enumerate(rates):
+        if rate > 1:
+            taps = int(w.shape[axis])
+            zeros = tf.zeros_like(w)
+            spread = tf.stack([w, *[zeros] * (rate - 1)], axis=axis + 1)
+            shape = [int(d) for d in w.shape]
+            shape[axis] = taps * rate
+            w = tf.reshape(spread, shape)
+            w = tf.gather(w, tf.range((taps - 1) * rate + 1), axis=axis)
+    return w
+
+
+def _backprop_input_undilated(inputs: list[Any], attrs: tuple[Any, ...]) -> list[Any] | None:
+    """A dilated ``Conv2DBackpropInput`` (Keras ``Conv2DTranspose`` with a
+    dilation rate) run at dilation 1 on the filter with zeros between its
+    taps, the same sums: TensorFlow's CPU has no float64 dilated kernel. None
+    for an undilated one."""
+    import tensorflow as tf
+
+    names = [k.decode() if isinstance(k, bytes) else str(k) for k in attrs[0::2]]
+    a = dict(zip(names, attrs[1::2], strict=True))
+    fmt = a["data_format"].decode() if isinstance(a["data_format"], bytes) else a["data_format"]
+    spatial = [1, 2] if fmt == "NHWC" else [2, 3]
+    rates = [int(a["dilations"][i]) for i in spatial]
+    if max(rates) <= 1:
+        return None
+    sizes, w, dy = inputs
+    padding = a["padding"].decode() if isinstance(a["padding"], bytes) else a["padding"]
+    if padding == "EXPLICIT":
+        flat = list(a["explicit_paddings"])
+        padding = [flat[i : i + 2] for i in range(0, len(flat), 2)]
+    # the public op, so that the replay's tape differentiates it
+    out = tf.nn.conv2d_transpose(
+        dy, _dilated_filter(w, rates), sizes, a["strides"], padding, data_format=fmt
+    )
+    return [out]
+
+
 # op type -> its replay as the adapter rule writes it (the module docstring says why)
 _AS_RECORDED: dict[str, Callable[[list[Any]], list[Any]]] = {
     "SoftmaxCrossEntropyWithLogits": _softmax_xent,
@@ -155,9 +198,11 @@ class _Replay:
                 self.values[("o", rec.index, k)] = t
             return
         attrs = _widened_attrs(op_type, attrs)
-        grouped = _conv2d_by_groups(inputs, attrs) if op_type == "Conv2D" else None
-        if grouped is not None:
-            self.values[("o", rec.index, 0)] = grouped[0]
+        rewritten = _conv2d_by_groups(inputs, attrs) if op_type == "Conv2D" else None
+        if op_type == "Conv2DBackpropInput":
+            rewritten = _backprop_input_undilated(inputs, attrs)
+        if rewritten is not None:
+            self.values[("o", rec.index, 0)] = rewritten[0]
             return
         try:
             outs = self.execute.execute(op_type, len(rec.outs), inputs, attrs, self.ctx)
