@@ -89,3 +89,20 @@ def assert_lint_clean(text: str, what: str = "program") -> None:
         text=True,
     )
     assert done.returncode == 0, f"{what}: ruff check --select F,I\n{done.stdout}{done.stderr}"
+
+
+def own_gradients(log_dir: Any) -> float:
+    """The largest relative difference between the sample's gradients and the
+    float64 replay of its own batch: float32 rounding for a sample whose
+    gradients are its own micro-batch's; about 1 for an average over ranks or
+    a sum over micro-batches."""
+    import numpy as np
+
+    from tracelog.sample import grad_key, reference_key
+
+    sample = tracelog.load(log_dir).sample()
+    worst = 0.0
+    for key in [k for k in sample if k.startswith(grad_key(""))]:
+        got, ref = sample[key].astype(np.float64), sample[reference_key(key)]
+        worst = max(worst, float(np.abs(got - ref).max() / np.abs(ref).max()))
+    return worst

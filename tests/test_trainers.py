@@ -11,13 +11,11 @@ from pathlib import Path
 from types import ModuleType
 from typing import Any
 
-import numpy as np
 import pytest
-from helpers import assert_translated
+from helpers import assert_translated, own_gradients
 
 import tracelog
 from tracelog.cli import main as cli
-from tracelog.sample import grad_key, reference_key
 
 EXAMPLES = Path(__file__).parent.parent / "examples"
 TARGETS = ["tensorflow", "jax", "onnx"]
@@ -44,26 +42,20 @@ def _ops(log_dir: Path, kind: str, phase: str) -> dict[str, int]:
 
 
 def _check(log_dir: Path, target: str) -> None:
-    pytest.importorskip({"tensorflow": "tensorflow", "jax": "jax", "onnx": "onnxruntime"}[target])
+    pytest.importorskip(
+        {"tensorflow": "tensorflow", "jax": "jax", "onnx": "onnxruntime"}[target],
+        reason=f"the {target} target needs its framework",
+    )
     assert_translated(tracelog.check(log_dir, target))
-
-
-def _own_gradients(log_dir: Path) -> float:
-    """The largest relative difference between the sample's gradients and the
-    float64 replay of its own batch: float32 rounding for a consistent sample."""
-    sample = tracelog.load(log_dir).sample()
-    worst = 0.0
-    for key in [k for k in sample if k.startswith(grad_key(""))]:
-        got, ref = sample[key].astype(np.float64), sample[reference_key(key)]
-        worst = max(worst, float(np.abs(got - ref).max() / np.abs(ref).max()))
-    return worst
 
 
 # -- Hugging Face Trainer: a tiny GPT-2, gradient accumulation 2, evaluation ----------------
 @pytest.fixture(scope="module")
 def hf_run(tmp_path_factory: pytest.TempPathFactory) -> Path:
-    pytest.importorskip("transformers")
-    pytest.importorskip("accelerate")
+    pytest.importorskip(
+        "transformers", reason="the Hugging Face callback needs transformers (dev extra)"
+    )
+    pytest.importorskip("accelerate", reason="transformers' Trainer needs accelerate (dev extra)")
     out = tmp_path_factory.mktemp("hf") / "log"
     logging.getLogger("transformers").setLevel(logging.ERROR)
     # 8 sequences in batches of 4: 2 micro-batches, 1 optimizer step per epoch
@@ -82,7 +74,7 @@ def test_hf_trainer_counts(hf_run: Path) -> None:
     # the loss the model computes inside its forward is the loss graph's, not a prediction
     assert "NegativeLogLikelihoodLoss" in _ops(hf_run, "loss", "train")
     assert "NegativeLogLikelihoodLoss" not in _ops(hf_run, "prediction", "train")
-    assert _own_gradients(hf_run) < 1e-4
+    assert own_gradients(hf_run) < 1e-4
 
 
 @pytest.mark.parametrize("target", TARGETS)
@@ -93,8 +85,10 @@ def test_hf_trainer_translates(hf_run: Path, target: str) -> None:
 # -- Lightning: a submodule, self.log(on_epoch=True), torchmetrics, validation -------------
 @pytest.fixture(scope="module")
 def lightning_run(tmp_path_factory: pytest.TempPathFactory) -> Path:
-    pytest.importorskip("lightning")
-    pytest.importorskip("torchmetrics")
+    pytest.importorskip("lightning", reason="the Lightning callback needs lightning (dev extra)")
+    pytest.importorskip(
+        "torchmetrics", reason="the Lightning example logs a torchmetrics metric (dev extra)"
+    )
     out = tmp_path_factory.mktemp("lightning") / "log"
     _example("lightning_classifier").train(out, epochs=2)
     return out
@@ -122,8 +116,10 @@ def test_lightning_translates(lightning_run: Path, target: str) -> None:
 
 def test_lightning_forward_through_self_and_accumulation(tmp_path: Path) -> None:
     """A training_step calling ``self(x)``, two batches per optimizer step."""
-    pytest.importorskip("lightning")
-    pytest.importorskip("torchmetrics")
+    pytest.importorskip("lightning", reason="the Lightning callback needs lightning (dev extra)")
+    pytest.importorskip(
+        "torchmetrics", reason="the Lightning example logs a torchmetrics metric (dev extra)"
+    )
     example = _example("lightning_classifier")
     # Classifier with a forward, called as self(x) by its training_step
     calls: list[Any] = []
@@ -149,7 +145,7 @@ def test_lightning_forward_through_self_and_accumulation(tmp_path: Path) -> None
         ("loss", "eval", 3),
     ]
     assert tracelog.load(tmp_path / "log").optimizer_steps == 3
-    assert _own_gradients(tmp_path / "log") < 1e-4
+    assert own_gradients(tmp_path / "log") < 1e-4
 
 
 # -- a plain loop: two micro-batches per window; bfloat16 autocast ------------------------
@@ -170,7 +166,7 @@ def test_accumulation_counts_each_forward(accumulated: Path) -> None:
     log = tracelog.load(accumulated)
     assert log.optimizer_steps == 4
     # the sample is one micro-batch with its own gradients (not the window's sum)
-    assert _own_gradients(accumulated) < 1e-4
+    assert own_gradients(accumulated) < 1e-4
 
 
 @pytest.mark.parametrize("target", TARGETS)
@@ -212,7 +208,7 @@ def test_autocast_onnx_refused_in_one_line(autocast: Path, capsys: pytest.Captur
 
 # -- accelerate: the plain listener ---------------------------------------------------------
 def test_accelerate_loop(tmp_path: Path) -> None:
-    pytest.importorskip("accelerate")
+    pytest.importorskip("accelerate", reason="transformers' Trainer needs accelerate (dev extra)")
     _example("accelerate_loop").train(tmp_path / "log", epochs=1, accumulate=2)
     assert _rows(tmp_path / "log") == [("prediction", "train", 8), ("loss", "train", 8)]
     assert tracelog.load(tmp_path / "log").optimizer_steps == 4

@@ -116,36 +116,43 @@ def _parity() -> types.ModuleType:
     return parity
 
 
-def checked(
-    name: str, got: Any, sample: dict[str, np.ndarray], key: str, atol: float, rtol: float
-) -> Comparison:
-    """`got` (float32) against the sample's entry `key`: against its float64
-    reference within FLOAT32_FACTOR of the source's own float32 error where the
-    sample has one (the programs' _calibrated), else within atol/rtol of the
-    recorded value."""
-    ref = sample.get(reference_key(key))
-    if ref is None:
-        return compare(name, got, sample[key], atol, rtol)
-    parity = _parity()
-    is_grad = key.startswith(grad_key(""))
-    medians = parity._typical_scales(sample)
-    typical = parity._typical_error(sample, medians)[is_grad]
-    floor = parity._floor(sample, key, medians, is_grad)
-    return Comparison(
-        *parity._calibrated(name, got, sample[key], ref, typical, floor, medians[is_grad])
-    )
+class SampleJudge:
+    """The programs' verdicts on one sample's outputs: its median scales and
+    the source's typical float32 error, computed once for all of its rows."""
 
+    def __init__(self, sample: dict[str, np.ndarray]) -> None:
+        self.sample = sample
+        self.parity = _parity()
+        self.medians = self.parity._typical_scales(sample)
+        self.typical = self.parity._typical_error(sample, self.medians)
 
-def translated(name: str, got: Any, sample: dict[str, np.ndarray], key: str) -> Comparison:
-    """A float64 result against the sample's float64 reference of `key`: within
-    TRANSLATION_RTOL of the output's scale (the programs' _translated: its
-    largest value, or the near-zero floor, or the size of the terms it sums)."""
-    parity = _parity()
-    is_grad = key.startswith(grad_key(""))
-    medians = parity._typical_scales(sample)
-    floor = parity._floor(sample, key, medians, is_grad)
-    ref = sample[reference_key(key)]
-    return Comparison(*parity._translated(name, got, ref, floor, sample[key], medians[is_grad]))
+    def checked(self, name: str, got: Any, key: str, atol: float, rtol: float) -> Comparison:
+        """`got` (float32) against the sample's entry `key`: against its float64
+        reference within FLOAT32_FACTOR of the source's own float32 error where
+        the sample has one (the programs' _calibrated), else within atol/rtol
+        of the recorded value."""
+        ref = self.sample.get(reference_key(key))
+        if ref is None:
+            return compare(name, got, self.sample[key], atol, rtol)
+        is_grad = key.startswith(grad_key(""))
+        floor = self.parity._floor(self.sample, key, self.medians, is_grad)
+        row = self.parity._calibrated(
+            name, got, self.sample[key], ref, self.typical[is_grad], floor, self.medians[is_grad]
+        )
+        return Comparison(*row)
+
+    def translated(self, name: str, got: Any, key: str) -> Comparison:
+        """A float64 result against the sample's float64 reference of `key`:
+        within TRANSLATION_RTOL of the output's scale (the programs'
+        _translated: its largest value, or the near-zero floor, or the size of
+        the terms it sums)."""
+        is_grad = key.startswith(grad_key(""))
+        floor = self.parity._floor(self.sample, key, self.medians, is_grad)
+        ref = self.sample[reference_key(key)]
+        row = self.parity._translated(
+            name, got, ref, floor, self.sample[key], self.medians[is_grad]
+        )
+        return Comparison(*row)
 
 
 def translation(log: TraceLog, runtime: str = "reference") -> list[Comparison]:
@@ -161,10 +168,11 @@ def translation(log: TraceLog, runtime: str = "reference") -> list[Comparison]:
     weights = promoted_arrays(log.weights())
     feeds = promoted_arrays(sample_feeds(sample))
     found: list[Comparison] = []
+    judge = SampleJudge(sample)
 
     def against(name: str, value: Any, key: str) -> None:
         if reference_key(key) in sample:
-            found.append(translated(f"{name} [float64]", value, sample, key))
+            found.append(judge.translated(f"{name} [float64]", value, key))
 
     pred = promoted_float64(log.graph(info["prediction"]))
     got = run_graph(pred, feeds, runtime=runtime, constants=weights)

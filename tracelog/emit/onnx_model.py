@@ -224,7 +224,7 @@ def check_model(log_dir: str | os.PathLike[str], *, atol: float, rtol: float) ->
 
     from tracelog.emit.runtime.parity import FLOAT32_FACTOR, TRANSLATION_RTOL
     from tracelog.sample import reference_key, sample_feeds
-    from tracelog.verify import Report, checked
+    from tracelog.verify import Report, SampleJudge
 
     onnx = _onnx()
     path = write_model(log_dir)
@@ -250,11 +250,12 @@ def check_model(log_dir: str | os.PathLike[str], *, atol: float, rtol: float) ->
         title = f"{path.name} vs recorded batch, run by onnxruntime (atol {atol:g}, rtol {rtol:g})"
         report = Report(title)
     roles = [out.name for out in sess.get_outputs()][:-1]  # the loss comes last
+    judge = SampleJudge(sample)
     for role, value in zip(roles, results, strict=False):
         key = _sample_key(role)
         if key is not None:
-            report.comparisons.append(checked(role, value, sample, key, atol, rtol))
-    report.comparisons.append(checked("loss", results[-1], sample, LOSS_KEY, atol, rtol))
+            report.comparisons.append(judge.checked(role, value, key, atol, rtol))
+    report.comparisons.append(judge.checked("loss", results[-1], LOSS_KEY, atol, rtol))
     if not report.ok:
         from tracelog.parity import accuracy_only, first_divergence
 
@@ -281,7 +282,7 @@ def translation_rows(log: TraceLog, sample: dict[str, np.ndarray]) -> list[Compa
     not run."""
     from tracelog.passes.precision import promoted_arrays
     from tracelog.sample import reference_key, sample_feeds
-    from tracelog.verify import Comparison, run_model, translated
+    from tracelog.verify import Comparison, SampleJudge, run_model
 
     model = build_model(log, replay_masks=True, params_as_inputs=True, float64=True)
     try:  # log(0) where a later Where drops it, as in float32: no warnings
@@ -292,11 +293,12 @@ def translation_rows(log: TraceLog, sample: dict[str, np.ndarray]) -> list[Compa
         reason = f"{type(e).__name__}: {str(e).splitlines()[0][:100] if str(e) else ''}"
         return [Comparison(f"[float64] not run ({reason})", float("nan"), float("nan"), True)]
     *roles, _ = [o.name for o in model.graph.output]
+    judge = SampleJudge(sample)
     found = []
     for role, value in zip(roles, results, strict=False):
         key = _sample_key(role)
         if key is not None and reference_key(key) in sample:
-            found.append(translated(f"{role} [float64]", value, sample, key))
+            found.append(judge.translated(f"{role} [float64]", value, key))
     if reference_key(LOSS_KEY) in sample:
-        found.append(translated("loss [float64]", results[-1], sample, LOSS_KEY))
+        found.append(judge.translated("loss [float64]", results[-1], LOSS_KEY))
     return found
