@@ -409,10 +409,6 @@ KNOWN: dict[str, dict[str, str]] = {
     "layer_SpatialDropout2D": {
         "layout": "a [B, 1, 1, C] dropout mask is drawn in NHWC: the pass stops at Dropout"
     },
-    **{
-        f"layer_{n}": {"jax": "the JAX emitter writes 2-D Conv only"}
-        for n in ("Conv3D", "Conv3D_same", "ZeroPadding3D")
-    },
 }
 _ALL = ("record", "reference", "torch", "jax", "onnx", "layout")
 

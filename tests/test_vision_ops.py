@@ -1,5 +1,5 @@
 """Vision ops (issue 12) recorded from real training steps: group norm,
-transposed convolution and upsampling, each replayed on an ONNX runtime and
+transposed convolution, 1-D and 3-D convolution and upsampling, each replayed on an ONNX runtime and
 emitted for every target with its parity check; plus the index arithmetic
 behind nearest upsampling, and the layout pass around Resize."""
 
@@ -99,6 +99,25 @@ class Resampling(nn.Module):
         return total + sum(p(cube).mean(dim=(2, 3, 4)) for p in self.pools3d)
 
 
+class Convolutions(nn.Module):
+    """Conv1d and Conv3d as audio, text and video models use them: stride,
+    asymmetric padding, dilation, groups, depthwise, no bias."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.line = nn.Conv1d(2, 4, 3, stride=2, padding=1)
+        self.line_dilated = nn.Conv1d(4, 4, 3, padding=2, dilation=2, groups=2)
+        self.line_depthwise = nn.Conv1d(4, 8, 5, padding=2, groups=4, bias=False)
+        self.cube = nn.Conv3d(2, 4, (1, 3, 3), stride=(1, 2, 1), padding=(0, 1, 2))
+        self.cube_dilated = nn.Conv3d(4, 6, 2, dilation=(1, 2, 1), groups=2)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        n = x.shape[0]
+        line = self.line_depthwise(torch.relu(self.line_dilated(self.line(x.reshape(n, 2, 48)))))
+        cube = self.cube_dilated(torch.tanh(self.cube(x.reshape(n, 2, 2, 6, 4))))
+        return line.mean(dim=2) + cube.mean(dim=(2, 3, 4)).repeat(1, 2)[:, :8]
+
+
 def _record(model: nn.Module, x: torch.Tensor, log_dir: Path) -> tracelog.TraceLog:
     """One real training step under a listener; the loss after the forward."""
     listener = TorchListener(model, log_dir, strict=True)
@@ -119,6 +138,7 @@ CASES: dict[str, tuple[Callable[[], nn.Module], tuple[int, ...], set[str], str]]
     # name: (model, input shape, ops the graph must hold, ONNX runtime that replays it)
     # onnx.reference's grouped ConvTranspose is tracelog.verify's (onnx/onnx#8446)
     "decoder": (Decoder, (2, 3, 3, 4), {"ConvTranspose", "GroupNormalization"}, "reference"),
+    "convolutions": (Convolutions, (2, 96), {"Conv"}, "reference"),
     "resampling": (
         Resampling,
         (2, 2, 7, 6),

@@ -131,18 +131,22 @@ def _gemm(c: RuleCtx) -> str:
 
 @JAX.register("Conv")
 def _conv(c: RuleCtx) -> str:
-    if c.rank() != 4:
-        raise NotImplementedError("Conv other than 2-D")
-    p = c.f["pads"]
+    n = c.rank() - 2
+    if not 1 <= n <= 3:
+        raise NotImplementedError(f"{n}-D Conv")
+    p, spatial = c.f["pads"], "DHW"[3 - n :]
+    edges = [f"({p[i]}, {p[i + n]})" for i in range(n)]
+    padding = f"({edges[0]},)" if n == 1 else f"({', '.join(edges)})"
     y = (
         f"lax.conv_general_dilated({c.i(0)}, {c.i(1)}, "
         f"window_strides={tuple(c.f['strides'])}, "
-        f"padding=(({p[0]}, {p[2]}), ({p[1]}, {p[3]})), "
+        f"padding={padding}, "
         f"rhs_dilation={tuple(c.f['dilations'])}, "
-        f"dimension_numbers=('NCHW', 'OIHW', 'NCHW'), "
+        f"dimension_numbers=('NC{spatial}', 'OI{spatial}', 'NC{spatial}'), "
         f"feature_group_count={c.f['group']})"
     )
-    return f"{y} + {c.i(2)}.reshape(1, -1, 1, 1)" if c.has(2) else y
+    bias_shape = ", ".join(["1", "-1"] + ["1"] * n)
+    return f"{y} + {c.i(2)}.reshape({bias_shape})" if c.has(2) else y
 
 
 def _window(c: RuleCtx, pads: list[int] | None = None) -> str:

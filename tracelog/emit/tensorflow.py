@@ -165,7 +165,9 @@ def _gemm(c: RuleCtx) -> str:
 @TF.register("Conv")
 def _conv(c: RuleCtx) -> str:
     if c.rank() != 4:
-        raise NotImplementedError("Conv other than 2-D")
+        x, f = _channels_last(c, c.i(0)), c.f
+        y = f"_conv_nd({x}, {c.i(1)}, {f['strides']}, {f['pads']}, {f['dilations']}, {f['group']})"
+        return _channels_first(c, f"{y} + {c.i(2)}" if c.has(2) else y)
     strides, dil, group = c.f["strides"], c.f["dilations"], c.f["group"]
     x = _to_nhwc(c, c.i(0))
     padding = _nhwc_pads(c.f["pads"])

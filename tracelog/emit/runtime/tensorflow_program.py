@@ -194,6 +194,35 @@ def _grouped_conv2d(
     return tf.concat(ys, axis=3)
 
 
+def _conv_nd(
+    x: tf.Tensor,
+    w: tf.Tensor,
+    strides: list[int],
+    pads: list[int],
+    dilations: list[int],
+    groups: int,
+) -> tf.Tensor:
+    """A 1-D or 3-D ONNX Conv on channels-last x with OI... weights: explicit
+    pads by tf.pad (conv1d/conv3d take only SAME or VALID), a dilated kernel
+    spread with zeros (TF's CPU kernels have no dilated gradients), groups as
+    one convolution each."""
+    n = len(x.shape) - 2
+    for axis, rate in enumerate(dilations):
+        w = _dilate_axis(w, axis + 2, rate)
+    w = tf.transpose(w, [*range(2, n + 2), 1, 0])  # OI... -> ...IO
+    x = tf.pad(x, [[0, 0], *([pads[i], pads[i + n]] for i in range(n)), [0, 0]])
+    xs, ws = tf.split(x, groups, axis=-1), tf.split(w, groups, axis=-1)
+    # conv3d with its data_format spelled out: tf.nn.convolution leaves it None,
+    # which Conv3D's registered gradient cannot read
+    conv = (
+        (lambda a, b: tf.nn.conv1d(a, b, strides[0], "VALID"))
+        if n == 1
+        else (lambda a, b: tf.nn.conv3d(a, b, [1, *strides, 1], "VALID", data_format="NDHWC"))
+    )
+    ys = [conv(a, b) for a, b in zip(xs, ws, strict=True)]
+    return ys[0] if groups == 1 else tf.concat(ys, axis=-1)
+
+
 # -- vision: group norm, transposed convolution, resize (issue 12) --
 def _group_norm(
     x: tf.Tensor, scale: tf.Tensor, bias: tf.Tensor, groups: int, eps: float, channel_axis: int
