@@ -389,27 +389,8 @@ CASES_BY_ID = {case: name for case, name in CASES if case.startswith("layer_")}
 _ALL_CASES = os.environ.get("TRACELOG_ALL_CASES") == "1"
 _JAX_CASES = {case for k, (case, _) in enumerate(CASES) if _ALL_CASES or k % 3 == 0}
 
-_1D_LAYOUT = (
-    "Keras writes 1-D convolutions and pools as ExpandDims + the 2-D op + Squeeze; "
-    "the layout pass does not yet move transposes through Unsqueeze/Squeeze"
-)
 # case -> {test: reason}: known failures, declared here rather than inside the tests
-KNOWN: dict[str, dict[str, str]] = {
-    **{
-        f"layer_{n}": {"layout": _1D_LAYOUT}
-        for n in (
-            "Conv1D Conv1D_causal Conv1D_causal_dilated Conv1D_dilated_same Conv1DTranspose "
-            "DepthwiseConv1D SeparableConv1D ZeroPadding1D "
-            "MaxPooling1D AveragePooling1D AveragePooling1D_same GlobalAveragePooling1D "
-            "GlobalAveragePooling1D_keepdims GlobalMaxPooling1D GlobalMaxPooling1D_keepdims "
-            "SpatialDropout1D"
-        ).split()
-    },
-    "layer_Cropping2D": {"layout": "the layout pass does not yet move transposes through Slice"},
-    "layer_SpatialDropout2D": {
-        "layout": "a [B, 1, 1, C] dropout mask is drawn in NHWC: the pass stops at Dropout"
-    },
-}
+KNOWN: dict[str, dict[str, str]] = {}
 _ALL = ("record", "reference", "torch", "jax", "onnx", "layout")
 
 

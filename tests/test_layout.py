@@ -76,7 +76,7 @@ def _feeds(graph: Graph) -> dict[str, np.ndarray]:
     return {
         v.name: rng.standard_normal(v.type.shape).astype(np.float32)
         for v in graph.values.values()
-        if v.kind in ("input", "param")
+        if v.kind in ("input", "param") and all(isinstance(d, int) for d in v.type.shape)
     }
 
 
@@ -159,3 +159,41 @@ def test_channels_first_hoists_the_transpose_in_above_scaling_and_resize() -> No
     np.testing.assert_allclose(
         run_graph(alone, feeds)["prediction"], want["prediction"], rtol=1e-6, atol=1e-6
     )
+
+
+def test_channels_first_carries_a_1d_layer_through_unsqueeze_and_squeeze() -> None:
+    """Keras' Conv1D/pools: ExpandDims, the 2-D op between layout transposes,
+    Squeeze. The transposes hop over both and go on as [0, 2, 1] through a
+    batch-sized mask (SpatialDropout1D), a Slice (Cropping1D) and the bias, to
+    one entering and one leaving for the flatten; a [0, 2, 1] transpose the
+    recording made itself (attention's) is not taken for a layout one."""
+    g = _G()
+    x = g.input("x", (2, 6, 3))
+    line = g.op("Unsqueeze", [x, g.const("ax1", [1])], (2, 1, 6, 3))
+    t = g.op("Transpose", [line], (2, 3, 1, 6), perm=TO_NCHW)
+    w = g.input("w", (4, 3, 1, 3), "param")
+    y = g.op("Conv", [t, w], (2, 4, 1, 6), kernel_shape=[1, 3], pads=[0, 1, 0, 1])
+    y = g.op("Transpose", [y], (2, 1, 6, 4), perm=TO_NHWC)
+    y = g.op("Squeeze", [y, g.const("sq", [1])], (2, 6, 4))
+    g.values["mask"] = Value("mask", TensorType("float32", ("batch", 1, 4)), "input")
+    y = g.op("Mul", [y, "mask"], (2, 6, 4))
+    y = g.op(
+        "Slice", [y, g.const("starts", [1]), g.const("ends", [5]), g.const("axes", [1])], (2, 4, 4)
+    )
+    y = g.op("Add", [y, g.input("bias", (4,), "param")], (2, 4, 4))
+    scores = g.op("Transpose", [y], (2, 4, 4), perm=[0, 2, 1])
+    flat = g.op("Reshape", [y, g.const("flat", [-1, 16])], (2, 16))
+    graph = g.graph(flat, scores)
+    after, report = to_channels_first(graph)
+    assert report.kept == [
+        "data input x enters NHWC",
+        "back to NHWC for Reshape at m, Transpose at m",
+    ], report.summary()
+    perms = [n.ints_attr("perm") for n in after.nodes if n.op == "Transpose"]
+    assert perms.count([0, 2, 1]) == 3, perms  # in, back out, and the recording's own
+    assert [n.op for n in after.nodes if n.op in ("Conv", "Slice")] == ["Conv", "Slice"]
+    feeds = _feeds(graph)
+    feeds["mask"] = (np.random.default_rng(1).random((2, 1, 4)) > 0.5).astype(np.float32)
+    want, got = run_graph(graph, feeds), run_graph(after, feeds)
+    for role in want:
+        np.testing.assert_allclose(got[role], want[role], rtol=1e-6, atol=1e-6)

@@ -13,6 +13,12 @@ and JAX. ``to_channels_last``:
 What stays is reported: a transpose where NCHW data enters, and one where an
 NHWC value leaves for an op that reads the layout (Reshape, Dropout, a graph
 output). On a ResNet that is one in and one out, none inside the body.
+
+Keras' 1-D layers run as ExpandDims + the 2-D op + Squeeze: a 4-D layout
+transpose hops over the Unsqueeze/Squeeze and goes on as the 3-D one,
+[0, 2, 1] (NWC <-> NCW). That permutation is its own inverse, so which way a
+3-D transpose goes is remembered from the hop that made it; other 3-D
+transposes (attention's) are never taken for layout ones.
 """
 
 from __future__ import annotations
@@ -21,7 +27,7 @@ import copy
 from dataclasses import dataclass, field
 from typing import SupportsInt
 
-from tracelog.ir import AttrValue, ConstData, Graph, Node, TensorType, Value
+from tracelog.ir import AttrValue, ConstData, Dim, Graph, Node, TensorType, Value
 from tracelog.ops import traits_of
 
 TO_NHWC = [0, 2, 3, 1]
@@ -49,10 +55,32 @@ def _permute(ty: TensorType, perm: list[int]) -> TensorType:
     return TensorType(ty.dtype, tuple(ty.shape[p] for p in perm))
 
 
+def _layout_perm(direction: list[int], rank: int) -> list[int]:
+    """The permutation of rank ``rank`` that moves channels the way the 4-D
+    ``direction`` (TO_NHWC or TO_NCHW) does."""
+    if direction == TO_NHWC:
+        return [0, *range(2, rank), 1]
+    return [0, rank - 1, *range(1, rank - 1)]
+
+
 class _Rewriter:
     def __init__(self, graph: Graph, suffix: str) -> None:
         self.g = copy.deepcopy(graph)
         self.suffix = suffix  # names the values the pass makes, by their layout
+        # the 3-D layout transposes the pass made: output name -> 4-D direction
+        self.directions: dict[str, tuple[int, ...]] = {}
+
+    def layout_rank(self, n: Node | None, direction: list[int]) -> int:
+        """The rank of n's input where n is a layout transpose going the 4-D
+        ``direction`` (4, or 3 for one a hop made); 0 otherwise."""
+        if n is None or n.op != "Transpose" or "perm" not in n.attrs:
+            return 0
+        rank = _rank(self.g, n.inputs[0])
+        if rank not in (3, 4) or n.ints_attr("perm") != _layout_perm(direction, rank):
+            return 0
+        if rank == 3 and self.directions.get(n.outputs[0]) != tuple(direction):
+            return 0
+        return rank
 
     def fresh(self, base: str, ty: TensorType) -> str:
         name, k = f"{base}_{self.suffix}", 1
@@ -62,10 +90,19 @@ class _Rewriter:
         self.g.values[name] = Value(name, ty, "node")
         return name
 
-    def transpose(self, src: str, perm: list[int], out: str | None, like: Node) -> tuple[Node, str]:
+    def transpose(
+        self,
+        src: str,
+        perm: list[int],
+        out: str | None,
+        like: Node,
+        direction: list[int] | None = None,
+    ) -> tuple[Node, str]:
         ty = _permute(self.g.values[src].type, perm)
         if out is None:
             out = self.fresh(src, ty)
+        if direction is not None and len(perm) == 3:
+            self.directions[out] = tuple(direction)
         node = Node(
             "Transpose",
             [src],
@@ -116,7 +153,7 @@ def to_channels_last(graph: Graph) -> tuple[Graph, LayoutReport]:
 
     # 2. push NCHW-bound transposes down, cancel inverse pairs, to a fixed point
     _sink(rw, TO_NCHW)
-    report = _report(g, into=TO_NHWC, back=TO_NCHW, source_layout="NCHW")
+    report = _report(rw, into=TO_NHWC, back=TO_NCHW, source_layout="NCHW")
     report.changed = True
     return g, report
 
@@ -133,7 +170,7 @@ def to_channels_first(graph: Graph) -> tuple[Graph, LayoutReport]:
     if not any(_is_perm(n, TO_NHWC) and _rank(g, n.outputs[0]) == 4 for n in g.nodes):
         return g, LayoutReport()
     _sink(rw, TO_NHWC)
-    report = _report(g, into=TO_NCHW, back=TO_NHWC, source_layout="NHWC")
+    report = _report(rw, into=TO_NCHW, back=TO_NHWC, source_layout="NHWC")
     report.changed = sum(1 for n in g.nodes if n.op == "Transpose") != before
     return g, report
 
@@ -226,22 +263,25 @@ def _cancel(rw: _Rewriter) -> bool:
     return _rename_inputs(rw.g, rename)
 
 
-def _static(ty: TensorType) -> bool:
-    return all(isinstance(d, int) for d in ty.shape)
+def _nearly_static(ty: TensorType) -> bool:
+    """At most one dim is a symbol: a Reshape can make the shape, -1 there."""
+    return sum(not isinstance(d, int) for d in ty.shape) <= 1
 
 
-def _relaid_shape(ty: TensorType, back: list[int]) -> list[int] | None:
+def _relaid_shape(ty: TensorType, back: list[int]) -> list[Dim] | None:
     """The shape b' of a broadcast operand b such that op(T(a), b) equals
     T(op(a, b')) for the transpose T = back, when a Reshape makes it (its
-    non-1 dims keep their order); None when it cannot."""
-    if not _static(ty) or len(ty.shape) > 4:
+    non-1 dims keep their order; a batch-sized dropout mask too); None when
+    it cannot."""
+    rank = len(back)
+    if not _nearly_static(ty) or len(ty.shape) > rank:
         return None
-    e = [1] * (4 - len(ty.shape)) + [int(d) for d in ty.shape]
+    e: list[Dim] = [*([1] * (rank - len(ty.shape))), *ty.shape]
     inv = _inverse(back)
-    order = [inv[j] for j in range(4) if e[inv[j]] != 1]
+    order = [inv[j] for j in range(rank) if e[inv[j]] != 1]
     if order != sorted(order):
         return None
-    return [e[inv[j]] for j in range(4)]
+    return [e[inv[j]] for j in range(rank)]
 
 
 def _const(rw: _Rewriter, base: str, data: list[int]) -> str:
@@ -274,7 +314,7 @@ def _relay_operand(
     out = rw.fresh(name, TensorType(ty.dtype, tuple(shape)))
     reshape = Node(
         "Reshape",
-        [name, _const(rw, name + "_shape", shape)],
+        [name, _const(rw, name + "_shape", [d if isinstance(d, int) else -1 for d in shape])],
         [out],
         {},
         module=n.module,
@@ -300,23 +340,27 @@ class _Pushed:
     attrs: dict[str, AttrValue]
     transpose_out: bool = True
     pre: list[Node] = field(default_factory=list)
+    out_perm: list[int] | None = None  # T's perm after op', where op' changes the rank
 
 
 def _push(rw: _Rewriter, back: list[int]) -> bool:
     """op(T(a), ...) -> T(op'(a, ...)) for the transpose T = back: element-wise
     ops (broadcast operands re-laid by a Reshape), reductions and Squeeze over
-    constant axes, Concat, constant Pad, Resize over listed axes, Softmax."""
+    constant axes, Concat, constant Pad, Slice of constant axes, Resize over
+    listed axes, Softmax."""
     g = rw.g
     prod = rw.producers()
     for idx, n in enumerate(g.nodes):
         if not n.outputs or not n.inputs:
             continue
-        # per input: the input of the transpose T that made it, or None
-        untransposed = [_untransposed(g, prod.get(i), i, back) for i in n.inputs]
-        read_through = [u is not None for u in untransposed]
-        if not read_through[0] and not (_has(n, "elementwise") and any(read_through)):
+        # per input: the rank and input of the transpose T that made it, or (0, None)
+        found = [_untransposed(rw, prod.get(i), back) for i in n.inputs]
+        ranks = {r for r, _ in found if r}
+        if len(ranks) != 1 or (not found[0][0] and not _has(n, "elementwise")):
             continue
-        pushed = _pushed(rw, n, untransposed, back)
+        rank = ranks.pop()
+        untransposed = [u if r == rank else None for r, u in found]
+        pushed = _pushed(rw, n, untransposed, _layout_perm(back, rank))
         if pushed is None:
             continue
         g.nodes[idx : idx + 1] = _before_transpose(rw, n, pushed, back)
@@ -333,7 +377,7 @@ def _hoist(rw: _Rewriter, into: list[int]) -> bool:
     prod, uses = rw.producers(), rw.consumers()
     outputs = {o.name for o in g.outputs}
     for t in g.nodes:
-        if not _is_perm(t, into) or _rank(g, t.inputs[0]) != 4:
+        if not rw.layout_rank(t, into):
             continue
         n = prod.get(t.inputs[0])
         if n is None or n.outputs[0] in outputs or len(uses.get(n.outputs[0], [])) != 1:
@@ -355,12 +399,14 @@ def _hoisted(rw: _Rewriter, n: Node, t: Node, into: list[int]) -> list[Node] | N
     g = rw.g
     if len(n.outputs) != 1:
         return None
-    relay = _inverse(into)  # op(T^-1(c), b) = T^-1(op(c, b')): b' laid out as T's output
-    if _has(n, "elementwise") and _rank(g, n.outputs[0]) == 4:
-        data = [i for i in n.inputs if _rank(g, i) == 4 and g.values[i].kind != "const"]
+    rank = _rank(g, t.inputs[0])
+    perm = _layout_perm(into, rank)
+    relay = _inverse(perm)  # op(T^-1(c), b) = T^-1(op(c, b')): b' laid out as T's output
+    if _has(n, "elementwise") and _rank(g, n.outputs[0]) == rank:
+        data = [i for i in n.inputs if _rank(g, i) == rank and g.values[i].kind != "const"]
         if len(data) != 1 or not all(_can_relay(g, i, relay) for i in n.inputs if i not in data):
             return None
-        t_in, moved = rw.transpose(data[0], into, None, n)
+        t_in, moved = rw.transpose(data[0], perm, None, n, into)
         pre: list[Node] = [t_in]
         inputs = [
             moved if i in data else _relay_operand(rw, n, i, None, relay, pre) for i in n.inputs
@@ -368,11 +414,24 @@ def _hoisted(rw: _Rewriter, n: Node, t: Node, into: list[int]) -> list[Node] | N
         attrs = dict(n.attrs)
     elif not n.domain and n.op == "Resize" and "axes" in n.attrs and n.inputs[1:2] in ([], [""]):
         # axis a of x is axis relay[a] of T(x) (scales/sizes stay paired)
-        axes = [relay[a % 4] for a in n.ints_attr("axes")]
+        axes = [relay[a % rank] for a in n.ints_attr("axes")]
         if axes != sorted(axes):
             return None
-        t_in, moved = rw.transpose(n.inputs[0], into, None, n)
+        t_in, moved = rw.transpose(n.inputs[0], perm, None, n, into)
         pre, inputs, attrs = [t_in], [moved, *n.inputs[1:]], {**n.attrs, "axes": axes}
+    elif not n.domain and n.op == "Unsqueeze" and rank == 4 and len(n.inputs) == 2:
+        # T(Unsqueeze(x, a)) = Unsqueeze(T3(x), k): the 3-D layout transpose, then
+        # the size-1 axis inserted where T put axis a
+        inserted = _const_ints(g, n.inputs[1])
+        if inserted is None or len(inserted) != 1 or _rank(g, n.inputs[0]) != 3:
+            return None
+        a = inserted[0] % 4
+        q = [p - (p > a) for p in perm if p != a]
+        if q != _layout_perm(into, 3):
+            return None
+        t_in, moved = rw.transpose(n.inputs[0], q, None, n, into)
+        k = _const(rw, n.inputs[1], [perm.index(a)])
+        pre, inputs, attrs = [t_in], [moved, k], dict(n.attrs)
     else:
         return None
     op = copy.copy(n)
@@ -380,12 +439,11 @@ def _hoisted(rw: _Rewriter, n: Node, t: Node, into: list[int]) -> list[Node] | N
     return [*pre, op]
 
 
-def _untransposed(g: Graph, src: Node | None, name: str, back: list[int]) -> str | None:
-    """The input of the 4-D transpose ``back`` that made ``name`` (src, its
-    producer); None when something else made it."""
-    if src is not None and _is_perm(src, back) and _rank(g, name) == 4:
-        return src.inputs[0]
-    return None
+def _untransposed(rw: _Rewriter, src: Node | None, back: list[int]) -> tuple[int, str | None]:
+    """The rank and input of the layout transpose going ``back`` that is src
+    (a value's producer); (0, None) when something else made the value."""
+    rank = rw.layout_rank(src, back)
+    return (rank, src.inputs[0]) if rank and src is not None else (0, None)
 
 
 def _pushed(
@@ -395,7 +453,8 @@ def _pushed(
     g = rw.g
     by_name = "" if n.domain else n.op
     first = untransposed[0] if untransposed[0] is not None else ""
-    if _has(n, "elementwise") and _rank(g, n.outputs[0]) == 4:
+    rank = len(back)
+    if _has(n, "elementwise") and _rank(g, n.outputs[0]) == rank:
         return _push_elementwise(rw, n, untransposed, back)
     if _has(n, "reduction") and len(n.inputs) == 2 and (axes := _const_ints(g, n.inputs[1])):
         return _push_reduction(rw, n, first, axes, back)
@@ -403,17 +462,32 @@ def _pushed(
         return _push_squeeze(rw, n, first, axes, back)
     if by_name == "Concat" and None not in untransposed:
         inputs = [u for u in untransposed if u is not None]
-        return _Pushed(inputs, {**n.attrs, "axis": back[n.int_attr("axis") % 4]})
+        return _Pushed(inputs, {**n.attrs, "axis": back[n.int_attr("axis") % rank]})
     if by_name == "Pad" and len(n.inputs) >= 2 and (pads := _const_ints(g, n.inputs[1])):
         return _push_pad(rw, n, first, pads, back)
+    if by_name == "Slice" and len(n.inputs) >= 3:
+        # slicing axis a of T(x) is slicing axis back[a] of x
+        axes = _slice_axes(g, n)
+        if axes is None:
+            return None
+        new_axes = _const(rw, n.inputs[1] + "_axes", [back[a % rank] for a in axes])
+        return _Pushed([first, n.inputs[1], n.inputs[2], new_axes, *n.inputs[4:]], dict(n.attrs))
     if by_name in ("Softmax", "LogSoftmax") and len(n.inputs) == 1:
         # over axis a of T(x) is over axis back[a] of x
-        return _Pushed([first], {**n.attrs, "axis": back[n.int_attr("axis", -1) % 4]})
+        return _Pushed([first], {**n.attrs, "axis": back[n.int_attr("axis", -1) % rank]})
     if by_name == "Resize" and "axes" in n.attrs and not (len(n.inputs) > 1 and n.inputs[1]):
         # resizing axis a of T(x) is resizing axis back[a] of x (scales/sizes stay paired)
-        axes = [back[a % 4] for a in n.ints_attr("axes")]
+        axes = [back[a % rank] for a in n.ints_attr("axes")]
         return _Pushed([first, *n.inputs[1:]], {**n.attrs, "axes": axes})
     return None
+
+
+def _slice_axes(g: Graph, n: Node) -> list[int] | None:
+    """A Slice's constant axes (all of starts' when omitted); None when not constant."""
+    if len(n.inputs) > 3 and n.inputs[3]:
+        return _const_ints(g, n.inputs[3])
+    starts = _const_ints(g, n.inputs[1])
+    return None if starts is None else list(range(len(starts)))
 
 
 def _push_elementwise(
@@ -433,11 +507,12 @@ def _push_reduction(
 ) -> _Pushed | None:
     """A reduction over the permuted axes; with keepdims=0 no transpose
     follows, so the kept axes must stay in order."""
-    axes = [a % 4 for a in axes]
+    rank = len(back)
+    axes = [a % rank for a in axes]
     new_axes = sorted(back[a] for a in axes)
     transpose_out = True
     if n.int_attr("keepdims", 1) == 0:
-        kept = [back[i] for i in range(4) if i not in axes]
+        kept = [back[i] for i in range(rank) if i not in axes]
         if kept != sorted(kept):
             return None
         transpose_out = False
@@ -447,28 +522,35 @@ def _push_reduction(
 def _push_squeeze(
     rw: _Rewriter, n: Node, first: str, axes: list[int], back: list[int]
 ) -> _Pushed | None:
-    """A Squeeze of the permuted axes, where the axes left keep their order."""
-    axes = [a % 4 for a in axes]
-    kept = [back[i] for i in range(4) if i not in axes]
-    if kept != sorted(kept):
-        return None
+    """A Squeeze of the permuted axes; where the axes left are out of order
+    (a 1-D layer's Squeeze after its 2-D op), the 3-D layout transpose of
+    them follows."""
+    rank = len(back)
+    axes = [a % rank for a in axes]
+    kept = [back[i] for i in range(rank) if i not in axes]
     new_axes = _const(rw, n.inputs[1], sorted(back[a] for a in axes))
-    return _Pushed([first, new_axes], dict(n.attrs), transpose_out=False)
+    if kept == sorted(kept):
+        return _Pushed([first, new_axes], dict(n.attrs), transpose_out=False)
+    out_perm = [sorted(kept).index(k) for k in kept]
+    if rank != 4 or out_perm != _layout_perm(back, 3):
+        return None
+    return _Pushed([first, new_axes], dict(n.attrs), out_perm=out_perm)
 
 
 def _push_pad(
     rw: _Rewriter, n: Node, first: str, pads: list[int], back: list[int]
 ) -> _Pushed | None:
-    """A 4-D constant Pad with its pads permuted."""
-    if len(pads) != 8 or len(n.inputs) > 3:
+    """A constant Pad with its pads permuted."""
+    rank = len(back)
+    if len(pads) != 2 * rank or len(n.inputs) > 3:
         return None
-    new_pads = [0] * 8
-    for i in range(4):
-        new_pads[back[i]], new_pads[4 + back[i]] = pads[i], pads[4 + i]
+    new_pads = [0] * 2 * rank
+    for i in range(rank):
+        new_pads[back[i]], new_pads[rank + back[i]] = pads[i], pads[rank + i]
     return _Pushed([first, _const(rw, n.inputs[1], new_pads), *n.inputs[2:]], dict(n.attrs))
 
 
-def _before_transpose(rw: _Rewriter, n: Node, pushed: _Pushed, back: list[int]) -> list[Node]:
+def _before_transpose(rw: _Rewriter, n: Node, pushed: _Pushed, direction: list[int]) -> list[Node]:
     """The nodes that replace n: the Reshapes, op', and T of op''s output
     under n's output name (unless the op drops T)."""
     op = copy.copy(n)
@@ -476,9 +558,10 @@ def _before_transpose(rw: _Rewriter, n: Node, pushed: _Pushed, back: list[int]) 
     if not pushed.transpose_out:
         return [*pushed.pre, op]
     y = n.outputs[0]
-    y_new = rw.fresh(y, _permute(rw.g.values[y].type, _inverse(back)))
+    perm = pushed.out_perm or _layout_perm(direction, _rank(rw.g, y))
+    y_new = rw.fresh(y, _permute(rw.g.values[y].type, _inverse(perm)))
     op.outputs = [y_new, *n.outputs[1:]]
-    t_out, _ = rw.transpose(y_new, back, y, n)
+    t_out, _ = rw.transpose(y_new, perm, y, n, direction)
     return [*pushed.pre, op, t_out]
 
 
@@ -503,9 +586,10 @@ def _dead_code(g: Graph) -> None:
     g.values = {k: v for k, v in g.values.items() if k in used or v.kind != "node"}
 
 
-def _report(after: Graph, into: list[int], back: list[int], source_layout: str) -> LayoutReport:
+def _report(rw: _Rewriter, into: list[int], back: list[int], source_layout: str) -> LayoutReport:
     """The layout transposes left, and why: data entering in the source layout,
     or a value going back to it for an op that reads the layout."""
+    after = rw.g
     other = "NHWC" if source_layout == "NCHW" else "NCHW"
     report = LayoutReport()
     uses: dict[str, list[Node]] = {}
@@ -514,17 +598,16 @@ def _report(after: Graph, into: list[int], back: list[int], source_layout: str) 
             uses.setdefault(i, []).append(n)
     outputs = {o.name: o.role for o in after.outputs}
     for n in after.nodes:
-        if n.op != "Transpose" or _rank(after, n.inputs[0]) != 4:
+        src = after.values[n.inputs[0]] if n.inputs and n.inputs[0] in after.values else None
+        if src is None:
             continue
-        perm = n.ints_attr("perm", [])
-        src = after.values[n.inputs[0]]
-        if perm == into:
+        if rw.layout_rank(n, into):
             where = (
                 f"data input {src.name} enters {source_layout}"
                 if src.kind == "input"
                 else f"into {other} after {_producer_op(after, src.name)}"
             )
-        elif perm == back:
+        elif rw.layout_rank(n, back):
             readers = sorted(
                 {f"{u.qualified_op} at {u.module or '<root>'}" for u in uses.get(n.outputs[0], [])}
             )
