@@ -68,6 +68,35 @@ def test_every_node_agrees_with_onnx_reference(recorded, target: str) -> None:
     assert rows and not bad
 
 
+def test_function_bodies_formatted_in_pieces_are_blacks_text(
+    recorded, target: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Long graph functions are formatted a few statements at a time (black's
+    time per statement grows with the block): with pieces of 2 statements,
+    every program is still byte for byte black's text for the whole, and the
+    same text as unbroken formatting gives."""
+    import tracelog.emit.program as program
+
+    _, log_dir, _ = recorded
+    whole = tracelog.emit(log_dir, target, out=str(log_dir / "whole.py")).read_text()
+    program._formatted.cache_clear()
+    monkeypatch.setattr(program, "CHUNK_STATEMENTS", 2)
+    calls: list[int] = []
+    real_cuts = program._chunk_cuts
+
+    def cuts(text: str, lines: list[str], chunk: int) -> list[int]:
+        found = real_cuts(text, lines, 2)
+        calls.append(len(found))
+        return found
+
+    monkeypatch.setattr(program, "_chunk_cuts", cuts)
+    pieces = tracelog.emit(log_dir, target, out=str(log_dir / "pieces.py")).read_text()
+    program._formatted.cache_clear()
+    assert any(calls), "no function was long enough to be cut"
+    assert pieces == whole
+    assert format_source(pieces) == pieces
+
+
 def test_program_is_black_and_ruff_clean(recorded, target: str) -> None:
     """black at its defaults (88) and ruff's F and I rules, with no config;
     at another line length on request, black-clean at that length."""
