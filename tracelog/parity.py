@@ -76,8 +76,9 @@ def check_program(
     if any(c.name.endswith(" [float64]") for c in comparisons):
         title = (
             f"{path.name}: translation ([float64] rows: in float64 vs the float64 reference, "
-            f"within {TRANSLATION_RTOL:g} of each output's largest value) and float32 (vs the "
-            f"reference, within {FLOAT32_FACTOR:g}x the source's own float32 error: the ratio)"
+            f"within {TRANSLATION_RTOL:g} of each output's largest value) and the recorded "
+            f"dtypes (float32; bfloat16/float16 where the source ran them) vs the reference, "
+            f"within {FLOAT32_FACTOR:g}x the source's own error in them: the ratio"
         )
     else:
         title = f"{path.name} vs recorded batch (atol {atol:g}, rtol {rtol:g}; gradients atol {grad_atol:g})"
