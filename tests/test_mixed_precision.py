@@ -1,9 +1,10 @@
 """Issue 16 item 4: half precision runs in the dtypes the source ran in. A
-bfloat16 model (weights and data stored as bfloat16) and bfloat16 autocast
-(float32 weights, casts to bfloat16 around each matmul), and float16 autocast: the programs feed
-bfloat16 where the source fed it and compute each value in its recorded dtype;
-the ONNX target checks both, its recorded-dtype run on onnx.reference
-(onnxruntime's CPU provider has no bfloat16 arithmetic)."""
+bfloat16 model (weights and data stored as bfloat16), bfloat16 autocast
+(float32 weights, casts to bfloat16 around each matmul) and float16 autocast:
+the programs feed bfloat16 where the source fed it and compute each value in
+its recorded dtype; the ONNX target checks them all, a bfloat16 log's
+recorded-dtype run on onnx.reference (onnxruntime's CPU provider has no
+bfloat16 arithmetic)."""
 
 from __future__ import annotations
 
