@@ -81,6 +81,77 @@ def test_hf_trainer_translates(hf_run: Path, target: str) -> None:
     _check(hf_run, target)
 
 
+def _hf_trainer(model: Any, out: Path, scratch: str, **options: Any) -> Any:
+    """A Trainer on the example's sequences, one optimizer step per batch of 4."""
+    from transformers import Trainer, TrainingArguments
+
+    from tracelog.transformers import TracelogCallback
+
+    example = _example("hf_trainer_gpt2")
+    args = TrainingArguments(
+        output_dir=scratch,
+        num_train_epochs=1,
+        per_device_train_batch_size=4,
+        per_device_eval_batch_size=4,
+        learning_rate=1e-3,
+        save_strategy="no",
+        logging_strategy="no",
+        report_to=[],
+        remove_unused_columns=False,
+        use_cpu=True,
+        disable_tqdm=True,
+        seed=0,
+        **options,
+    )
+    return Trainer(
+        model=model,
+        args=args,
+        train_dataset=example.sequences(16, 1),
+        eval_dataset=example.sequences(8, 2),
+        callbacks=[TracelogCallback(out, overwrite=True)],
+    )
+
+
+def test_hf_step_that_raises_loses_nothing_recorded(tmp_path: Path) -> None:
+    """The model's forward raises in the 4th step: train() raises it, the
+    three steps before are on disk (an interrupted log that checks), the
+    failed step is counted unrecorded, and no recording outlives train()."""
+    pytest.importorskip("transformers", reason="the Hugging Face callback needs transformers")
+    pytest.importorskip("accelerate", reason="transformers' Trainer needs accelerate (dev extra)")
+    import tempfile
+
+    import torch
+    from torch.utils._python_dispatch import _get_current_dispatch_mode_stack
+    from transformers import GPT2Config, GPT2LMHeadModel
+
+    class Raising(GPT2LMHeadModel):
+        calls = 0
+
+        def forward(self, input_ids: Any = None, labels: Any = None, **kw: Any) -> Any:
+            Raising.calls += 1
+            if Raising.calls == 4:
+                raise RuntimeError("out of memory (simulated)")
+            return super().forward(input_ids=input_ids, labels=labels, **kw)
+
+    logging.getLogger("transformers").setLevel(logging.ERROR)
+    torch.manual_seed(0)
+    config = GPT2Config(vocab_size=64, n_positions=32, n_embd=32, n_layer=2, n_head=2)
+    out = tmp_path / "log"
+    with tempfile.TemporaryDirectory() as scratch:
+        trainer = _hf_trainer(Raising(config), out, scratch)
+        with pytest.raises(RuntimeError, match="simulated"):
+            trainer.train()
+    assert _get_current_dispatch_mode_stack() == []  # nothing records any more
+    log = tracelog.load(out)  # read now, in the same process: nothing waits for exit
+    assert log.interrupted
+    assert [(e.kind, e.usage.batches) for e in log.entries_sorted()] == [
+        ("prediction", 3),
+        ("loss", 3),
+    ]
+    assert (log.recorded, log.unrecorded) == (3, 1)
+    _check(out, "tensorflow")
+
+
 # -- Lightning: a submodule, self.log(on_epoch=True), torchmetrics, validation -------------
 @pytest.fixture(scope="module")
 def lightning_run(tmp_path_factory: pytest.TempPathFactory) -> Path:

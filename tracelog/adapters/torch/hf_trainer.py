@@ -11,13 +11,16 @@ the last (the optimizer step falls inside, in neither graph; the optimizer
 steps are counted beside the batches). The evaluation loop has no hook before
 a batch: each forward of the model in eval mode outside a training window is
 an eval batch of its own. Recording fails open: a problem in it never stops
-training.
+training. A step whose model forward raises (the Trainer has no hook for it)
+ends its window there, counted unrecorded, and the log is checkpointed: what
+was recorded before is on disk, and no recording outlives ``train()``.
 """
 
 from __future__ import annotations
 
 import logging
 import os
+import sys
 from typing import Any
 
 from tracelog.adapters.base import describe
@@ -53,6 +56,7 @@ class TracelogCallback(TrainerCallback):
         self.options = options
         self.listener: TorchListener | None = None
         self._open: Any = None
+        self._raised_hook: Any = None
 
     def on_train_begin(self, args: Any, state: Any, control: Any, **kwargs: Any) -> None:
         model = kwargs.get("model")
@@ -61,6 +65,24 @@ class TracelogCallback(TrainerCallback):
         # a log already in log_dir raises here, before training (LogExistsError)
         self.listener = TorchListener(model, self.log_dir, **self.options)
         self.listener.eval_windows = self.record_eval
+        # after the listener's own hooks: they have seen the forward end
+        self._raised_hook = model.register_forward_hook(self._after_forward, always_call=True)
+
+    def _after_forward(self, module: Any, args: Any, output: Any) -> None:
+        """The model's forward ended; if by an exception (always_call hooks run
+        inside torch's except block), end the step's window with it and
+        checkpoint, as train() is about to raise."""
+        error = sys.exc_info()[1]
+        listener = self.listener
+        if error is None or listener is None or listener.closed:
+            return
+        cm, self._open = self._open, None
+        try:
+            if cm is not None:
+                listener.close_batch(cm, error)
+            listener.writer.checkpoint()
+        except Exception as e:  # fail open: the user's error propagates, not ours
+            logger.warning("tracelog: checkpoint after a failed step: %s", describe(e))
 
     def on_epoch_begin(self, args: Any, state: Any, control: Any, **kwargs: Any) -> None:
         if self.listener is not None:
@@ -79,6 +101,9 @@ class TracelogCallback(TrainerCallback):
 
     def on_train_end(self, args: Any, state: Any, control: Any, **kwargs: Any) -> None:
         self._close_window()
+        if self._raised_hook is not None:
+            self._raised_hook.remove()
+            self._raised_hook = None
         if self.listener is not None:
             self.listener.close()
 
