@@ -81,7 +81,9 @@ def test_hf_trainer_translates(hf_run: Path, target: str) -> None:
     _check(hf_run, target)
 
 
-def _hf_trainer(model: Any, out: Path, scratch: str, **options: Any) -> Any:
+def _hf_trainer(
+    model: Any, out: Path, scratch: str, *, record_after_train: bool = False, **options: Any
+) -> Any:
     """A Trainer on the example's sequences, one optimizer step per batch of 4."""
     from transformers import Trainer, TrainingArguments
 
@@ -108,8 +110,42 @@ def _hf_trainer(model: Any, out: Path, scratch: str, **options: Any) -> Any:
         args=args,
         train_dataset=example.sequences(16, 1),
         eval_dataset=example.sequences(8, 2),
-        callbacks=[TracelogCallback(out, overwrite=True)],
+        callbacks=[TracelogCallback(out, overwrite=True, record_after_train=record_after_train)],
     )
+
+
+@pytest.mark.parametrize("after", [True, False], ids=["record_after_train", "default"])
+def test_hf_evaluate_and_predict_after_train(tmp_path: Path, after: bool) -> None:
+    """With record_after_train, trainer.evaluate() and trainer.predict() after
+    train() count as eval batches, the log complete after each; by default
+    the log is closed when train() ends."""
+    pytest.importorskip("transformers", reason="the Hugging Face callback needs transformers")
+    pytest.importorskip("accelerate", reason="transformers' Trainer needs accelerate (dev extra)")
+    import tempfile
+
+    import torch
+    from transformers import GPT2Config, GPT2LMHeadModel
+
+    logging.getLogger("transformers").setLevel(logging.ERROR)
+    torch.manual_seed(0)
+    config = GPT2Config(vocab_size=64, n_positions=32, n_embd=32, n_layer=2, n_head=2)
+    out = tmp_path / "log"
+    with tempfile.TemporaryDirectory() as scratch:
+        trainer = _hf_trainer(GPT2LMHeadModel(config), out, scratch, record_after_train=after)
+        (callback,) = [c for c in trainer.callback_handler.callbacks if hasattr(c, "listener")]
+        trainer.train()
+        assert _rows(out) == [("prediction", "train", 4), ("loss", "train", 4)]
+        trainer.evaluate()  # 8 sequences: 2 batches
+        eval_rows = [("prediction", "eval", 2), ("loss", "eval", 2)] if after else []
+        assert _rows(out) == [("prediction", "train", 4), ("loss", "train", 4), *eval_rows]
+        assert not tracelog.load(out).interrupted
+        trainer.predict(_example("hf_trainer_gpt2").sequences(8, 3))
+        eval_rows = [("prediction", "eval", 4), ("loss", "eval", 4)] if after else []
+        assert _rows(out) == [("prediction", "train", 4), ("loss", "train", 4), *eval_rows]
+        assert not tracelog.load(out).interrupted
+    callback.close()
+    assert callback.listener.closed and not tracelog.load(out).interrupted
+    assert tracelog.load(out).optimizer_steps == 4
 
 
 def test_hf_step_that_raises_loses_nothing_recorded(tmp_path: Path) -> None:
