@@ -5,10 +5,11 @@ With ``--accumulate 2`` each ``listener.batch()`` window holds two micro-batches
 of the graphs' counts, the optimizer steps are counted beside them, and the
 sample is one micro-batch with its own gradients. With ``--bf16`` the forward
 and the loss run under ``torch.autocast("cpu", dtype=torch.bfloat16)``: the
-casts autocast inserts are ops of the graphs, and the programs run them.
+casts autocast inserts are ops of the graphs, and the targets run them: in
+bfloat16 where torch ran bfloat16.
 
     python examples/accumulate_autocast.py --out runs/accum --accumulate 2 --targets tensorflow jax onnx
-    python examples/accumulate_autocast.py --out runs/bf16 --bf16 --targets tensorflow jax
+    python examples/accumulate_autocast.py --out runs/bf16 --bf16 --targets tensorflow jax onnx
 """
 
 from __future__ import annotations

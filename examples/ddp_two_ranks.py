@@ -13,6 +13,8 @@ one per rank), the optimizer steps the global steps, ``trace.json`` says the
 world size, and the sample's gradients are rank 0's own micro-batch's (taken
 before DDP's all-reduce), so ``tracelog check`` compares like with like.
 ``--ranks all`` records every rank, each into ``OUT/rank<N>``.
+``--find-unused-parameters`` (with a layer the forward never calls) and
+``--static-graph`` pass DDP's options of those names.
 """
 
 from __future__ import annotations
@@ -34,24 +36,38 @@ FEATURES, CLASSES = 16, 4
 
 
 class Net(nn.Module):
-    def __init__(self) -> None:
+    def __init__(self, unused: bool = False) -> None:
         super().__init__()
         self.fc1 = nn.Linear(FEATURES, 32)
         self.drop = nn.Dropout(0.1)
         self.fc2 = nn.Linear(32, CLASSES)
+        if unused:  # parameters no forward reaches: what find_unused_parameters is for
+            self.spare = nn.Linear(32, CLASSES)
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         return self.fc2(self.drop(torch.relu(self.fc1(x))))
 
 
-def train(out: Path, *, steps: int = 3, accumulate: int = 1, ranks: str = "0") -> None:
+def train(
+    out: Path,
+    *,
+    steps: int = 3,
+    accumulate: int = 1,
+    ranks: str = "0",
+    find_unused_parameters: bool = False,
+    static_graph: bool = False,
+) -> None:
     """``steps`` optimizer steps of ``accumulate`` micro-batches of 8 rows per
     rank (the last micro-batch of a step all-reduces, the others run under
     ``no_sync``), then one eval batch."""
     dist.init_process_group("gloo")
     rank, world = dist.get_rank(), dist.get_world_size()
     torch.manual_seed(0)  # the same initial weights on every rank (DDP broadcasts them too)
-    model = DDP(Net())
+    model = DDP(
+        Net(unused=find_unused_parameters),
+        find_unused_parameters=find_unused_parameters,
+        static_graph=static_graph,
+    )
     opt = torch.optim.SGD(model.parameters(), lr=0.1)
     g = torch.Generator().manual_seed(100 + rank)  # each rank its own shard
     data = [
@@ -93,10 +109,19 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--steps", type=int, default=3)
     p.add_argument("--accumulate", type=int, default=1, help="micro-batches per optimizer step")
     p.add_argument("--ranks", default="0", help="ranks that record: 0 (default), 0,1 or all")
+    p.add_argument("--find-unused-parameters", action="store_true", help="DDP's option")
+    p.add_argument("--static-graph", action="store_true", help="DDP's option")
     args = p.parse_args(argv)
     if "RANK" not in os.environ:
         p.error("run me with torchrun --nproc_per_node 2")
-    train(args.out, steps=args.steps, accumulate=args.accumulate, ranks=args.ranks)
+    train(
+        args.out,
+        steps=args.steps,
+        accumulate=args.accumulate,
+        ranks=args.ranks,
+        find_unused_parameters=args.find_unused_parameters,
+        static_graph=args.static_graph,
+    )
     return 0
 
 

@@ -105,3 +105,37 @@ def test_placement() -> None:
     for bad in ("some", True, [0.5]):
         with pytest.raises(ValueError, match="ranks must be"):
             placement(bad, "d", facts)  # type: ignore[arg-type]
+
+
+# DDP's options that change its reducer: unused parameters found each backward,
+# and a static graph (its first iteration synced: DDP itself asserts under
+# no_sync there, tracelog or not)
+@pytest.mark.parametrize(
+    "options, steps",
+    [
+        (["--find-unused-parameters", "--accumulate", "2"], 6),
+        (["--static-graph"], 3),
+    ],
+    ids=["find_unused_parameters", "static_graph"],
+)
+def test_ddp_options_record_as_plain_ddp(tmp_path: Path, options: list[str], steps: int) -> None:
+    out = tmp_path / "log"
+    _torchrun(out, "--steps", "3", *options)
+    log = tracelog.load(out)
+    assert log.unrecorded == 0, log.failures
+    rows = [(e.kind, e.phase, e.usage.batches) for e in log.entries_sorted()]
+    assert rows == [
+        ("prediction", "train", steps),
+        ("loss", "train", steps),
+        ("prediction", "eval", 1),
+        ("loss", "eval", 1),
+    ]
+    assert log.optimizer_steps == 3
+    assert own_gradients(out) < 1e-5
+    grads = {k for k in log.sample() if k.startswith("grad/")}
+    if "--find-unused-parameters" in options:
+        # the layer no forward reaches: a parameter of the log, with no gradient
+        assert "spare.weight" in {p["name"] for p in log.model["params"]}
+        assert not any("spare" in k for k in grads) and "grad/fc1.weight" in grads
+    pytest.importorskip("tensorflow", reason="the tensorflow target needs its framework")
+    assert_translated(tracelog.check(out, "tensorflow"))

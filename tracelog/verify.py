@@ -121,7 +121,12 @@ class SampleJudge:
     the source's typical float32 error, computed once for all of its rows."""
 
     def __init__(self, sample: dict[str, np.ndarray]) -> None:
-        self.sample = sample
+        # bfloat16 (ml_dtypes': not numpy kind "f") widened to float32, exactly,
+        # as the programs' _load reads it, so every target's rows judge alike
+        self.sample = {
+            k: v.astype(np.float32) if v.dtype.name == "bfloat16" else v for k, v in sample.items()
+        }
+        sample = self.sample
         self.parity = _parity()
         self.medians = self.parity._typical_scales(sample)
         self.typical = self.parity._typical_error(sample, self.medians)

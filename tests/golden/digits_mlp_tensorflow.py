@@ -81,6 +81,11 @@ def _as_const(array: np.ndarray) -> tf.Tensor:
     return tf.constant(array)
 
 
+def _bfloat16(bits: np.ndarray) -> np.ndarray:
+    """bfloat16 bit patterns (uint16) as the bfloat16 numpy dtype TF ships."""
+    return bits.view(tf.bfloat16.as_numpy_dtype)
+
+
 def _numpy(x: Any) -> np.ndarray:
     return np.asarray(x)
 
@@ -287,18 +292,22 @@ def sample_step(params, sample):
     return outputs, loss
 
 
-def _load(path: str) -> dict[str, np.ndarray]:
+def _load(path: str, narrow: bool = False) -> dict[str, Any]:
     """A safetensors file's arrays. bfloat16 is widened to float32, which holds
-    it exactly (its bits are a float32's upper half): a bfloat16 log's program
-    runs in float32 and in float64, against the float64 reference."""
+    it exactly (its bits are a float32's upper half), for comparisons and the
+    float64 run; with `narrow`, it stays bfloat16 (_bfloat16: the framework's
+    own), so the program runs in the dtypes the source ran in."""
     with open(path, "rb") as f:
         data = f.read()
     arrays = {}
     for name, view in deserialize(data):
         if view["dtype"] == "BF16":
-            bits = np.frombuffer(view["data"], dtype="<u2").astype(np.uint32) << 16
+            bits = np.frombuffer(view["data"], dtype="<u2").reshape(view["shape"])
+            if narrow:
+                arrays[name] = _bfloat16(bits.copy())
+                continue
             # a string: np.float32 means float64 in _in_float64
-            array = bits.view("<f4")
+            array = (bits.astype(np.uint32) << 16).view("<f4")
         else:
             array = np.frombuffer(
                 view["data"], dtype=STORED_DTYPES[view["dtype"]]
@@ -322,8 +331,9 @@ def _terms(source: np.ndarray, ref: np.ndarray, median: float) -> float:
 
 def load_params(path: str) -> dict[str, Any]:
     """Read weights.safetensors: parameters as trainable objects of this
-    framework, buffers as plain tensors, large constants by key."""
-    arrays = _load(path)
+    framework, buffers as plain tensors, large constants by key, each in the
+    dtype it was stored in."""
+    arrays = _load(path, narrow=True)
     params = {
         name: _as_param(arrays[name], trainable) for name, trainable in PARAMETERS
     }
@@ -427,10 +437,10 @@ def _promoted(arrays: dict[str, np.ndarray]) -> dict[str, np.ndarray]:
 
 
 def sample_params(log_dir: str, float64: bool = False) -> dict[str, Any]:
-    """The parameters and buffers as they were when the sample batch ran (in
-    float64 for the translation check)."""
-    sample = _load(os.path.join(log_dir, "sample.safetensors"))
-    weights = _load(os.path.join(log_dir, "weights.safetensors"))
+    """The parameters and buffers as they were when the sample batch ran, in
+    their recorded dtypes (in float64 for the translation check)."""
+    sample = _load(os.path.join(log_dir, "sample.safetensors"), narrow=not float64)
+    weights = _load(os.path.join(log_dir, "weights.safetensors"), narrow=not float64)
     if float64:
         sample, weights = _promoted(sample), _promoted(weights)
     params = {}
@@ -590,8 +600,10 @@ def check_parity(
     Where the sample holds a float64 reference (ref64/ entries), two checks:
     the translation (this program in float64 against the reference, rows
     "... [float64]", within TRANSLATION_RTOL), the verdict on correctness; and
-    float32 (this program in float32 against the reference, within
-    FLOAT32_FACTOR of the source's own float32 error: _calibrated). Without a
+    the recorded-dtype run (this program in the dtypes the source ran in:
+    float32, and bfloat16 or float16 where the source fed or cast to them)
+    against the reference, within FLOAT32_FACTOR of the source's own error in
+    those dtypes: _calibrated. Without a
     reference (logs from before it, or a replay that failed): this program in
     float32 against the recorded float32 values within atol/rtol (gradients:
     grad_atol)."""
@@ -604,9 +616,11 @@ def check_parity(
     params = sample_params(log_dir)
     medians = _typical_scales(sample)
     typical = _typical_error(sample, medians)
+    # fed as the source fed them: bfloat16 data stays bfloat16
+    feeds = _load(os.path.join(log_dir, "sample.safetensors"), narrow=True)
 
     def step(p: dict[str, Any]) -> tuple[Any, Any]:
-        return sample_step(p, sample)
+        return sample_step(p, feeds)
 
     runs = _runs(step, params, trainable)
     if has_reference:

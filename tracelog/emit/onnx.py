@@ -173,10 +173,13 @@ def _graph_nodes(graph: Graph, replay_masks: bool) -> tuple[list[Any], dict[str,
             k: _attr(node.op, k, v, graph, node.outputs, node.domain)
             for k, v in (given or node.attrs).items()
         }
+        inputs = list(node.inputs)
+        if node.op == "Dropout" and len(inputs) > 1 and inputs[1]:
+            inputs[1] = _float_ratio(inputs[1], graph, node_name, nodes)
         nodes.append(
             helper.make_node(
                 node.op,
-                node.inputs,
+                inputs,
                 node.outputs,
                 name=node_name,
                 doc_string=doc_string,
@@ -205,6 +208,18 @@ def _attr(op: str, key: str, value: Any, graph: Graph, outputs: list[str], domai
         dtype = graph.values[outputs[0]].type.dtype
         return onnx.numpy_helper.from_array(np.asarray([value], dtype=np.dtype(dtype)), "value")
     return value
+
+
+def _float_ratio(ratio: str, graph: Graph, name: str, nodes: list[Any]) -> str:
+    """Dropout's ratio as ONNX takes it (T1: float16, float, double): a
+    bfloat16 ratio (autocast's dropout on bfloat16 data) cast to float32,
+    which holds it exactly."""
+    if graph.values[ratio].type.dtype != "bfloat16":
+        return ratio
+    helper = _onnx().helper
+    cast = f"{name}/ratio"
+    nodes.append(helper.make_node("Cast", [ratio], [cast], to=onnx_dtype("float32"), name=cast))
+    return cast
 
 
 def _replayed_dropout(node: Any, mask: str, graph: Graph, name: str) -> list[Any]:

@@ -224,32 +224,46 @@ def check_model(log_dir: str | os.PathLike[str], *, atol: float, rtol: float) ->
 
     from tracelog.emit.runtime.parity import FLOAT32_FACTOR, TRANSLATION_RTOL
     from tracelog.sample import reference_key, sample_feeds
-    from tracelog.verify import Report, SampleJudge
+    from tracelog.verify import Report, SampleJudge, run_model
 
     onnx = _onnx()
     path = write_model(log_dir)
     onnx.checker.check_model(str(path), full_check=True)
     log = TraceLog.load(log_dir)
     model = build_model(log, replay_masks=True, params_as_inputs=True)
-    opts = ort.SessionOptions()
-    opts.log_severity_level = 3
-    sess = ort.InferenceSession(model.SerializeToString(), opts, providers=["CPUExecutionProvider"])
     sample = log.sample()
     feeds = sample_feeds(sample)
-    wanted = {i.name for i in sess.get_inputs()}
-    results = sess.run(None, {k: v for k, v in feeds.items() if k in wanted})
+    runtime = recorded_dtype_runtime(log)
+    if runtime == "onnxruntime":
+        opts = ort.SessionOptions()
+        opts.log_severity_level = 3
+        sess = ort.InferenceSession(
+            model.SerializeToString(), opts, providers=["CPUExecutionProvider"]
+        )
+        wanted = {i.name for i in sess.get_inputs()}
+        results = sess.run(None, {k: v for k, v in feeds.items() if k in wanted})
+    else:
+        # typed throughout: onnx.reference loads a context-dependent function op
+        # (Gelu's body depends on its input type) only where it knows the types
+        import onnx.inliner
+
+        typed = onnx.shape_inference.infer_shapes(onnx.inliner.inline_local_functions(model))
+        results = run_model(typed, feeds, runtime="reference")
+    run_by = (
+        "onnxruntime" if runtime == "onnxruntime" else "onnx.reference, in bfloat16 where logged"
+    )
     if any(k.startswith(reference_key("")) for k in sample):
         title = (
             f"{path.name}: translation ([float64] rows: the model in float64 on onnx.reference "
             f"vs the float64 reference, within {TRANSLATION_RTOL:g} of each output's largest "
-            f"value) and float32 (onnxruntime vs the reference, within {FLOAT32_FACTOR:g}x the "
-            "source's own float32 error: the ratio)"
+            f"value) and the recorded dtypes ({run_by}, vs the reference, within "
+            f"{FLOAT32_FACTOR:g}x the source's own error in them: the ratio)"
         )
         report = Report(title, translation_rows(log, sample))
     else:
-        title = f"{path.name} vs recorded batch, run by onnxruntime (atol {atol:g}, rtol {rtol:g})"
+        title = f"{path.name} vs recorded batch, run by {run_by} (atol {atol:g}, rtol {rtol:g})"
         report = Report(title)
-    roles = [out.name for out in sess.get_outputs()][:-1]  # the loss comes last
+    roles = [out.name for out in model.graph.output][:-1]  # the loss comes last
     judge = SampleJudge(sample)
     for role, value in zip(roles, results, strict=False):
         key = _sample_key(role)
@@ -263,6 +277,18 @@ def check_model(log_dir: str | os.PathLike[str], *, atol: float, rtol: float) ->
             log, None, log_dir, atol, rtol
         )
     return report
+
+
+def recorded_dtype_runtime(log: TraceLog) -> str:
+    """What runs a log's model in its recorded dtypes: onnxruntime, or
+    onnx.reference where a graph computes in bfloat16. onnxruntime's CPU
+    provider has no bfloat16 kernel for arithmetic (1.32: Add, Mul, Div, Gemm,
+    MatMul, Relu, Erf, Tanh, Exp, Sqrt, ReduceMean, Softmax, LogSoftmax, Conv
+    ...; data movement only); onnx.reference computes bfloat16 through
+    ml_dtypes, each op's result rounded to bfloat16 as the model declares."""
+    if any(v.type.dtype == "bfloat16" for g in log.graphs.values() for v in g.values.values()):
+        return "reference"
+    return "onnxruntime"
 
 
 def _sample_key(role: str) -> str | None:

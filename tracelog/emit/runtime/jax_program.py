@@ -29,6 +29,11 @@ def _as_const(array: np.ndarray) -> jax.Array:
     return jnp.asarray(array)
 
 
+def _bfloat16(bits: np.ndarray) -> np.ndarray:
+    """bfloat16 bit patterns (uint16) as jnp.bfloat16."""
+    return bits.view(jnp.bfloat16)
+
+
 def _numpy(x: Any) -> np.ndarray:
     return np.asarray(x)
 
@@ -138,7 +143,9 @@ def _dropout(x: jax.Array, rate: Any, rng: Any, key: str) -> tuple[jax.Array, ja
         raise ValueError("dropout in training mode needs rng: a jax.random key or recorded masks")
     else:
         mask = jax.random.bernoulli(rng, 1.0 - rate, x.shape).astype(x.dtype)
-    return x * (mask / (1.0 - rate)), mask > 0
+    # the scale in x's dtype, as ONNX's T: a numpy bfloat16 rate (a constant) in
+    # 1.0 - rate is numpy float32, which would widen a bfloat16 x
+    return x * (mask / (1.0 - jnp.asarray(rate, x.dtype))), mask > 0
 
 
 def _nll_loss(
@@ -428,4 +435,4 @@ def _rnn(
     return _recurrent(activation, x, w, r, b, [h0], direction, lens)
 
 
-INLINED = ("_as_param", "_as_const", "_numpy", "_value_and_grads", "_runs")
+INLINED = ("_as_param", "_as_const", "_bfloat16", "_numpy", "_value_and_grads", "_runs")

@@ -25,6 +25,11 @@ def _as_const(array: np.ndarray) -> tf.Tensor:
     return tf.constant(array)
 
 
+def _bfloat16(bits: np.ndarray) -> np.ndarray:
+    """bfloat16 bit patterns (uint16) as the bfloat16 numpy dtype TF ships."""
+    return bits.view(tf.bfloat16.as_numpy_dtype)
+
+
 def _numpy(x: Any) -> np.ndarray:
     return np.asarray(x)
 
@@ -523,4 +528,4 @@ def _rnn(
     return _recurrent(activation, x, w, r, b, [h0], direction, lens)
 
 
-INLINED = ("_as_param", "_as_const", "_numpy", "_value_and_grads")
+INLINED = ("_as_param", "_as_const", "_bfloat16", "_numpy", "_value_and_grads")

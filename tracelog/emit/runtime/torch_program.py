@@ -18,17 +18,31 @@ FLOAT_MODULES = ("torch",)
 Step = Callable[[dict[str, Any]], tuple[dict[str, Any], Any]]
 
 
-def _as_param(array: np.ndarray, trainable: bool) -> torch.Tensor:
-    tensor = torch.from_numpy(np.array(array))
+def _as_param(array: np.ndarray | torch.Tensor, trainable: bool) -> torch.Tensor:
+    tensor = _as_const(array)
     return torch.nn.Parameter(tensor) if trainable else tensor
 
 
-def _as_const(array: np.ndarray) -> torch.Tensor:
+def _as_const(array: np.ndarray | torch.Tensor) -> torch.Tensor:
+    if isinstance(array, torch.Tensor):  # bfloat16 (_bfloat16)
+        return array.clone()
+    if array.dtype.name == "bfloat16":  # ml_dtypes' (a log's sample as tracelog reads it)
+        return _bfloat16(np.asarray(array).view(np.uint16))
     return torch.from_numpy(np.array(array))
 
 
+def _bfloat16(bits: np.ndarray) -> torch.Tensor:
+    """bfloat16 bit patterns (uint16) as a torch.bfloat16 tensor (numpy has none)."""
+    return torch.from_numpy(bits.view(np.int16).copy()).view(torch.bfloat16)
+
+
 def _numpy(x: Any) -> np.ndarray:
-    return x.detach().cpu().numpy() if isinstance(x, torch.Tensor) else np.asarray(x)
+    if isinstance(x, torch.Tensor):
+        x = x.detach().cpu()
+        # numpy has no bfloat16: widened to float32, exactly (by name: in the
+        # float64 run, torch.bfloat16 reads as torch.float64)
+        return (x.float() if str(x.dtype) == "torch.bfloat16" else x).numpy()
+    return np.asarray(x)
 
 
 def _value_and_grads(step: Step, params: dict[str, Any], trainable: list[str]) -> tuple:
@@ -286,7 +300,7 @@ def _rnn(
 
 
 # Inlined into every program; every other function here is a helper, inlined on use.
-INLINED = ("_as_param", "_as_const", "_numpy", "_value_and_grads")
+INLINED = ("_as_param", "_as_const", "_bfloat16", "_numpy", "_value_and_grads")
 
 
 def _resize_axes(
