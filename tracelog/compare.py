@@ -729,6 +729,22 @@ def _run(log: TraceLog, sample: dict[str, np.ndarray], params: dict[str, np.ndar
     )
 
 
+def _feed_b(
+    wide: dict[str, np.ndarray], sb: dict[str, np.ndarray], fa: NormalForm, fb: NormalForm
+) -> dict[str, np.ndarray]:
+    """A's batch (float64) as B reads it: data inputs in B's layout, targets in
+    B's dtype."""
+    feed: dict[str, np.ndarray] = {}
+    for (na, sta), (nb, stb) in zip(fa.inputs, fb.inputs, strict=True):
+        x = np.transpose(wide[input_key(na)], np.argsort(sta.perm))  # A's, logical
+        feed[input_key(nb)] = np.ascontiguousarray(np.transpose(x, stb.perm))
+    for ta, tb in zip(fa.targets, fb.targets, strict=True):
+        key = target_key(tb) if target_key(tb) in sb else input_key(tb)
+        src = wide[target_key(ta) if target_key(ta) in wide else input_key(ta)]
+        feed[key] = src.astype(sb[key].dtype) if sb[key].dtype.kind != "f" else src
+    return feed
+
+
 def _parity(
     la: TraceLog, lb: TraceLog, fa: NormalForm, fb: NormalForm, pairs: list[Pair]
 ) -> list[Row]:
@@ -739,15 +755,8 @@ def _parity(
         raise LogError("the logs' data inputs or targets differ in number")
     wide = {k: (v.astype(np.float64) if v.dtype.kind == "f" else v) for k, v in sa.items()}
     feed_a = {k: v for k, v in wide.items() if k.startswith(("input/", "target/"))}
-    feed_b: dict[str, np.ndarray] = {}
     sb = lb.sample()
-    for (na, sta), (nb, stb) in zip(fa.inputs, fb.inputs, strict=True):
-        x = np.transpose(wide[input_key(na)], np.argsort(sta.perm))  # A's, logical
-        feed_b[input_key(nb)] = np.ascontiguousarray(np.transpose(x, stb.perm))
-    for ta, tb in zip(fa.targets, fb.targets, strict=True):
-        key = target_key(tb) if target_key(tb) in sb else input_key(tb)
-        src = wide[target_key(ta) if target_key(ta) in wide else input_key(ta)]
-        feed_b[key] = src.astype(sb[key].dtype) if sb[key].dtype.kind != "f" else src
+    feed_b = _feed_b(wide, sb, fa, fb)
     weights_a = {p.a.name: wide[f"param/{p.a.name}"] for p in pairs if f"param/{p.a.name}" in wide}
     weights_b = {
         p.b.name: from_canonical(to_canonical(weights_a[p.a.name], p.a.steps), p.b.steps)
@@ -760,6 +769,28 @@ def _parity(
             p.own_diff = float(np.abs(weights_b[p.b.name] - own).max(initial=0.0))
     pred_a, loss_a, grads_a = _run(la, feed_a, weights_a)
     pred_b, loss_b, grads_b = _run(lb, feed_b, weights_b)
+    rows = _prediction_rows(pred_a, pred_b, fa, fb)
+    rows.append(_row("loss", np.asarray(loss_b), np.asarray(loss_a)))
+    # A's run anchored to its source framework: its own float64 replay of the batch
+    for key, got in (("output/prediction", pred_a.get("prediction")), ("loss", loss_a)):
+        ref = sa.get(f"ref64/{key}")
+        if ref is not None and got is not None:
+            name = key.split("/")[-1] + f" [A vs {la.framework.get('name', 'source')} float64]"
+            rows.append(_row(name, np.asarray(got), np.asarray(ref, np.float64)))
+    for p in pairs:
+        ga, gb = grads_a.get(p.a.name), grads_b.get(p.b.name)
+        if ga is None and gb is None:
+            continue
+        ga = np.zeros(p.a.raw_shape) if ga is None else ga
+        gb = np.zeros(p.b.raw_shape) if gb is None else gb
+        back = from_canonical(to_canonical(gb, p.b.steps), p.a.steps)
+        rows.append(_row(f"grad {p.a.name}", back, ga))
+    return rows
+
+
+def _prediction_rows(
+    pred_a: dict[str, np.ndarray], pred_b: dict[str, np.ndarray], fa: NormalForm, fb: NormalForm
+) -> list[Row]:
     rows = []
     for role in sorted(pred_a):
         if not role.startswith("prediction") or role not in pred_b:
@@ -769,15 +800,6 @@ def _parity(
             want = np.transpose(want, np.argsort(fa.output.perm))
             got = np.transpose(got, np.argsort(fb.output.perm))
         rows.append(_row(role, got, want))
-    rows.append(_row("loss", np.asarray(loss_b), np.asarray(loss_a)))
-    for p in pairs:
-        ga, gb = grads_a.get(p.a.name), grads_b.get(p.b.name)
-        if ga is None and gb is None:
-            continue
-        ga = np.zeros(p.a.raw_shape) if ga is None else ga
-        gb = np.zeros(p.b.raw_shape) if gb is None else gb
-        back = from_canonical(to_canonical(gb, p.b.steps), p.a.steps)
-        rows.append(_row(f"grad {p.a.name}", back, ga))
     return rows
 
 
