@@ -83,6 +83,31 @@ def keras_mlp() -> Any:
     )
 
 
+class TorchGAP(nn.Module):
+    """Conv -> [BatchNorm] -> ReLU -> global average pool -> Linear."""
+
+    def __init__(self, bn: bool) -> None:
+        super().__init__()
+        self.conv = nn.Conv2d(1, 4, 3, padding=1)
+        self.bn = nn.BatchNorm2d(4) if bn else nn.Identity()
+        self.gap = nn.AdaptiveAvgPool2d(1)
+        self.fc = nn.Linear(4, CLASSES)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return self.fc(torch.flatten(self.gap(F.relu(self.bn(self.conv(x)))), 1))
+
+
+def keras_gap(bn: bool) -> Any:
+    layers = keras.layers
+    norm = [layers.BatchNormalization(epsilon=1e-5, momentum=0.9, name="bn")] if bn else []
+    return keras.Sequential(
+        [keras.Input((8, 8, 1)), layers.Conv2D(4, 3, padding="same", name="conv")]
+        + norm
+        + [layers.ReLU(), layers.GlobalAveragePooling2D(), layers.Dense(CLASSES, name="fc")],
+        name="gap",
+    )
+
+
 def copy_cnn(src: TorchCNN, dst: Any) -> None:
     """What a user porting by hand writes: OIHW -> HWIO, and the dense kernel's
     rows from torch's (C, H, W) flatten order to Keras' (H, W, C)."""
@@ -138,6 +163,20 @@ def logs(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Path]:
         out[name] = out[name] / "log"
     out["keras_mlp"] = tmp_path_factory.mktemp("keras_mlp") / "log"
     keras_record(kmlp, xm, y, out["keras_mlp"])
+    for bn in (False, True):
+        name = "bn" if bn else "gap"
+        torch.manual_seed(0)
+        net, model = TorchGAP(bn), keras_gap(bn)
+        model.get_layer("conv").set_weights(
+            [net.conv.weight.detach().numpy().transpose(2, 3, 1, 0), net.conv.bias.detach().numpy()]
+        )
+        model.get_layer("fc").set_weights(
+            [net.fc.weight.detach().numpy().T, net.fc.bias.detach().numpy()]
+        )
+        out[f"torch_{name}"] = tmp_path_factory.mktemp(f"torch_{name}")
+        record(net, out[f"torch_{name}"], batch, F.cross_entropy, eval_batches=0)
+        out[f"keras_{name}"] = tmp_path_factory.mktemp(f"keras_{name}") / "log"
+        keras_record(model, nhwc, y, out[f"keras_{name}"])
     return out
 
 
@@ -288,3 +327,28 @@ def test_help_has_examples(capsys) -> None:
         cli(["compare", "--help"])
     out = capsys.readouterr().out
     assert "examples:" in out and "--mapping" in out
+
+
+def test_global_pooling_and_a_flatten_of_ones(logs, capsys) -> None:
+    """torch: ReduceMean keeping dims, then a flatten of the 1x1; Keras: a
+    ReduceMean over NHWC's axes 1, 2 dropping them: one op, logical axes [2, 3]."""
+    from tracelog.compare import normal_form
+
+    ops = [normal_form(tracelog.load(logs[k])).ops for k in ("torch_gap", "keras_gap")]
+    assert [(o.op, o.attrs.get("axes")) for o in ops[0] if o.op == "ReduceMean"] == [
+        ("ReduceMean", [2, 3])
+    ]
+    assert [o.op for o in ops[0]] == [o.op for o in ops[1]]
+    code, out, err = _run(capsys, str(logs["torch_gap"]), str(logs["keras_gap"]))
+    assert code == 0 and "parity ok" in out, out + err
+
+
+def test_batch_norm_running_variance_convention_is_a_difference(logs, capsys) -> None:
+    """PyTorch's running variance takes the unbiased batch variance, Keras'
+    the biased one: the same forward, different buffers. It is reported at
+    the batch norm of both, not normalised away."""
+    code, out, err = _run(capsys, str(logs["torch_bn"]), str(logs["keras_bn"]))
+    line = next(x for x in out.splitlines() if "first difference" in x)
+    assert code == 1, out + err
+    assert "A bn (BatchNorm2d) BatchNormTraining unbiased 1" in line, line
+    assert "gap/bn (BatchNormalization) BatchNormTraining unbiased 0" in line, line

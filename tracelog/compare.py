@@ -202,7 +202,12 @@ class _Normaliser:
         return _ident(rank)
 
     def run(self) -> None:
+        read = {i for n in self.g.nodes for i in n.inputs}
         for n in self.g.nodes:
+            if not any(isinstance(self.state.get(i), _Act) for i in n.inputs) and not any(
+                o in read for o in n.outputs
+            ):
+                continue  # buffer bookkeeping (num_batches_tracked += 1): no data flows in or on
             self._node(n)
 
     def _node(self, n: Node) -> None:
@@ -262,6 +267,18 @@ class _Normaliser:
             self.state[out] = a
             return
         before, after = _shape(self.g, n.inputs[0]), _shape(self.g, n.outputs[0])
+        kept = [i for i, d in enumerate(before) if d != 1]
+        if (
+            a.order is None
+            and len(before) == len(a.perm)
+            and [before[i] for i in kept] == list(after)
+        ):
+            # only size-1 dims dropped (a flatten after global pooling): no op, same data
+            logical = [a.perm[i] for i in kept]
+            self.state[out] = _Act(
+                tuple(int(r) for r in np.argsort(np.argsort(logical))), None, a.op
+            )
+            return
         per = [int(d) for d in before[1:] if not isinstance(d, str)]
         if (
             len(before) >= 3
@@ -361,7 +378,18 @@ class _Normaliser:
         perm = first.perm if elementwise else _ident(len(_shape(self.g, n.outputs[0])))
         rank = len(_shape(self.g, n.inputs[0])) if n.inputs else 0
         attrs = _attrs(n, first.perm, rank)
-        if not elementwise and first.perm != _ident(len(first.perm)):
+        reduced: list[int] = []
+        if "reduction" in traits_of(n) and len(ins) > 1 and isinstance(ins[1], _Const):
+            # axes in the logical layout; the reduced dims leave the compared shape
+            # whether kept as size 1 or not (a Flatten after keepdims squeezes them)
+            reduced = [int(first.perm[a % rank]) for a in _ints(ins[1].value)]
+            attrs["axes"] = sorted(reduced)
+            attrs.pop("keepdims", None)
+            ins = ins[:1]
+            keep = n.attrs.get("keepdims", 1) != 0
+            left = [p for p in first.perm if p not in reduced] if not keep else list(first.perm)
+            perm = tuple(int(r) for r in np.argsort(np.argsort(left)))
+        elif not elementwise and first.perm != _ident(len(first.perm)):
             attrs["input layout"] = list(first.perm)
         params = []
         for k, s in enumerate(ins):
@@ -373,6 +401,8 @@ class _Normaliser:
             elif isinstance(s, _Const) and s.value is not None:
                 attrs[f"input {role}"] = s.value
         shape = self._logical(n.outputs[0], _Act(perm)) if n.outputs else []
+        if reduced and len(shape) == rank:
+            shape = [d for i, d in enumerate(shape) if i not in reduced]
         self._emit(n, n.op, attrs, shape, params)
         order = first.order if elementwise else None
         for o in n.outputs:
@@ -394,7 +424,8 @@ def _attrs(n: Node, perm: tuple[int, ...], rank: int) -> dict[str, Any]:
     schema = OPS.get((n.domain, n.op))
     if schema:
         attrs.update(dict(schema.defaults))
-    attrs.update({k: v for k, v in n.attrs.items() if k not in _IGNORED_ATTRS})
+    explicit = schema.explicit_attrs(n.attrs) if schema else dict(n.attrs)
+    attrs.update({k: v for k, v in explicit.items() if k not in _IGNORED_ATTRS})
     k = len(_ints(n.attrs.get("kernel_shape")))
     if k and n.op in _POOLS:
         attrs.setdefault("strides", [1] * k)
@@ -410,8 +441,9 @@ def _attrs(n: Node, perm: tuple[int, ...], rank: int) -> dict[str, Any]:
 
 
 def _plain(v: Any) -> Any:
-    if isinstance(v, float) and v == int(v) and abs(v) < 2**53:
-        return float(v)
+    if isinstance(v, float) and math.isfinite(v):
+        # at float32 precision: Keras stores epsilon=1e-5 as float32, PyTorch as a double
+        return float(np.float32(v))
     if isinstance(v, (list, tuple)):
         return [_plain(x) for x in v]
     return v
@@ -644,11 +676,24 @@ def _first_difference(fa: NormalForm, fb: NormalForm) -> Difference | None:
             return Difference(graph, k, "op", *((oa, None) if oa.graph == graph else (None, ob)))
         xa, xb = oa.facts(), ob.facts()
         for key in list(xa) + [k2 for k2 in xb if k2 not in xa]:
-            if xa.get(key) != xb.get(key):
+            if not _same(xa.get(key), xb.get(key)):
                 return Difference(oa.graph, k, key, oa, ob, xa.get(key), xb.get(key))
     if shapes_a != shapes_b:
         return Difference("prediction", 0, "input shapes", None, None, shapes_a, shapes_b)
     return None
+
+
+def _same(a: Any, b: Any) -> bool:
+    """Equal facts; in a shape, a symbolic dim other than the batch (a log that
+    found the spatial size free, "seq") matches any size."""
+    if isinstance(a, list) and isinstance(b, list) and len(a) == len(b):
+        return all(
+            x == y
+            or (isinstance(x, str) and x != "batch" and not isinstance(y, list))
+            or (isinstance(y, str) and y != "batch" and not isinstance(x, list))
+            for x, y in zip(a, b, strict=True)
+        )
+    return bool(a == b)
 
 
 def _logical_input(f: NormalForm, i: int) -> int:
