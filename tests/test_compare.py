@@ -108,6 +108,42 @@ def keras_gap(bn: bool) -> Any:
     )
 
 
+class TorchDepthwise(nn.Module):
+    def __init__(self) -> None:
+        super().__init__()
+        self.dw = nn.Conv2d(2, 4, 3, padding=1, groups=2)
+        self.fc = nn.Linear(4 * 8 * 8, CLASSES)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return self.fc(torch.flatten(torch.tanh(self.dw(x)), 1))
+
+
+def keras_depthwise() -> Any:
+    layers = keras.layers
+    return keras.Sequential(
+        [
+            keras.Input((8, 8, 2)),
+            layers.DepthwiseConv2D(3, depth_multiplier=2, padding="same", activation="tanh"),
+            layers.Flatten(),
+            layers.Dense(CLASSES, name="fc"),
+        ],
+        name="dw",
+    )
+
+
+def copy_depthwise(src: TorchDepthwise, dst: Any) -> None:
+    """torch (in * mult, 1, kh, kw), channel c * mult + m -> Keras (kh, kw, in, mult)."""
+    w = src.dw.weight.detach().numpy().reshape(2, 2, 3, 3).transpose(2, 3, 0, 1)
+    dst.layers[0].set_weights([w, src.dw.bias.detach().numpy()])
+    fc = src.fc.weight.detach().numpy()
+    dst.get_layer("fc").set_weights(
+        [
+            fc.reshape(CLASSES, 4, 8, 8).transpose(2, 3, 1, 0).reshape(-1, CLASSES),
+            src.fc.bias.detach().numpy(),
+        ]
+    )
+
+
 def copy_cnn(src: TorchCNN, dst: Any) -> None:
     """What a user porting by hand writes: OIHW -> HWIO, and the dense kernel's
     rows from torch's (C, H, W) flatten order to Keras' (H, W, C)."""
@@ -163,6 +199,14 @@ def logs(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Path]:
         out[name] = out[name] / "log"
     out["keras_mlp"] = tmp_path_factory.mktemp("keras_mlp") / "log"
     keras_record(kmlp, xm, y, out["keras_mlp"])
+    torch.manual_seed(0)
+    dw, kdw = TorchDepthwise(), keras_depthwise()
+    copy_depthwise(dw, kdw)
+    out["torch_dw"] = tmp_path_factory.mktemp("torch_dw")
+    x2 = rng.standard_normal((N, 2, 8, 8)).astype(np.float32)
+    record(dw, out["torch_dw"], [(torch.from_numpy(x2), batch[0][1])], F.cross_entropy)
+    out["keras_dw"] = tmp_path_factory.mktemp("keras_dw") / "log"
+    keras_record(kdw, x2.transpose(0, 2, 3, 1), y, out["keras_dw"])
     for bn in (False, True):
         name = "bn" if bn else "gap"
         torch.manual_seed(0)
@@ -352,3 +396,14 @@ def test_batch_norm_running_variance_convention_is_a_difference(logs, capsys) ->
     assert code == 1, out + err
     assert "A bn (BatchNorm2d) BatchNormTraining unbiased 1" in line, line
     assert "gap/bn (BatchNormalization) BatchNormTraining unbiased 0" in line, line
+
+
+def test_depthwise_kernel_maps_through_its_reshape(logs, capsys) -> None:
+    """Keras' (kh, kw, in, mult) depthwise kernel reaches its Conv through a
+    Reshape and a Transpose: the steps map torch's (in * mult, 1, kh, kw) onto
+    it as the hand copy did."""
+    code, out, err = _run(capsys, str(logs["torch_dw"]), str(logs["keras_dw"]), "--format", "json")
+    doc = json.loads(out)
+    assert code == 0 and doc["parity"]["ok"], out + err
+    pair = next(p for p in doc["parameters"] if p["a"] == "dw.weight")
+    assert pair["b_shape"] == [3, 3, 2, 2] and pair["own_diff"] == 0, pair
