@@ -51,7 +51,8 @@ SCHEMA_FILE = Path(__file__).with_name("compare.schema.json")
 RTOL = 1e-9
 
 _LAYOUT = {"Transpose", "Identity", "Reshape", "Squeeze", "Unsqueeze", "Flatten"}
-_POOLS = {"MaxPool", "AveragePool", "Conv", "ConvTranspose"}
+# ops with a kernel window: strides, dilations and pads default as ONNX says
+_WINDOWED = {"MaxPool", "AveragePool", "Conv", "ConvTranspose"}
 # ONNX defaults of the attributes a recording may leave out
 _DEFAULTS: dict[str, dict[str, Any]] = {
     "Softmax": {"axis": -1},
@@ -164,6 +165,7 @@ class NormalForm:
     inputs: list[tuple[str, _Act]]  # the prediction graph's data inputs
     targets: list[str]  # the loss graph's target inputs
     output: _Act | None  # the prediction's layout
+    input_shapes: list[list[Any]]  # the data inputs', logical
 
 
 def _ints(v: object) -> list[int]:
@@ -395,7 +397,9 @@ class _Normaliser:
         for k, s in enumerate(ins):
             role = names[min(k, len(names) - 1)] if names else f"input {k}"
             if isinstance(s, _Param):
-                params.append(self._use("weight" if k == 1 and n.op in _POOLS else role, s))
+                params.append(
+                    self._use("weight" if k == 1 and n.op.startswith("Conv") else role, s)
+                )
                 if n.op == "Conv" and k == 2:
                     params[-1] = self._use("bias", s, flat=True)
             elif isinstance(s, _Const) and s.value is not None:
@@ -413,8 +417,12 @@ class _Normaliser:
     def _emit(
         self, n: Node, op: str, attrs: dict[str, Any], shape: list[Any], params: list[ParamUse]
     ) -> None:
-        shape = [d if isinstance(d, int) else str(d) for d in shape]
+        shape = [_dim(d) for d in shape]
         self.ops.append(Op(self.kind, op, attrs, shape, n.module, n.module_type, params))
+
+
+def _dim(d: Any) -> Any:
+    return d if isinstance(d, int) else str(d)
 
 
 def _attrs(n: Node, perm: tuple[int, ...], rank: int) -> dict[str, Any]:
@@ -427,7 +435,7 @@ def _attrs(n: Node, perm: tuple[int, ...], rank: int) -> dict[str, Any]:
     explicit = schema.explicit_attrs(n.attrs) if schema else dict(n.attrs)
     attrs.update({k: v for k, v in explicit.items() if k not in _IGNORED_ATTRS})
     k = len(_ints(n.attrs.get("kernel_shape")))
-    if k and n.op in _POOLS:
+    if k and n.op in _WINDOWED:
         attrs.setdefault("strides", [1] * k)
         attrs.setdefault("dilations", [1] * k)
         attrs.setdefault("pads", [0] * 2 * k)
@@ -473,11 +481,10 @@ def normal_form(log: TraceLog) -> NormalForm:
     preds = {o.role for o in pred.outputs}
     data = {v.name for v in pred.inputs}
     targets = [v.name for v in loss.inputs if v.name not in preds and v.name not in data]
-    # a loss's own rank-1 layout of the logits: fold the batch-size bookkeeping out
-    for op in ops:
-        if op.op in ("NegativeLogLikelihoodLoss", "SoftmaxCrossEntropyLoss") and not op.shape:
-            op.shape = []
-    return NormalForm(ops, inputs, targets, output)
+    shapes = [
+        [_dim(d) for d in p._logical(name, s)] if isinstance(s, _Act) else [] for name, s in inputs
+    ]
+    return NormalForm(ops, inputs, targets, output, shapes)
 
 
 # -- the comparison --------------------------------------------------------------------------
@@ -501,6 +508,11 @@ class Difference:
         return {"path": op.path, "module_type": op.module_type, "op": op.op, "value": value}
 
     def line(self) -> str:
+        if self.a is None and self.b is None:
+            return (
+                f"first difference: {self.field}: A {_fmt(self.a_value)} vs B {_fmt(self.b_value)}"
+            )
+
         def one(tag: str, op: Op | None, value: Any) -> str:
             if op is None:
                 return f"{tag} (no op: its {self.graph} graph ends here)"
@@ -663,41 +675,42 @@ def compare(
 
 
 def _first_difference(fa: NormalForm, fb: NormalForm) -> Difference | None:
-    shapes_a = [_logical_input(fa, i) for i in range(len(fa.inputs))]
-    shapes_b = [_logical_input(fb, i) for i in range(len(fb.inputs))]
     for k in range(max(len(fa.ops), len(fb.ops))):
         oa = fa.ops[k] if k < len(fa.ops) else None
         ob = fb.ops[k] if k < len(fb.ops) else None
         if oa is None or ob is None:
             graph = (oa or ob).graph  # type: ignore[union-attr]
             return Difference(graph, k, "op", oa, ob)
-        if oa.graph != ob.graph:
-            graph = "prediction"
-            return Difference(graph, k, "op", *((oa, None) if oa.graph == graph else (None, ob)))
+        if oa.graph != ob.graph:  # one side's prediction graph ends first
+            first = (oa, None) if oa.graph == "prediction" else (None, ob)
+            return Difference("prediction", k, "op", *first)
         xa, xb = oa.facts(), ob.facts()
         for key in list(xa) + [k2 for k2 in xb if k2 not in xa]:
-            if not _same(xa.get(key), xb.get(key)):
+            if not _same(xa.get(key), xb.get(key), key.endswith("shape")):
                 return Difference(oa.graph, k, key, oa, ob, xa.get(key), xb.get(key))
-    if shapes_a != shapes_b:
-        return Difference("prediction", 0, "input shapes", None, None, shapes_a, shapes_b)
+    if not _same(fa.input_shapes, fb.input_shapes, True):
+        return Difference("prediction", 0, "data input shapes", None, None, *_shapes(fa, fb))
     return None
 
 
-def _same(a: Any, b: Any) -> bool:
+def _shapes(fa: NormalForm, fb: NormalForm) -> tuple[Any, Any]:
+    return fa.input_shapes, fb.input_shapes
+
+
+def _same(a: Any, b: Any, shape: bool = False) -> bool:
     """Equal facts; in a shape, a symbolic dim other than the batch (a log that
     found the spatial size free, "seq") matches any size."""
-    if isinstance(a, list) and isinstance(b, list) and len(a) == len(b):
-        return all(
-            x == y
-            or (isinstance(x, str) and x != "batch" and not isinstance(y, list))
-            or (isinstance(y, str) and y != "batch" and not isinstance(x, list))
-            for x, y in zip(a, b, strict=True)
-        )
-    return bool(a == b)
+    if not (shape and isinstance(a, list) and isinstance(b, list) and len(a) == len(b)):
+        return bool(a == b)
+    return all(
+        _same(x, y, True) if isinstance(x, list) else _same_dim(x, y)
+        for x, y in zip(a, b, strict=True)
+    )
 
 
-def _logical_input(f: NormalForm, i: int) -> int:
-    return len(f.inputs[i][1].perm) if isinstance(f.inputs[i][1], _Act) else 0
+def _same_dim(x: Any, y: Any) -> bool:
+    free = (isinstance(x, str) and x != "batch") or (isinstance(y, str) and y != "batch")
+    return bool(x == y) or (free and not isinstance(x, list) and not isinstance(y, list))
 
 
 def _uses(f: NormalForm) -> list[tuple[Op, ParamUse]]:
