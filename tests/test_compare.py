@@ -67,7 +67,7 @@ class TorchMLP(nn.Module):
         self.fc1, self.fc2, self.out = nn.Linear(4, 4), nn.Linear(4, 4), nn.Linear(4, CLASSES)
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        return self.out(F.relu(self.fc2(F.relu(self.fc1(x)))))
+        return self.out(F.gelu(self.fc2(F.relu(self.fc1(x)))))
 
 
 def keras_mlp() -> Any:
@@ -76,7 +76,7 @@ def keras_mlp() -> Any:
         [
             keras.Input((4,)),
             d(4, activation="relu", name="d1"),
-            d(4, activation="relu", name="d2"),
+            d(4, activation="gelu", name="d2"),  # written out by Keras: x * erf ...
             d(CLASSES, name="out"),
         ],
         name="mlp",
@@ -313,13 +313,15 @@ def test_a_log_agrees_with_itself(logs, capsys, which: str) -> None:
     assert code == 0 and "parity ok" in out
 
 
-def test_gemm_and_matmul_add_are_one_linear(logs, capsys) -> None:
+def test_gemm_and_matmul_add_are_one_linear_and_gelu_by_meaning(logs, capsys) -> None:
     from tracelog.compare import normal_form
 
     a, b = tracelog.load(logs["torch_mlp"]), tracelog.load(logs["keras_mlp"])
     assert "Gemm" in str([n.op for g in a.graphs.values() for n in g.nodes])
     assert "MatMul" in str([n.op for g in b.graphs.values() for n in g.nodes])
-    assert [o.op for o in normal_form(a).ops][:3] == ["Linear", "Relu", "Linear"]
+    ops = [(o.op, o.attrs.get("approximate")) for o in normal_form(b).ops][:4]
+    assert ops == [("Linear", None), ("Relu", None), ("Linear", None), ("Gelu", "none")]
+    assert "Erf" in str([n.op for g in b.graphs.values() for n in g.nodes])
     code, out, err = _run(capsys, str(logs["torch_mlp"]), str(logs["keras_mlp"]))
     assert code == 0 and "parity ok" in out, out + err
 
@@ -407,3 +409,17 @@ def test_depthwise_kernel_maps_through_its_reshape(logs, capsys) -> None:
     assert code == 0 and doc["parity"]["ok"], out + err
     pair = next(p for p in doc["parameters"] if p["a"] == "dw.weight")
     assert pair["b_shape"] == [3, 3, 2, 2] and pair["own_diff"] == 0, pair
+
+
+def test_element_wise_chains_are_named_by_what_they_compute() -> None:
+    from tracelog.compare import PROBE, _erf, _gelu, _named
+
+    x = PROBE
+    keras_gelu = 0.5 * x * (1 - _erf(-x * float(np.float32(0.70710677))))
+    assert _named(keras_gelu) == ("Gelu", {"approximate": "none"})
+    assert _named(_gelu(x, "tanh")) == ("Gelu", {"approximate": "tanh"})
+    assert _named(x / (1 + np.exp(-x)) * 2 - x)[0] == "Elementwise"  # not an activation
+    op, attrs = _named(np.where(x >= 0, x, np.float32(0.2) * x))
+    assert op == "LeakyRelu" and attrs["alpha"] == float(np.float32(0.2))
+    with np.errstate(all="ignore"):
+        assert _named(np.log(x))[0] == "Elementwise"

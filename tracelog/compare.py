@@ -26,11 +26,13 @@ mapped onto its own, and predictions, loss and gradients are compared within
 
 from __future__ import annotations
 
+import copy
 import json
 import math
 import os
 import sys
 import types
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -67,6 +69,82 @@ _DEFAULTS: dict[str, dict[str, Any]] = {
     "LayerNormalization": {"axis": -1, "epsilon": 1e-5},
 }
 _IGNORED_ATTRS = {"channels_last", "auto_pad", "training_mode", "stash_type"}
+
+# Element-wise chains are compared by meaning: run on PROBE, in float64, and
+# named where they match an activation of NAMED (a Keras GELU written as
+# 0.5 * x * (1 - erf(-x * 0.7071...)) is PyTorch's Gelu).
+PROBE = np.linspace(-4.0, 4.0, 81)
+_erf = np.vectorize(math.erf, otypes=[np.float64])
+
+
+def _sigmoid(x: np.ndarray) -> np.ndarray:
+    return np.asarray(1.0 / (1.0 + np.exp(-x)))
+
+
+_UNARY: dict[str, Callable[[np.ndarray, dict[str, Any]], np.ndarray]] = {
+    "Identity": lambda x, a: x,
+    "Relu": lambda x, a: np.maximum(x, 0.0),
+    "Tanh": lambda x, a: np.tanh(x),
+    "Sigmoid": lambda x, a: _sigmoid(x),
+    "Exp": lambda x, a: np.exp(x),
+    "Log": lambda x, a: np.log(x),
+    "Sqrt": lambda x, a: np.sqrt(x),
+    "Abs": lambda x, a: np.abs(x),
+    "Neg": lambda x, a: -x,
+    "Reciprocal": lambda x, a: 1.0 / x,
+    "Erf": lambda x, a: _erf(x),
+    "Softplus": lambda x, a: np.logaddexp(0.0, x),
+    "Sin": lambda x, a: np.sin(x),
+    "Cos": lambda x, a: np.cos(x),
+    "LeakyRelu": lambda x, a: np.where(x >= 0, x, float(a.get("alpha", 0.01)) * x),
+    "Celu": lambda x, a: _celu(x, float(a.get("alpha", 1.0))),
+    "Elu": lambda x, a: _celu(x, float(a.get("alpha", 1.0))),
+    "Gelu": lambda x, a: _gelu(x, str(a.get("approximate", "none"))),
+}
+_BINARY: dict[str, Callable[[Any, Any], Any]] = {
+    "Add": np.add,
+    "Sub": np.subtract,
+    "Mul": np.multiply,
+    "Div": np.divide,
+    "Pow": np.power,
+    "Max": np.maximum,
+    "Min": np.minimum,
+}
+
+
+def _apply(n: Node, args: list[Any]) -> np.ndarray:
+    """n on PROBE-valued arguments (and scalar constants)."""
+    with np.errstate(all="ignore"):
+        if n.op == "Clip":
+            lo, hi = (args + [None, None])[1:3]
+            return np.clip(args[0], -np.inf if lo is None else lo, np.inf if hi is None else hi)
+        if n.op in _UNARY:
+            return _UNARY[n.op](np.asarray(args[0], np.float64), dict(n.attrs))
+        values = args[0]
+        for other in args[1:]:  # Max and Min take any number
+            values = _BINARY[n.op](values, other)
+        return np.asarray(values)
+
+
+def _celu(x: np.ndarray, alpha: float) -> np.ndarray:
+    return np.asarray(np.where(x > 0, x, alpha * np.expm1(np.minimum(x, 0.0) / alpha)))
+
+
+def _gelu(x: np.ndarray, approximate: str) -> np.ndarray:
+    if approximate == "tanh":
+        return np.asarray(0.5 * x * (1 + np.tanh(math.sqrt(2 / math.pi) * (x + 0.044715 * x**3))))
+    return np.asarray(0.5 * x * (1 + _erf(x / math.sqrt(2))))
+
+
+NAMED: list[tuple[str, dict[str, Any]]] = [
+    ("Relu", {}),
+    ("Tanh", {}),
+    ("Sigmoid", {}),
+    ("Gelu", {"approximate": "none"}),
+    ("Gelu", {"approximate": "tanh"}),
+    ("Elu", {"alpha": 1.0}),
+    ("Softplus", {}),
+]
 
 
 @dataclass(frozen=True)
@@ -122,6 +200,7 @@ class Op:
     path: str
     module_type: str
     params: list[ParamUse] = field(default_factory=list)
+    note: str = ""  # shown, not compared: the ops an Elementwise chain was written with
 
     def facts(self) -> dict[str, Any]:
         """What must agree, field by field."""
@@ -150,6 +229,17 @@ class _Param:
     raw_shape: tuple[int, ...]
 
 
+@dataclass
+class _Chain:
+    """A value of an element-wise chain not yet read by anything else: the
+    chain's values on PROBE, and the activation it started from."""
+
+    entry: str
+    act: _Act
+    values: np.ndarray
+    nodes: tuple[Node, ...]
+
+
 class _Batch:
     """A value computed from shapes only (a loss's batch size)."""
 
@@ -166,6 +256,7 @@ class NormalForm:
     targets: list[str]  # the loss graph's target inputs
     output: _Act | None  # the prediction's layout
     input_shapes: list[list[Any]]  # the data inputs', logical
+    fused: dict[str, list[Fused]] = field(default_factory=dict)  # by graph kind
 
 
 def _ints(v: object) -> list[int]:
@@ -181,9 +272,51 @@ def _shape(g: Graph, name: str) -> tuple[Any, ...]:
     return tuple(g.values[name].type.shape)
 
 
+@dataclass(frozen=True)
+class Fused:
+    """An element-wise chain that computes a named activation: parity runs it
+    as that op (Keras writes GELU out with 1/sqrt(2) as a float32 constant,
+    1.2e-8 off in a float64 run)."""
+
+    entry: str
+    output: str
+    op: str
+    attrs: dict[str, Any]
+    nodes: tuple[Node, ...]
+
+
+def fused_graph(g: Graph, fused: list[Fused]) -> Graph:
+    """`g` with each chain of `fused` replaced by its one op, where no value
+    inside the chain is read outside it."""
+    g = copy.deepcopy(g)
+    for f in fused:
+        chain = [n for n in g.nodes if any(_same_node(n, m) for m in f.nodes)]
+        inner = {o for n in chain for o in n.outputs} - {f.output}
+        outside = [n for n in g.nodes if not any(n is c for c in chain)]
+        read = {i for n in outside for i in n.inputs} | {o.name for o in g.outputs}
+        if len(chain) != len(f.nodes) or inner & read:
+            continue
+        last = chain[-1]
+        one = Node(f.op, [f.entry], [f.output], dict(f.attrs), "", last.module, last.module_type)
+        at = g.nodes.index(last)
+        g.nodes = (
+            [n for n in g.nodes[:at] if n not in chain]
+            + [one]
+            + [n for n in g.nodes[at + 1 :] if n not in chain]
+        )
+        for name in inner:
+            g.values.pop(name, None)
+    return g
+
+
+def _same_node(a: Node, b: Node) -> bool:
+    return a.op == b.op and a.inputs == b.inputs and a.outputs == b.outputs
+
+
 class _Normaliser:
     def __init__(self, g: Graph, kind: str, ops: list[Op], given: dict[str, _Act]) -> None:
         self.g, self.kind, self.ops = g, kind, ops
+        self.fused: list[Fused] = []
         self.state: dict[str, Any] = {}
         for v in g.values.values():
             if v.kind in ("param", "buffer"):
@@ -204,13 +337,68 @@ class _Normaliser:
         return _ident(rank)
 
     def run(self) -> None:
+        self.producers = self.g.producers()
         read = {i for n in self.g.nodes for i in n.inputs}
         for n in self.g.nodes:
-            if not any(isinstance(self.state.get(i), _Act) for i in n.inputs) and not any(
+            if not any(isinstance(self.state.get(i), (_Act, _Chain)) for i in n.inputs) and not any(
                 o in read for o in n.outputs
             ):
                 continue  # buffer bookkeeping (num_batches_tracked += 1): no data flows in or on
+            if self._chained(n):
+                continue
+            for i in n.inputs:
+                self._settle(i)
             self._node(n)
+        for o in self.g.outputs:
+            self._settle(o.name)
+
+    def _chained(self, n: Node) -> bool:
+        """Extend an element-wise chain by n, where n is an op of _UNARY or
+        _BINARY (or Clip) on one activation's chain and scalar constants."""
+        if n.op not in _UNARY and n.op not in _BINARY and n.op != "Clip" or len(n.outputs) != 1:
+            return False
+        args: list[Any] = []
+        entry: tuple[str, _Act] | None = None
+        for i in n.inputs:
+            s = self.state.get(i)
+            if isinstance(s, _Chain):
+                here: tuple[str, _Act] = (s.entry, s.act)
+                args.append(s.values)
+            elif isinstance(s, _Act) and _shape(self.g, i) == _shape(self.g, n.outputs[0]):
+                here = (i, s)
+                args.append(PROBE)
+            elif isinstance(s, _Const) and _scalar(s.value) is not None:
+                args.append(_scalar(s.value))
+                continue
+            else:
+                return False
+            if entry is not None and entry[0] != here[0]:
+                return False
+            entry = here
+        if entry is None:
+            return False
+        values = _apply(n, args)
+        nodes: list[Node] = []
+        for chain in (s for s in map(self.state.get, n.inputs) if isinstance(s, _Chain)):
+            nodes += [m for m in chain.nodes if all(m is not k for k in nodes)]
+        self.state[n.outputs[0]] = _Chain(entry[0], entry[1], np.asarray(values), (*nodes, n))
+        return True
+
+    def _settle(self, name: str) -> None:
+        """A chain value read by an op outside the chain: one op, named by
+        what it computes."""
+        s = self.state.get(name)
+        if not isinstance(s, _Chain):
+            return
+        op, attrs = _named(s.values)
+        node = self.producers[name]  # the chain's last op names it (Keras' Activation)
+        shape = self._logical(name, _Act(s.act.perm))
+        self._emit(node, op, attrs, shape, [])
+        if op == "Elementwise":
+            self.ops[-1].note = ", ".join(m.op for m in s.nodes)
+        elif len(s.nodes) > 1 or s.nodes[0].op != op:
+            self.fused.append(Fused(s.entry, name, op, attrs, s.nodes))
+        self.state[name] = _Act(s.act.perm, s.act.order, len(self.ops) - 1)
 
     def _node(self, n: Node) -> None:
         ins = [self.state.get(i) for i in n.inputs]
@@ -421,6 +609,35 @@ class _Normaliser:
         self.ops.append(Op(self.kind, op, attrs, shape, n.module, n.module_type, params))
 
 
+def _scalar(v: Any) -> float | None:
+    """A constant's value as one float, or None where it is not one number."""
+    while isinstance(v, list) and len(v) == 1:
+        v = v[0]
+    if isinstance(v, bool) or not isinstance(v, (int, float)):
+        return None
+    return float(v)
+
+
+def _named(values: np.ndarray) -> tuple[str, dict[str, Any]]:
+    """The activation of NAMED (or LeakyRelu with its slope) an element-wise
+    chain computes on PROBE, within float32 rounding of its constants; else
+    "Elementwise" with its values at a few points."""
+    values = np.broadcast_to(values, PROBE.shape)
+    finite = np.abs(values[np.isfinite(values)])
+    scale = max(1.0, float(finite.max(initial=0.0)))
+    for op, attrs in NAMED:
+        want = _UNARY[op](PROBE, attrs)
+        if np.allclose(values, want, rtol=0, atol=1e-6 * scale):
+            return op, dict(attrs)
+    slope = values[0] / PROBE[0]
+    leaky = np.where(PROBE >= 0, PROBE, slope * PROBE)
+    if 0 < slope < 1 and np.allclose(values, leaky, rtol=0, atol=1e-6 * scale):
+        return "LeakyRelu", {"alpha": _plain(float(slope))}
+    at = [0, 20, 30, 38, 40, 42, 50, 60, 80]  # x = -4, -2, -1, -0.2, 0, 0.2, 1, 2, 4
+    shown = [None if not np.isfinite(values[i]) else float(f"{values[i]:.6g}") for i in at]
+    return "Elementwise", {"f(-4,-2,-1,-0.2,0,0.2,1,2,4)": shown}
+
+
 def _dim(d: Any) -> Any:
     return d if isinstance(d, int) else str(d)
 
@@ -477,14 +694,16 @@ def normal_form(log: TraceLog) -> NormalForm:
                 output = s
     for name, s in inputs:
         given[name] = _Act(s.perm) if isinstance(s, _Act) else _Act(())
-    _Normaliser(loss, "loss", ops, given).run()
+    lo = _Normaliser(loss, "loss", ops, given)
+    lo.run()
     preds = {o.role for o in pred.outputs}
     data = {v.name for v in pred.inputs}
     targets = [v.name for v in loss.inputs if v.name not in preds and v.name not in data]
     shapes = [
         [_dim(d) for d in p._logical(name, s)] if isinstance(s, _Act) else [] for name, s in inputs
     ]
-    return NormalForm(ops, inputs, targets, output, shapes)
+    fused = {"prediction": p.fused, "loss": lo.fused}
+    return NormalForm(ops, inputs, targets, output, shapes, fused)
 
 
 # -- the comparison --------------------------------------------------------------------------
@@ -517,7 +736,8 @@ class Difference:
             if op is None:
                 return f"{tag} (no op: its {self.graph} graph ends here)"
             shown = "" if self.field == "op" else f" {self.field} {_fmt(value)}"
-            return f"{tag} {op.label()} {op.op}{shown}"
+            note = f" ({op.note})" if op.note else ""
+            return f"{tag} {op.label()} {op.op}{note}{shown}"
 
         return (
             f"first difference ({self.graph} op {self.index + 1}): "
@@ -765,9 +985,18 @@ def _program(log: TraceLog) -> types.ModuleType:
     return _module_from_text(build_program(log, targets.get("jax").program), "tracelog_compare")
 
 
-def _run(log: TraceLog, sample: dict[str, np.ndarray], params: dict[str, np.ndarray]) -> Any:
+def _run(
+    log: TraceLog, f: NormalForm, sample: dict[str, np.ndarray], params: dict[str, np.ndarray]
+) -> Any:
     """Prediction, loss and gradients of `log`'s sample pair on `sample` with
-    `params` in place of the recorded trainable parameters, all in float64."""
+    `params` in place of the recorded trainable parameters, all in float64,
+    each chain the normal form named run as its op."""
+    info: dict[str, Any] = dict(log.sample_info or {})
+    if any(f.fused.values()):
+        log = copy.copy(log)
+        log.graphs = dict(log.graphs)
+        for kind, chains in f.fused.items():
+            log.graphs[info[kind]] = fused_graph(log.graphs[info[kind]], chains)
     m = _program(log)
     trainable = [name for name, t in m.PARAMETERS if t]
     with m._in_float64():
@@ -825,8 +1054,8 @@ def _parity(
         own = sb.get(f"param/{p.b.name}")
         if p.b.name in weights_b and own is not None and own.shape == weights_b[p.b.name].shape:
             p.own_diff = float(np.abs(weights_b[p.b.name] - own).max(initial=0.0))
-    pred_a, loss_a, grads_a = _run(la, feed_a, weights_a)
-    pred_b, loss_b, grads_b = _run(lb, feed_b, weights_b)
+    pred_a, loss_a, grads_a = _run(la, fa, feed_a, weights_a)
+    pred_b, loss_b, grads_b = _run(lb, fb, feed_b, weights_b)
     rows = _prediction_rows(pred_a, pred_b, fa, fb)
     rows.append(_row("loss", np.asarray(loss_b), np.asarray(loss_a)))
     # A's run anchored to its source framework: its own float64 replay of the batch
