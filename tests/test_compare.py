@@ -207,6 +207,34 @@ def logs(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Path]:
     record(dw, out["torch_dw"], [(torch.from_numpy(x2), batch[0][1])], F.cross_entropy)
     out["keras_dw"] = tmp_path_factory.mktemp("keras_dw") / "log"
     keras_record(kdw, x2.transpose(0, 2, 3, 1), y, out["keras_dw"])
+    torch.manual_seed(0)
+    drop = nn.Sequential(
+        nn.Conv2d(1, 4, 3, padding=1),
+        nn.ReLU(),
+        nn.Dropout(0.5),
+        nn.Flatten(),
+        nn.Dropout(0.3),
+        nn.Linear(4 * 8 * 8, CLASSES),
+    )
+    kdrop = keras.Sequential(
+        [
+            keras.Input((8, 8, 1)),
+            keras.layers.Conv2D(4, 3, padding="same", activation="relu", name="conv"),
+            keras.layers.Dropout(0.5),  # on NHWC data: its mask is NHWC
+            keras.layers.Flatten(),
+            keras.layers.Dropout(0.3),  # after the flatten: its mask in (H, W, C) order
+            keras.layers.Dense(CLASSES, name="fc"),
+        ],
+        name="drop",
+    )
+    sd = {k: v.detach().numpy() for k, v in drop.state_dict().items()}
+    kdrop.get_layer("conv").set_weights([sd["0.weight"].transpose(2, 3, 1, 0), sd["0.bias"]])
+    w = sd["5.weight"].reshape(CLASSES, 4, 8, 8).transpose(2, 3, 1, 0).reshape(-1, CLASSES)
+    kdrop.get_layer("fc").set_weights([w, sd["5.bias"]])
+    out["torch_drop"] = tmp_path_factory.mktemp("torch_drop")
+    record(drop, out["torch_drop"], batch, F.cross_entropy, eval_batches=0)
+    out["keras_drop"] = tmp_path_factory.mktemp("keras_drop") / "log"
+    keras_record(kdrop, nhwc, y, out["keras_drop"])
     for bn in (False, True):
         name = "bn" if bn else "gap"
         torch.manual_seed(0)
@@ -423,3 +451,13 @@ def test_element_wise_chains_are_named_by_what_they_compute() -> None:
     assert op == "LeakyRelu" and attrs["alpha"] == float(np.float32(0.2))
     with np.errstate(all="ignore"):
         assert _named(np.log(x))[0] == "Elementwise"
+
+
+def test_dropout_masks_are_fed_to_b_in_its_layout(logs, capsys) -> None:
+    """A's recorded masks reach B relaid (NCHW -> NHWC; after the flatten, in
+    B's flatten order), and B's ratio 0.3 (float32 in Keras) runs as A's: the
+    float64 parity then holds to rounding. Masks left as drawn would differ."""
+    a, b = tracelog.load(logs["torch_drop"]), tracelog.load(logs["keras_drop"])
+    assert a.sample()["mask/0"].shape == (N, 4, 8, 8) and b.sample()["mask/0"].shape == (N, 8, 8, 4)
+    code, out, err = _run(capsys, str(logs["torch_drop"]), str(logs["keras_drop"]))
+    assert code == 0 and "parity ok" in out, out + err

@@ -40,10 +40,10 @@ from typing import Any
 import numpy as np
 
 from tracelog.errors import LogError
-from tracelog.ir import Graph, Node
+from tracelog.ir import ConstData, Graph, Node
 from tracelog.log import TraceLog
-from tracelog.ops import OPS, traits_of
-from tracelog.sample import input_key, target_key
+from tracelog.ops import OPS, is_random, traits_of
+from tracelog.sample import input_key, mask_key, target_key
 
 FORMAT = "tracelog-compare"
 VERSION = 1
@@ -201,6 +201,7 @@ class Op:
     module_type: str
     params: list[ParamUse] = field(default_factory=list)
     note: str = ""  # shown, not compared: the ops an Elementwise chain was written with
+    consts: dict[str, tuple[str, Any]] = field(default_factory=dict)  # attr -> (value, data)
 
     def facts(self) -> dict[str, Any]:
         """What must agree, field by field."""
@@ -257,6 +258,7 @@ class NormalForm:
     output: _Act | None  # the prediction's layout
     input_shapes: list[list[Any]]  # the data inputs', logical
     fused: dict[str, list[Fused]] = field(default_factory=dict)  # by graph kind
+    masks: list[_Act] = field(default_factory=list)  # the prediction's dropout inputs
 
 
 def _ints(v: object) -> list[int]:
@@ -317,6 +319,7 @@ class _Normaliser:
     def __init__(self, g: Graph, kind: str, ops: list[Op], given: dict[str, _Act]) -> None:
         self.g, self.kind, self.ops = g, kind, ops
         self.fused: list[Fused] = []
+        self.masks: list[_Act] = []  # each random node's input layout, in node order
         self.state: dict[str, Any] = {}
         for v in g.values.values():
             if v.kind in ("param", "buffer"):
@@ -564,7 +567,8 @@ class _Normaliser:
         names = [s.rstrip("?*") for s in schema.inputs] if schema else []
         acts = [s for s in ins if isinstance(s, _Act)]
         first = acts[0] if acts else _Act(())
-        elementwise = "elementwise" in traits_of(n)
+        # a dropout's mask follows its input's layout (_relaid maps A's onto B's)
+        elementwise = "elementwise" in traits_of(n) or is_random(n)
         perm = first.perm if elementwise else _ident(len(_shape(self.g, n.outputs[0])))
         rank = len(_shape(self.g, n.inputs[0])) if n.inputs else 0
         attrs = _attrs(n, first.perm, rank)
@@ -582,6 +586,7 @@ class _Normaliser:
         elif not elementwise and first.perm != _ident(len(first.perm)):
             attrs["input layout"] = list(first.perm)
         params = []
+        consts: dict[str, tuple[str, Any]] = {}
         for k, s in enumerate(ins):
             role = names[min(k, len(names) - 1)] if names else f"input {k}"
             if isinstance(s, _Param):
@@ -591,11 +596,15 @@ class _Normaliser:
                 if n.op == "Conv" and k == 2:
                     params[-1] = self._use("bias", s, flat=True)
             elif isinstance(s, _Const) and s.value is not None:
-                attrs[f"input {role}"] = s.value
+                attrs[f"input {role}"] = _plain(s.value)
+                consts[f"input {role}"] = (n.inputs[k], s.value)
         shape = self._logical(n.outputs[0], _Act(perm)) if n.outputs else []
         if reduced and len(shape) == rank:
             shape = [d for i, d in enumerate(shape) if i not in reduced]
         self._emit(n, n.op, attrs, shape, params)
+        self.ops[-1].consts = consts
+        if is_random(n):  # its mask is laid out as its input
+            self.masks.append(first)
         order = first.order if elementwise else None
         for o in n.outputs:
             self.state[o] = _Act(perm if o == n.outputs[0] else _ident(len(_shape(self.g, o))))
@@ -703,7 +712,7 @@ def normal_form(log: TraceLog) -> NormalForm:
         [_dim(d) for d in p._logical(name, s)] if isinstance(s, _Act) else [] for name, s in inputs
     ]
     fused = {"prediction": p.fused, "loss": lo.fused}
-    return NormalForm(ops, inputs, targets, output, shapes, fused)
+    return NormalForm(ops, inputs, targets, output, shapes, fused, p.masks)
 
 
 # -- the comparison --------------------------------------------------------------------------
@@ -986,17 +995,25 @@ def _program(log: TraceLog) -> types.ModuleType:
 
 
 def _run(
-    log: TraceLog, f: NormalForm, sample: dict[str, np.ndarray], params: dict[str, np.ndarray]
+    log: TraceLog,
+    f: NormalForm,
+    sample: dict[str, np.ndarray],
+    params: dict[str, np.ndarray],
+    consts: dict[str, Any] | None = None,
 ) -> Any:
     """Prediction, loss and gradients of `log`'s sample pair on `sample` with
     `params` in place of the recorded trainable parameters, all in float64,
     each chain the normal form named run as its op."""
     info: dict[str, Any] = dict(log.sample_info or {})
-    if any(f.fused.values()):
+    if any(f.fused.values()) or consts:
         log = copy.copy(log)
         log.graphs = dict(log.graphs)
         for kind, chains in f.fused.items():
-            log.graphs[info[kind]] = fused_graph(log.graphs[info[kind]], chains)
+            g = fused_graph(log.graphs[info[kind]], chains)
+            for name, value in (consts or {}).items():
+                if name in g.values and g.values[name].const is not None:
+                    g.values[name].const = ConstData(value)
+            log.graphs[info[kind]] = g
     m = _program(log)
     trainable = [name for name, t in m.PARAMETERS if t]
     with m._in_float64():
@@ -1029,19 +1046,43 @@ def _feed_b(
         key = target_key(tb) if target_key(tb) in sb else input_key(tb)
         src = wide[target_key(ta) if target_key(ta) in wide else input_key(ta)]
         feed[key] = src.astype(sb[key].dtype) if sb[key].dtype.kind != "f" else src
+    # A's dropout masks, each in the layout B's dropout reads: the same units dropped
+    for k, (ma, mb) in enumerate(zip(fa.masks, fb.masks, strict=True)):
+        if mask_key(k) in wide:
+            feed[mask_key(k)] = _relaid(wide[mask_key(k)], ma, mb)
     return feed
+
+
+def _consts(fa: NormalForm, fb: NormalForm) -> dict[str, Any]:
+    """B's constant inputs (a dropout's ratio) that equal A's at float32
+    precision, set to A's value: Keras holds 0.3 as float32, 2.4e-8 off the
+    0.3 PyTorch scales by, which a float64 run shows."""
+    out = {}
+    for oa, ob in zip(fa.ops, fb.ops, strict=True):
+        for key, (name, value) in ob.consts.items():
+            if key in oa.consts and oa.consts[key][1] != value:
+                out[name] = oa.consts[key][1]
+    return out
+
+
+def _relaid(x: np.ndarray, a: _Act, b: _Act) -> np.ndarray:
+    """x, laid out as A's value `a`, in the layout of B's value `b`."""
+    if a.order is not None or b.order is not None:  # flattened: per-position order
+        logical = np.empty_like(x)
+        logical[:, list(a.order or range(x.shape[1]))] = x
+        return np.ascontiguousarray(logical[:, list(b.order or range(x.shape[1]))])
+    logical = np.transpose(x, np.argsort(a.perm)) if len(a.perm) == x.ndim else x
+    return np.ascontiguousarray(np.transpose(logical, b.perm) if len(b.perm) == x.ndim else x)
 
 
 def _parity(
     la: TraceLog, lb: TraceLog, fa: NormalForm, fb: NormalForm, pairs: list[Pair]
 ) -> list[Row]:
     sa = la.sample()
-    if any(k.startswith("mask/") for k in sa) or any(k.startswith("mask/") for k in lb.sample()):
-        raise LogError("a sample batch with dropout masks: parity across logs needs dropout off")
     if len(fa.inputs) != len(fb.inputs) or len(fa.targets) != len(fb.targets):
         raise LogError("the logs' data inputs or targets differ in number")
     wide = {k: (v.astype(np.float64) if v.dtype.kind == "f" else v) for k, v in sa.items()}
-    feed_a = {k: v for k, v in wide.items() if k.startswith(("input/", "target/"))}
+    feed_a = {k: v for k, v in wide.items() if k.startswith(("input/", "target/", "mask/"))}
     sb = lb.sample()
     feed_b = _feed_b(wide, sb, fa, fb)
     weights_a = {p.a.name: wide[f"param/{p.a.name}"] for p in pairs if f"param/{p.a.name}" in wide}
@@ -1055,7 +1096,7 @@ def _parity(
         if p.b.name in weights_b and own is not None and own.shape == weights_b[p.b.name].shape:
             p.own_diff = float(np.abs(weights_b[p.b.name] - own).max(initial=0.0))
     pred_a, loss_a, grads_a = _run(la, fa, feed_a, weights_a)
-    pred_b, loss_b, grads_b = _run(lb, fb, feed_b, weights_b)
+    pred_b, loss_b, grads_b = _run(lb, fb, feed_b, weights_b, _consts(fa, fb))
     rows = _prediction_rows(pred_a, pred_b, fa, fb)
     rows.append(_row("loss", np.asarray(loss_b), np.asarray(loss_a)))
     # A's run anchored to its source framework: its own float64 replay of the batch
