@@ -461,3 +461,14 @@ def test_dropout_masks_are_fed_to_b_in_its_layout(logs, capsys) -> None:
     assert a.sample()["mask/0"].shape == (N, 4, 8, 8) and b.sample()["mask/0"].shape == (N, 8, 8, 4)
     code, out, err = _run(capsys, str(logs["torch_drop"]), str(logs["keras_drop"]))
     assert code == 0 and "parity ok" in out, out + err
+
+
+def test_mapping_file_not_json_is_one_line(logs, capsys, tmp_path) -> None:
+    path = tmp_path / "m.json"
+    path.write_text("{fc1.weight: d1}")
+    code, out, err = _run(capsys, str(logs["torch"]), str(logs["keras"]), "--mapping", str(path))
+    assert code == 2 and out == "" and "is not JSON" in err and err.count("\n") == 1, err
+    code, _, err = _run(
+        capsys, str(logs["torch"]), str(logs["keras"]), "--mapping", str(tmp_path / "no.json")
+    )
+    assert code == 2 and "cannot read --mapping" in err and err.count("\n") == 1, err

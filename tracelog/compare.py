@@ -201,7 +201,7 @@ class Op:
     module_type: str
     params: list[ParamUse] = field(default_factory=list)
     note: str = ""  # shown, not compared: the ops an Elementwise chain was written with
-    consts: dict[str, tuple[str, Any]] = field(default_factory=dict)  # attr -> (value, data)
+    consts: dict[str, tuple[str, Any]] = field(default_factory=dict)  # attr: (value name, data)
 
     def facts(self) -> dict[str, Any]:
         """What must agree, field by field."""
