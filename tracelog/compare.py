@@ -545,8 +545,9 @@ class _Normaliser:
         params = [self._use("weight", _Param(w.name, steps, w.raw_shape))]
         if isinstance(b, _Param):
             params.append(self._use("bias", b, flat=True))
-        self._emit(n, "Linear", {}, self._logical(n.outputs[0], _Act(_ident(2))), params)
-        self.state[n.outputs[0]] = _Act(_ident(2), None, len(self.ops) - 1)
+        rank = len(_shape(self.g, n.outputs[0]))  # (batch, seq, features) too
+        self._emit(n, "Linear", {}, self._logical(n.outputs[0], _Act(_ident(rank))), params)
+        self.state[n.outputs[0]] = _Act(_ident(rank), None, len(self.ops) - 1)
 
     def _use(self, role: str, p: _Param, flat: bool = False) -> ParamUse:
         steps = p.steps
@@ -573,7 +574,12 @@ class _Normaliser:
         rank = len(_shape(self.g, n.inputs[0])) if n.inputs else 0
         attrs = _attrs(n, first.perm, rank)
         reduced: list[int] = []
-        if "reduction" in traits_of(n) and len(ins) > 1 and isinstance(ins[1], _Const):
+        if (
+            "reduction" in traits_of(n)
+            and len(ins) > 1
+            and isinstance(ins[1], _Const)
+            and len(first.perm) == rank
+        ):
             # axes in the logical layout; the reduced dims leave the compared shape
             # whether kept as size 1 or not (a Flatten after keepdims squeezes them)
             reduced = [int(first.perm[a % rank]) for a in _ints(ins[1].value)]
