@@ -472,3 +472,12 @@ def test_mapping_file_not_json_is_one_line(logs, capsys, tmp_path) -> None:
         capsys, str(logs["torch"]), str(logs["keras"]), "--mapping", str(tmp_path / "no.json")
     )
     assert code == 2 and "cannot read --mapping" in err and err.count("\n") == 1, err
+
+
+@pytest.mark.parametrize("pair", ["", "_drop", "_dw"])
+def test_keras_as_a_and_torch_as_b(logs, pair: str) -> None:
+    """The other direction: Keras' NHWC batch, masks and kernels mapped onto
+    the PyTorch model; B's own weights are what the mapping gives."""
+    result = tracelog.compare(logs[f"keras{pair}"], logs[f"torch{pair}"])
+    assert result.equal, tracelog.compare.dumps(result, "text")
+    assert all(p.own_diff == 0 for p in result.pairs)
