@@ -481,3 +481,16 @@ def test_keras_as_a_and_torch_as_b(logs, pair: str) -> None:
     result = tracelog.compare(logs[f"keras{pair}"], logs[f"torch{pair}"])
     assert result.equal, tracelog.compare.dumps(result, "text")
     assert all(p.own_diff == 0 for p in result.pairs)
+
+
+def test_data_input_shapes_compared_in_the_logical_layout() -> None:
+    from tracelog.compare import NormalForm, _first_difference
+
+    def form(shape: list[Any]) -> NormalForm:
+        return NormalForm([], [], [], None, [shape])
+
+    assert _first_difference(form(["batch", 1, 8, 8]), form(["batch", 1, "seq", "seq"])) is None
+    d = _first_difference(form(["batch", 1, 8, 8]), form(["batch", 1, 6, 6]))
+    assert d is not None and d.line() == (
+        "first difference: data input shapes: A [[batch,1,8,8]] vs B [[batch,1,6,6]]"
+    )

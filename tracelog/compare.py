@@ -924,12 +924,10 @@ def _first_difference(fa: NormalForm, fb: NormalForm) -> Difference | None:
             if not _same(xa.get(key), xb.get(key), key.endswith("shape")):
                 return Difference(oa.graph, k, key, oa, ob, xa.get(key), xb.get(key))
     if not _same(fa.input_shapes, fb.input_shapes, True):
-        return Difference("prediction", 0, "data input shapes", None, None, *_shapes(fa, fb))
+        return Difference(
+            "prediction", 0, "data input shapes", None, None, fa.input_shapes, fb.input_shapes
+        )
     return None
-
-
-def _shapes(fa: NormalForm, fb: NormalForm) -> tuple[Any, Any]:
-    return fa.input_shapes, fb.input_shapes
 
 
 def _same(a: Any, b: Any, shape: bool = False) -> bool:
