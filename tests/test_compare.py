@@ -160,13 +160,13 @@ def copy_mlp(src: TorchMLP, dst: Any) -> None:
         dst.get_layer(k).set_weights([layer.weight.detach().numpy().T, layer.bias.detach().numpy()])
 
 
-def keras_record(model: Any, x: np.ndarray, y: np.ndarray, log_dir: Path) -> None:
+def keras_record(model: Any, x: np.ndarray, y: np.ndarray, log_dir: Path, loss: Any = None) -> None:
     """One batch of fit (a traced step) with the tracelog callback."""
     from tracelog.keras import TracelogCallback
 
     model.compile(
         optimizer=keras.optimizers.SGD(0.05),
-        loss=keras.losses.SparseCategoricalCrossentropy(from_logits=True),
+        loss=loss or keras.losses.SparseCategoricalCrossentropy(from_logits=True),
     )
     model.fit(x, y, batch_size=len(x), epochs=1, verbose=0, callbacks=[TracelogCallback(log_dir)])
 
@@ -235,6 +235,24 @@ def logs(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Path]:
     record(drop, out["torch_drop"], batch, F.cross_entropy, eval_batches=0)
     out["keras_drop"] = tmp_path_factory.mktemp("keras_drop") / "log"
     keras_record(kdrop, nhwc, y, out["keras_drop"])
+    torch.manual_seed(0)
+    reg = nn.Sequential(nn.Linear(4, 8), nn.Tanh(), nn.Linear(8, 2))
+    kreg = keras.Sequential(
+        [keras.Input((4,)), keras.layers.Dense(8, activation="tanh"), keras.layers.Dense(2)],
+        name="reg",
+    )
+    kreg.set_weights(
+        [
+            w
+            for m in (reg[0], reg[2])
+            for w in (m.weight.detach().numpy().T, m.bias.detach().numpy())
+        ]
+    )
+    yr = rng.standard_normal((N, 2)).astype(np.float32)
+    out["torch_mse"] = tmp_path_factory.mktemp("torch_mse")
+    record(reg, out["torch_mse"], [(torch.from_numpy(xm), torch.from_numpy(yr))], F.mse_loss)
+    out["keras_mse"] = tmp_path_factory.mktemp("keras_mse") / "log"
+    keras_record(kreg, xm, yr, out["keras_mse"], keras.losses.MeanSquaredError())
     for bn in (False, True):
         name = "bn" if bn else "gap"
         torch.manual_seed(0)
@@ -494,3 +512,15 @@ def test_data_input_shapes_compared_in_the_logical_layout() -> None:
     assert d is not None and d.line() == (
         "first difference: data input shapes: A [[batch,1,8,8]] vs B [[batch,1,6,6]]"
     )
+
+
+def test_mean_squared_error_per_sample_then_over_the_batch_is_one_mean(logs, capsys) -> None:
+    """torch: ReduceMean over everything; Keras: a mean per sample, summed over
+    the batch and divided by its size. One ReduceMean over logical axes [0, 1]."""
+    from tracelog.compare import normal_form
+
+    for which in ("torch_mse", "keras_mse"):
+        last = normal_form(tracelog.load(logs[which])).ops[-1]
+        assert (last.op, last.attrs.get("axes"), last.shape) == ("ReduceMean", [0, 1], [])
+    code, out, err = _run(capsys, str(logs["torch_mse"]), str(logs["keras_mse"]))
+    assert code == 0 and "parity ok" in out, out + err

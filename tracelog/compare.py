@@ -491,9 +491,18 @@ class _Normaliser:
         self.state[out] = _Act(_ident(len(after)), None, len(self.ops) - 1)
 
     def _per_batch(self, n: Node, a: _Act) -> None:
+        """A value divided by the batch size (Keras' sum_over_batch_size)."""
         op = self.ops[a.op] if a.op is not None else None
         if op is not None and op.attrs.get("reduction") == "sum":
             op.attrs["reduction"] = "mean"
+        elif op is self.ops[-1] and op.op == "ReduceSum" and op.attrs.get("axes") == [0]:
+            op.op = "ReduceMean"  # a sum over the batch, divided by its size
+            prev = self.ops[-2] if len(self.ops) > 1 else None
+            if prev is not None and prev.op == "ReduceMean" and prev.shape == ["batch"]:
+                # after a mean over the rest (Keras' MSE per sample): one mean over all
+                prev.attrs["axes"] = sorted({0, *prev.attrs["axes"]})
+                prev.shape = []
+                self.ops.pop()
         else:
             self._emit(n, "Div", {"by": "batch size"}, self._logical(n.outputs[0], a), [])
         self.state[n.outputs[0]] = _Act(a.perm, a.order, len(self.ops) - 1)
@@ -574,21 +583,9 @@ class _Normaliser:
         rank = len(_shape(self.g, n.inputs[0])) if n.inputs else 0
         attrs = _attrs(n, first.perm, rank)
         reduced: list[int] = []
-        if (
-            "reduction" in traits_of(n)
-            and len(ins) > 1
-            and isinstance(ins[1], _Const)
-            and len(first.perm) == rank
-        ):
-            # axes in the logical layout; the reduced dims leave the compared shape
-            # whether kept as size 1 or not (a Flatten after keepdims squeezes them)
-            reduced = [int(first.perm[a % rank]) for a in _ints(ins[1].value)]
-            attrs["axes"] = sorted(reduced)
-            attrs.pop("keepdims", None)
+        if "reduction" in traits_of(n) and len(first.perm) == rank:
+            reduced, perm = _reduced(n, ins, first.perm, attrs)
             ins = ins[:1]
-            keep = n.attrs.get("keepdims", 1) != 0
-            left = [p for p in first.perm if p not in reduced] if not keep else list(first.perm)
-            perm = tuple(int(r) for r in np.argsort(np.argsort(left)))
         elif not elementwise and first.perm != _ident(len(first.perm)):
             attrs["input layout"] = list(first.perm)
         params = []
@@ -622,6 +619,26 @@ class _Normaliser:
     ) -> None:
         shape = [_dim(d) for d in shape]
         self.ops.append(Op(self.kind, op, attrs, shape, n.module, n.module_type, params))
+
+
+def _reduced(
+    n: Node, ins: list[Any], perm: tuple[int, ...], attrs: dict[str, Any]
+) -> tuple[list[int], tuple[int, ...]]:
+    """A reduction's logical axes (set in attrs, keepdims dropped: the reduced
+    dims leave the compared shape whether kept as size 1 or not, as a Flatten
+    after keepdims squeezes them) and the layout of its output."""
+    rank = len(perm)
+    keep = n.attrs.get("keepdims", 1) != 0
+    if len(ins) > 1 and isinstance(ins[1], _Const):
+        reduced = [int(perm[a % rank]) for a in _ints(ins[1].value)]
+    elif (len(ins) < 2 or ins[1] is None) and not n.attrs.get("noop_with_empty_axes", 0):
+        reduced = list(range(rank))  # ONNX: no axes, every axis
+    else:
+        return [], _ident(rank)
+    attrs["axes"] = sorted(reduced)
+    attrs.pop("keepdims", None)
+    left = list(perm) if keep else [p for p in perm if p not in reduced]
+    return reduced, tuple(int(r) for r in np.argsort(np.argsort(left)))
 
 
 def _scalar(v: Any) -> float | None:
