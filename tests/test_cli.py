@@ -18,7 +18,7 @@ import tracelog
 from tracelog import progress
 from tracelog.cli import build_parser, main
 
-COMMANDS = ["show", "verify", "emit", "check", "diff"]
+COMMANDS = ["show", "verify", "emit", "check", "diff", "compare"]
 
 
 @pytest.fixture(scope="module")
@@ -105,6 +105,6 @@ def test_emit_prints_only_the_path(
 
 def test_every_command_takes_quiet() -> None:
     for command in COMMANDS:
-        args = [command, "a"] + (["b"] if command == "diff" else [])
+        args = [command, "a"] + (["b"] if command in ("diff", "compare") else [])
         args += ["--target", "torch"] if command in ("emit", "check") else []
         assert build_parser().parse_args([*args, "-q"]).quiet is True

@@ -8,6 +8,7 @@ import os
 from typing import Any
 
 from tracelog import (
+    compare,  # callable: tracelog.compare(a, b) -> Comparison
     diff,  # callable: tracelog.diff(old, new) -> LogDiff
     emit,  # callable: tracelog.emit(log_dir, target=...)
 )
@@ -52,6 +53,7 @@ def _is_torch_module(model: Any) -> bool:
 __all__ = [
     "BATCH",
     "check",
+    "compare",
     "diff",
     "emit",
     "Graph",

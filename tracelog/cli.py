@@ -190,6 +190,16 @@ def _cmd_diff(args: argparse.Namespace) -> int:
     return 0 if result.equal else 1
 
 
+def _cmd_compare(args: argparse.Namespace) -> int:
+    from tracelog.compare import compare, dumps, read_mapping
+
+    mapping = read_mapping(args.mapping) if args.mapping else None
+    with _working(args, f"comparing {args.log_a} and {args.log_b}"):
+        result = compare(args.log_a, args.log_b, mapping=mapping)
+    print(dumps(result, args.format))
+    return 0 if result.equal else 1
+
+
 _EXAMPLES = {
     "show": """examples:
   tracelog show runs/digits           # one row per unique graph: batches, epochs, ops
@@ -212,6 +222,12 @@ _EXAMPLES = {
   tracelog diff runs/main runs/pr                     # what changed in the model
   tracelog diff runs/main runs/pr --format markdown   # for a pull-request comment
   tracelog diff runs/main runs/pr --format json --counts
+""",
+    "compare": """examples:
+  tracelog compare runs/torch_cnn runs/keras_cnn      # first structural difference, or parity
+  tracelog compare runs/torch_cnn runs/keras_cnn --mapping names.json --format markdown
+names.json maps A's parameters to B's where the structural match is not wanted:
+  {"fc.weight": "sequential/dense/kernel"}
 """,
 }
 
@@ -297,6 +313,21 @@ def build_parser() -> argparse.ArgumentParser:
         "--counts", action="store_true", help="usage counts differing make a difference too"
     )
     p.set_defaults(func=_cmd_diff)
+    p = _add(
+        sub,
+        "compare",
+        "two implementations of one model (PyTorch and Keras, say): the first structural "
+        "difference, or parity of predictions, loss and gradients with B's weights mapped "
+        "from A's; exit 1 when they differ",
+    )
+    p.add_argument("log_a", help="the reference implementation's log")
+    p.add_argument("log_b", help="the second implementation's log")
+    p.add_argument(
+        "--mapping",
+        help="JSON file {A parameter: B parameter} overriding the structural match",
+    )
+    p.add_argument("--format", choices=("text", "markdown", "json"), default="text")
+    p.set_defaults(func=_cmd_compare)
     return parser
 
 
