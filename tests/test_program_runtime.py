@@ -78,6 +78,59 @@ def test_calibrated_judges_float32_by_the_sources_own_error() -> None:
     assert not ns._calibrated("a", np.array([np.nan, 1.0]), exact[:2], ref[:2], 0.0, 0.0)[3]
 
 
+def test_the_loss_is_judged_by_the_forward_outputs_typical_error_not_the_running_stats() -> None:
+    """The loss is a batch mean of per-row errors that may cancel (MobileNetV2
+    at batch 4: the source's 6e-7 from rows off by 4e-4), and a Keras running
+    statistic's error is its batch statistic's diluted 100x by the momentum: a
+    program whose predictions, and so whose rows, are no noisier than the
+    source's passes on the loss well within 2x, in the programs' runtime and
+    in the ONNX target's judge alike."""
+    from tracelog.verify import SampleJudge
+
+    rng = np.random.default_rng(0)
+    logits = rng.standard_normal((4, 10))
+    p = np.exp(logits) / np.exp(logits).sum(1, keepdims=True)
+    t = np.array([8, 8, 9, 6])
+
+    def loss(q: np.ndarray) -> float:
+        return float(-np.mean(np.log(q[np.arange(4), t])))
+
+    noise = rng.standard_normal((4, 10))
+    source = p * (1 + 2e-4 * noise)
+    source[np.arange(4), t] = p[np.arange(4), t] * (1 + 2e-4 * np.array([1, -1, 1, -1]))
+    program = p * (1 + 1e-4 * rng.standard_normal((4, 10)))  # half the source's noise
+    sample = {
+        "output/prediction": source.astype(np.float32),
+        "ref64/output/prediction": p,
+        "loss": np.asarray(loss(source), np.float32),  # rows cancel: a lucky draw
+        "ref64/loss": np.asarray(loss(p)),
+    }
+    for k in range(20):  # running variances: 0.99 * 1 + 0.01 * the batch's
+        var = 0.99 + 0.01 * rng.random(8)
+        sample[f"update/bn{k}/moving_variance"] = (var * (1 + 1e-5 * 0.01)).astype(np.float32)
+        sample[f"ref64/update/bn{k}/moving_variance"] = var
+    assert abs(sample["loss"] - sample["ref64/loss"]) < 1e-6 < abs(loss(program) - loss(p))
+    judge = SampleJudge(sample)
+    for key, got in (("loss", np.asarray(loss(program))), ("output/prediction", program)):
+        assert judge.checked(key, got, key, 0.0, 0.0).ratio <= 2.0, key
+    ns = _parity_with({}, None)
+    medians = ns._typical_scales(sample)
+    typical = ns._typical_error(sample, medians)
+    assert typical["update"] < 1e-6 < typical["forward"]
+    floor = ns._floor(sample, "loss", medians, False)
+    row = ns._calibrated(
+        "loss",
+        loss(program),
+        sample["loss"],
+        sample["ref64/loss"],
+        typical[ns._kind("loss")],
+        floor,
+    )
+    assert row[3] and row[5] == pytest.approx(
+        judge.checked("loss", loss(program), "loss", 0, 0).ratio
+    )
+
+
 def test_check_parity_runs_the_translation_check_where_the_sample_has_a_reference(
     tmp_path,
 ) -> None:
