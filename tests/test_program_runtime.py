@@ -285,17 +285,46 @@ def test_torch_runtime_dropout_and_batch_norm() -> None:
     )
 
 
-def test_torch_keras_batch_norm_rounds_as_keras_does() -> None:
+def _keras_batch_norm_run(target: str, x, g, gamma, beta):
+    """The target's helper for Keras' batch norm on NCHW `x`: (output, the
+    input's gradient for the output gradient `g`, new running mean)."""
+    args = (1e-3, 0.01, 0.99, False, [0, 2, 3])
+    if target == "torch":
+        import torch
+
+        from tracelog.emit.runtime import torch_program as rt
+
+        xs = torch.from_numpy(x).requires_grad_()
+        stats = (torch.zeros(6), torch.ones(6))
+        y, mean, _ = rt._batch_norm_train_weighted(
+            xs, torch.from_numpy(gamma), torch.from_numpy(beta), *stats, *args
+        )
+        (dx,) = torch.autograd.grad(y, xs, torch.from_numpy(g))
+        return y.detach().numpy(), dx.numpy(), mean.numpy()
+    import jax
+    import jax.numpy as jnp
+
+    from tracelog.emit.runtime import jax_program as rt
+
+    def run(a):
+        stats = (jnp.zeros(6, jnp.float32), jnp.ones(6, jnp.float32))
+        return rt._batch_norm_train_weighted(a, gamma, beta, *stats, *args)
+
+    (y, mean, _), pullback = jax.vjp(run, jnp.asarray(x))
+    (dx,) = pullback((jnp.asarray(g), jnp.zeros(6, jnp.float32), jnp.zeros(6, jnp.float32)))
+    return np.asarray(y), np.asarray(dx), np.asarray(mean)
+
+
+@pytest.mark.parametrize("target", ["torch", "jax"])
+def test_keras_batch_norm_rounds_as_keras_does(target: str) -> None:
     """The helper for Keras' batch norm computes Keras' own formula in float32
     (tf.nn.moments, tf.nn.batch_normalization): on a batch of 4 whose channels
     sit far from zero, where that formula's rounding is large, its output and
     input gradient follow TensorFlow's float32 ones, not the exact values (a
-    more accurate kernel's error was a different, larger draw on ResNet50 at
-    batch 4: 3.3x TF's)."""
-    torch = pytest.importorskip("torch", reason="the torch runtime needs torch")
+    more accurate kernel's error was a different, larger draw at batch 4:
+    ResNet50 3.3x TF's on PyTorch, EfficientNetB0 4.0x on JAX)."""
+    pytest.importorskip(target, reason=f"the {target} runtime needs {target}")
     tf = pytest.importorskip("tensorflow", reason="TensorFlow computes the source's formula")
-    from tracelog.emit.runtime import torch_program as rt
-
     rng = np.random.default_rng(0)
     x = (50.0 + 0.01 * rng.standard_normal((4, 6, 1, 1))).astype(np.float32)
     g = rng.standard_normal((4, 6, 1, 1)).astype(np.float32)
@@ -307,20 +336,17 @@ def test_torch_keras_batch_norm_rounds_as_keras_does() -> None:
         want = tf.nn.batch_normalization(xt, mean, var, beta, gamma, 1e-3)
     want_dx = tape.gradient(want, xt, tf.constant(g.transpose(0, 2, 3, 1)))
     want, want_dx = (np.transpose(t.numpy(), (0, 3, 1, 2)) for t in (want, want_dx))
+    y, dx, new_mean = _keras_batch_norm_run(target, x, g, gamma, beta)
     x64 = x.astype(np.float64)
-    xs = torch.from_numpy(x).requires_grad_()
-    stats = (torch.zeros(6), torch.ones(6))
-    args = (torch.from_numpy(gamma), torch.from_numpy(beta), *stats, 1e-3, 0.01, 0.99)
-    got = rt._batch_norm_train_weighted(xs, *args, False, [0, 2, 3])
-    (dx,) = torch.autograd.grad(got[0], xs, torch.from_numpy(g))
     mean64, var64 = x64.mean((0, 2, 3), keepdims=True), x64.var((0, 2, 3), keepdims=True)
     exact = (x64 - mean64) / np.sqrt(var64 + 1e-3) * gamma.reshape(1, -1, 1, 1)
     exact += beta.reshape(1, -1, 1, 1)
-    off = np.abs(want - exact).max()  # what Keras' formula rounds in float32
-    assert off > 1e-4
-    assert np.abs(got[0].detach().numpy() - want).max() < off / 10
-    np.testing.assert_allclose(dx.numpy(), want_dx, rtol=0, atol=np.abs(want_dx).max() / 100)
-    torch.testing.assert_close(got[1], 0.01 * torch.from_numpy(x64.mean((0, 2, 3))).float())
+    # Keras' float32 rounding: the exact values rounded agree with it nowhere,
+    # the helper (the same ops; JAX's rsqrt may differ by an ulp) almost everywhere
+    assert np.mean(exact.astype(np.float32) == want) < 0.25
+    assert np.mean(y == want) >= 0.75
+    np.testing.assert_allclose(dx, want_dx, rtol=0, atol=np.abs(want_dx).max() / 100)
+    np.testing.assert_allclose(new_mean, 0.01 * x64.mean((0, 2, 3)), rtol=1e-6)
 
 
 @pytest.mark.parametrize(
