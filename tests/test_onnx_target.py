@@ -152,3 +152,65 @@ def test_replay_declares_each_dropout_mask_with_its_own_type(tmp_path) -> None:
     assert declared == want
     report = tracelog.check(tmp_path, target="onnx")
     assert report.ok, report.table()
+
+
+def test_batch_norm_statistics_accumulate_as_each_source_kernel_does() -> None:
+    """tracelog.BatchNormTraining's ONNX function on onnxruntime in float32:
+    PyTorch's flavour (unbiased) takes the batch statistics in float64, as
+    PyTorch's CPU kernel accumulates them (its running mean equals torch's to
+    the last bit where a float32 ReduceMean, summing values that cancel, is
+    not: the torch ResNet's ONNX update rows were 2.3x torch's float32 error); Keras' flavour
+    takes them in float32, as tf.nn.moments does."""
+    from onnx import TensorProto, helper
+
+    from tracelog.ops import TRACELOG_DOMAIN, schema_for
+
+    rng = np.random.default_rng(0)
+    x = rng.standard_normal((8, 3, 16, 16)).astype(np.float32)  # means near 0: cancellation
+    scale, bias = np.ones(3, np.float32), np.zeros(3, np.float32)
+    running = (np.zeros(3, np.float32), np.ones(3, np.float32))
+    function = onnx.parser.parse_function(schema_for(TRACELOG_DOMAIN, "BatchNormTraining").function)
+
+    def run(unbiased: int, decay: float) -> list[np.ndarray]:
+        def double(name: str, v: float) -> onnx.AttributeProto:
+            return helper.make_attribute(
+                name, helper.make_tensor(name, TensorProto.DOUBLE, [], [v])
+            )
+
+        node = helper.make_node(
+            "BatchNormTraining",
+            ["x", "s", "b", "m", "v"],
+            ["y", "nm", "nv"],
+            domain=TRACELOG_DOMAIN,
+        )
+        node.attribute.extend(
+            [double("epsilon", 1e-5), double("momentum", 0.1), double("decay", decay)]
+        )
+        node.attribute.extend(
+            [helper.make_attribute("axes", [0, 2, 3]), helper.make_attribute("unbiased", unbiased)]
+        )
+        f32 = TensorProto.FLOAT
+        graph = helper.make_graph(
+            [node],
+            "bn",
+            [helper.make_tensor_value_info(n, f32, None) for n in "xsbmv"],
+            [helper.make_tensor_value_info(n, f32, None) for n in ("y", "nm", "nv")],
+        )
+        model = helper.make_model(
+            graph,
+            functions=[function],
+            opset_imports=[helper.make_opsetid("", 21), helper.make_opsetid(TRACELOG_DOMAIN, 1)],
+        )
+        session = ort.InferenceSession(
+            model.SerializeToString(), providers=["CPUExecutionProvider"]
+        )
+        return session.run(None, dict(zip("xsbmv", (x, scale, bias, *running), strict=True)))
+
+    mean, var = torch.zeros(3), torch.ones(3)
+    torch.nn.functional.batch_norm(torch.from_numpy(x), mean, var, None, None, True, 0.1, 1e-5)
+    torch_flavour = run(1, 0.9)
+    np.testing.assert_array_equal(torch_flavour[1], mean.numpy())
+    keras_flavour = run(0, 0.9)
+    mean32 = (0.1 * x.mean((0, 2, 3), dtype=np.float32)).astype(np.float32)
+    assert not np.array_equal(keras_flavour[1], mean.numpy())  # float32 statistics
+    np.testing.assert_allclose(keras_flavour[1], mean32, rtol=1e-5)

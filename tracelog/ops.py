@@ -269,7 +269,10 @@ define(
             "statistic where it is not 1 - momentum (Keras multiplies by its momentum and by "
             "1 - momentum, each rounded to float32 on its own, whose sum is not 1), and "
             "`unbiased` = 0 where the running variance takes the biased batch variance: "
-            "new_running_stat = decay * running_stat + momentum * batch_stat."
+            "new_running_stat = decay * running_stat + momentum * batch_stat. The batch "
+            "statistics are taken as each source's kernel takes them: PyTorch's (unbiased = 1) "
+            "in float64, cast once (its CPU kernel accumulates a float32 tensor's in double), "
+            "Keras' in X's dtype (tf.nn.moments)."
         ),
         function="""
 <domain: "tracelog", opset_import: ["" : 21]>
@@ -282,11 +285,25 @@ BatchNormTraining <epsilon, momentum, axes, decay, unbiased>
   ax = Constant <value_ints: ints = @axes> ()
   one_f = Constant <value_float = 1.0> ()
   one = CastLike (one_f, X)
-  mean = ReduceMean <keepdims = 0> (X, ax)
+  unb_i = Constant <value_int: int = @unbiased> ()
+  unb = Cast <to = 9> (unb_i)
+  mean_x = ReduceMean <keepdims = 0> (X, ax)
+  mean_x_b = Unsqueeze (mean_x, ax)
+  centred_x = Sub (X, mean_x_b)
+  squared_x = Mul (centred_x, centred_x)
+  var_x = ReduceMean <keepdims = 0> (squared_x, ax)
+  x_d = Cast <to = 11> (X)
+  mean_d = ReduceMean <keepdims = 0> (x_d, ax)
+  mean_d_b = Unsqueeze (mean_d, ax)
+  centred_d = Sub (x_d, mean_d_b)
+  squared_d = Mul (centred_d, centred_d)
+  var_d = ReduceMean <keepdims = 0> (squared_d, ax)
+  mean_dx = CastLike (mean_d, X)
+  var_dx = CastLike (var_d, X)
+  mean = Where (unb, mean_dx, mean_x)
+  var = Where (unb, var_dx, var_x)
   mean_b = Unsqueeze (mean, ax)
   centred = Sub (X, mean_b)
-  squared = Mul (centred, centred)
-  var = ReduceMean <keepdims = 0> (squared, ax)
   var_b = Unsqueeze (var, ax)
   var_eps = Add (var_b, eps)
   std = Sqrt (var_eps)
@@ -301,8 +318,6 @@ BatchNormTraining <epsilon, momentum, axes, decay, unbiased>
   n = CastLike (n_int, X)
   n_minus_1 = Sub (n, one)
   bessel_n = Div (n, n_minus_1)
-  unb_i = Constant <value_int: int = @unbiased> ()
-  unb = Cast <to = 9> (unb_i)
   bessel = Where (unb, bessel_n, one)
   var_unbiased = Mul (var, bessel)
   keep_d = Constant <value: tensor = @decay> ()

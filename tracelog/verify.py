@@ -110,7 +110,7 @@ def _parity() -> types.ModuleType:
     from tracelog import sample as sample_format
     from tracelog.emit.runtime import parity
 
-    for name in ("reference_key", "grad_key", "scale_key"):
+    for name in ("reference_key", "grad_key", "update_key", "scale_key"):
         setattr(parity, name, getattr(sample_format, name))
     parity._numpy = np.asarray  # type: ignore[assignment]
     return parity
@@ -142,7 +142,13 @@ class SampleJudge:
         is_grad = key.startswith(grad_key(""))
         floor = self.parity._floor(self.sample, key, self.medians, is_grad)
         row = self.parity._calibrated(
-            name, got, self.sample[key], ref, self.typical[is_grad], floor, self.medians[is_grad]
+            name,
+            got,
+            self.sample[key],
+            ref,
+            self.typical[self.parity._kind(key)],
+            floor,
+            self.medians[is_grad],
         )
         return Comparison(*row)
 
