@@ -307,3 +307,14 @@ def test_digits_style_counts_equal_and_weights_bitwise(tmp_path: Path) -> None:
     assert (tmp_path / "g" / "sample.safetensors").read_bytes() == (
         tmp_path / "e" / "sample.safetensors"
     ).read_bytes()
+
+
+def test_alternating_shapes_are_each_trusted(tmp_path: Path) -> None:
+    """A loader of two batch shapes (buckets): each shape's key is trusted
+    after K exact recordings of it, the other shape's batches in between."""
+    model = _mlp()
+    with tracelog.Listener(model, tmp_path / "g", strict=True) as listener:
+        guarded = [_one_batch(listener, model, torch.randn(6 - i % 2, 8)) for i in range(12)]
+    assert guarded == [False] * 6 + [True] * 6
+    log = tracelog.load(tmp_path / "g")
+    assert [(e.usage.batches, e.usage.guarded) for e in log.entries_sorted()] == [(12, 6)] * 2

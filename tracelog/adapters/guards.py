@@ -1,14 +1,17 @@
 """The guarded fast path's bookkeeping, framework-agnostic (DESIGN.md, "Recording").
 
 A batch has a key: what decides its graphs and is cheap to read without the
-recorder: ``(static, inputs, calls)``: the modes and parameter facts when the
-forward starts, the data inputs' shapes/dtypes/devices, and the sequence of
-module and function calls (with their arguments' shapes) the batch made. An
-exact recording maps its key to the pair of graphs it counted. Once one key
-gave the same pair K exact recordings in a row, later batches with the same
-``static`` part run without the recorder: their key is read on the way and
-the batch is counted for the pair its key maps to. Every Nth batch of a key,
-and the first of each epoch, is recorded exactly again.
+recorder: ``(static, inputs, calls)``: the model's facts as the window opens,
+the modes and the data inputs' shapes/dtypes/devices as the forward starts,
+and the sequence of module and function calls (with their arguments' shapes)
+the batch made. An exact recording maps its key to the pair of graphs it
+counted. Once the exact recordings of one ``(static, inputs)`` gave the same
+key and pair K times in a row, later batches that open with the same
+``static`` run without the recorder; one whose ``inputs`` then match no
+trusted key is recorded exactly from its forward on (nothing before the
+forward is recorded anyway). A fast batch is counted for the pair its whole
+key maps to. Every Nth batch of a ``static``, and the first of each epoch,
+is recorded exactly again.
 
 What the key cannot see (a data-dependent branch inside a module's own
 arithmetic, a constant computed from the data) is what the exact
@@ -62,8 +65,10 @@ class GuardBook:
     k: int = 3
     n: int = 100
     table: dict[tuple[Hashable, ...], Pair] = field(default_factory=dict)
-    streaks: dict[Hashable, Streak] = field(default_factory=dict)
-    trusted: dict[Hashable, Streak] = field(default_factory=dict)
+    # by (static, inputs): the latest exact recordings' streak, and the trusted one
+    streaks: dict[tuple[Hashable, Hashable], Streak] = field(default_factory=dict)
+    trusted: dict[tuple[Hashable, Hashable], Streak] = field(default_factory=dict)
+    trusted_statics: set[Hashable] = field(default_factory=set)
     since_exact: dict[Hashable, int] = field(default_factory=dict)
     epoch_of_exact: dict[Hashable, int] = field(default_factory=dict)
     pending: dict[tuple[Hashable, ...], list[Position]] = field(default_factory=dict)
@@ -82,17 +87,17 @@ class GuardBook:
             raise ValueError(f"rerecord_every (N) must be an int >= 2, got {self.n!r}")
 
     # -- deciding ------------------------------------------------------------------------
-    def may_guard(self, static: Hashable, epoch: int) -> Streak | None:
-        """The streak a batch with this ``static`` part may be counted by, or
-        None: record it exactly."""
+    def may_guard(self, static: Hashable, epoch: int) -> bool:
+        """May a batch that opens with this ``static`` run without the recorder?"""
         if self.mode == "exact" or self.switched is not None or self.pending:
-            return None
-        streak = self.trusted.get(static)
-        if streak is None or self.epoch_of_exact.get(static) != epoch:
-            return None  # the first batch of each epoch is recorded exactly
-        if self.since_exact.get(static, 0) + 1 >= self.n:
-            return None  # every Nth batch too
-        return streak
+            return False
+        if static not in self.trusted_statics or self.epoch_of_exact.get(static) != epoch:
+            return False  # the first batch of each epoch is recorded exactly
+        return self.since_exact.get(static, 0) + 1 < self.n  # every Nth batch too
+
+    def trusted_for(self, static: Hashable, inputs: Hashable) -> Streak | None:
+        """The trusted streak of a fast batch whose forward starts with ``inputs``."""
+        return self.trusted.get((static, inputs))
 
     # -- counting ------------------------------------------------------------------------
     def recorded(self, key: tuple[Hashable, ...], pair: Pair, where: Position) -> list[Position]:
@@ -117,19 +122,20 @@ class GuardBook:
                 "guarded_before": self.guarded,
             }
         self.table[key] = pair
-        streak = self.streaks.get(static)
+        prefix = (static, key[1])
+        streak = self.streaks.get(prefix)
         if streak is not None and streak.key == key and streak.pair == pair:
             streak.count += 1
         else:
-            streak = self.streaks[static] = Streak(key, pair)
+            streak = self.streaks[prefix] = Streak(key, pair)
         if streak.count >= self.k:
-            self.trusted[static] = streak
+            self.trusted[prefix] = streak
+            self.trusted_statics.add(static)
         return self.pending.pop(key, [])
 
-    def not_recorded(self, static: Hashable | None) -> None:
+    def not_recorded(self, static: Hashable | None, inputs: Hashable) -> None:
         """An exact batch failed: its streak starts again."""
-        if static is not None:
-            self.streaks.pop(static, None)
+        self.streaks.pop((static, inputs), None)
 
     def counted(self, key: tuple[Hashable, ...], expected: Streak, where: Position) -> Pair | None:
         """A guarded batch ended with ``key``: the pair to count it for, or None

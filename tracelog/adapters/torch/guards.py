@@ -2,15 +2,15 @@
 
 The key (``tracelog.adapters.guards``) is ``(static, inputs, calls)``:
 
-- ``static``, read when the root's forward starts: the root's training flag,
-  grad mode, inference mode, autocast (CPU and CUDA, enabled and dtype), the
-  default dtype, deterministic algorithms, a version of the module tree (it
-  moves when a parameter or a submodule is registered on one of the model's
-  modules: added or replaced) and each parameter's ``requires_grad``;
-- ``inputs``: the shapes, dtypes and devices (and plain values) of what the
-  root's forward receives;
+- ``static``, read as the window opens: every module's training flag, each
+  parameter's ``requires_grad``, a version of the module tree (it moves when
+  a parameter or a submodule is registered on one of the model's modules:
+  added or replaced), the default dtype, deterministic algorithms;
+- ``inputs``, read as the root's forward starts: grad mode, inference mode,
+  autocast (CPU and CUDA, enabled and dtype), and the shapes, dtypes and
+  devices (and plain values) of what the forward receives;
 - ``calls``, from the forward's start to the first backward: each module
-  call (path and training flag, from the hooks the recorder has anyway) and,
+  call (its path, from the hooks the recorder has anyway) and,
   once the forward returned, each torch function call (a
   ``TorchFunctionMode``: one Python call per function, not per aten op, and
   none inside backward), with its tensor arguments' shapes and dtypes and its
@@ -124,12 +124,10 @@ class FastWindow:
     local_grads = None
     before = None
 
-    def __init__(
-        self, listener: Any, phase: str, epoch: int, batch: int, streak: Streak, static: Hashable
-    ) -> None:
+    def __init__(self, listener: Any, phase: str, epoch: int, batch: int, static: Hashable) -> None:
         self.listener = listener
         self.phase, self.epoch, self.batch = phase, epoch, batch
-        self.streak = streak
+        self.streak: Streak | None = None  # the trusted key it is counted by, from its forward
         self.static = static
         self.inputs: Hashable = None
         self.calls: Calls | None = None
@@ -163,17 +161,15 @@ class FastWindow:
         finally:
             self.listener.busy -= 1
 
-    def enter_module(self, path: str, tname: str, is_root: bool, args: Any, kwargs: Any) -> None:
-        if is_root:
-            if self.root_depth == 0:
-                self.root_calls += 1
-            self.root_depth += 1
+    def enter_root(self) -> None:
+        if self.root_depth == 0:
+            self.root_calls += 1
+        self.root_depth += 1
 
-    def exit_module(self, is_root: bool, output: Any) -> None:
-        if is_root:
-            self.root_depth -= 1
-            if self.root_depth == 0 and self.root_calls == 1:
-                self.root_done = True
+    def exit_root(self) -> None:
+        self.root_depth -= 1
+        if self.root_depth == 0 and self.root_calls == 1:
+            self.root_done = True
 
     def start_step(self, batch: Any) -> None:
         """A trainer's step: the step is the root's call (as an exact window)."""
@@ -182,11 +178,11 @@ class FastWindow:
         if w is not self:
             w.start_step(batch)
             return
-        self.enter_module("", "", True, (batch,), {})
+        self.enter_root()
 
     def end_step(self) -> None:
         if self.step and self.root_depth == 1 and not self.root_done:
-            self.exit_module(True, None)
+            self.exit_root()
             self.listener._forward_ended(self)
 
     def mark_loss(self, t: Any) -> None:

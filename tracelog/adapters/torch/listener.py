@@ -371,6 +371,31 @@ class _Window(WindowBase):
         return None
 
 
+class _Watched:
+    """The recorder on the stack for a window (``mode``), or pushed later by
+    ``_push_recorder`` (a fast window whose guards failed); off the stack at
+    the window's end either way. A class, not a generator: a fast window's
+    whole cost is a few of these calls."""
+
+    __slots__ = ("listener", "mode")
+
+    def __init__(self, listener: TorchListener, mode: _Mode | None) -> None:
+        self.listener, self.mode = listener, mode
+
+    def __enter__(self) -> None:
+        if self.mode is not None:
+            self.mode.__enter__()
+
+    def __exit__(self, *exc: Any) -> None:
+        late, self.listener._mode = self.listener._mode, None
+        if self.mode is not None:
+            self.mode.__exit__(*exc)
+        elif late is not None:
+            n = torch._C._len_torch_dispatch_stack()
+            if n and torch._C._get_dispatch_stack_at(n - 1) is late:
+                late.__exit__(None, None, None)
+
+
 class TorchListener(ListenerBase):
     """Records the algebra of each training batch of a torch.nn.Module.
 
@@ -576,26 +601,9 @@ class TorchListener(ListenerBase):
         if isinstance(w, FastWindow):
             # the recorder is pushed only if the batch turns out to need it
             self._dispatch_depth = torch._C._len_torch_dispatch_stack()
-            return self._watched(None)
+            return _Watched(self, None)
         self._mode = _Mode(w)
-        return self._watched(self._mode)
-
-    @contextlib.contextmanager
-    def _watched(self, mode: _Mode | None) -> Iterator[None]:
-        """The recorder on the stack for the window (``mode``), or pushed later
-        by ``_push_recorder``; off the stack at the window's end either way."""
-        try:
-            if mode is None:
-                yield
-            else:
-                with mode:
-                    yield
-        finally:
-            late, self._mode = self._mode, None
-            if mode is None and late is not None:
-                n = torch._C._len_torch_dispatch_stack()
-                if n and torch._C._get_dispatch_stack_at(n - 1) is late:
-                    late.__exit__(None, None, None)
+        return _Watched(self, self._mode)
 
     # -- the guarded fast path -------------------------------------------------------------
     def _begin_window(self) -> _Window | FastWindow:
@@ -604,31 +612,38 @@ class TorchListener(ListenerBase):
         book = self._book
         sample_due = self.model.training and self._sample is None and not self._sample_failed
         if book.mode == "guarded" and not self._compiled and not sample_due:
-            static = self._static_key()
-            streak = book.may_guard(static, self.epoch)
-            if streak is not None:
+            static = self._tree_key()
+            if book.may_guard(static, self.epoch):
                 phase = "train" if self.model.training else "eval"
-                return FastWindow(self, phase, self.epoch, self._next_batch(phase), streak, static)
+                return FastWindow(self, phase, self.epoch, self._next_batch(phase), static)
         return super()._begin_window()
 
-    def _static_key(self) -> tuple[Any, ...]:
-        """The modes and parameter facts that decide a batch's graphs (guards.py)."""
+    def _tree_key(self) -> tuple[Any, ...]:
+        """The model's facts that decide a batch's graphs (guards.py), read as
+        the window opens: the key's static part."""
         if self._tree_seen != self._tree_version:
             self._params = list(self.model.parameters())
             self._modules = list(self.model.modules())
             self._tree_seen = self._tree_version
         return (
-            tuple(m.training for m in self._modules),  # the root's first: the phase
+            tuple([m.training for m in self._modules]),  # the root's first: the phase
+            tuple([p.requires_grad for p in self._params]),
+            self._tree_version,
+            torch.get_default_dtype(),
+            torch.are_deterministic_algorithms_enabled(),
+        )
+
+    @staticmethod
+    def _modes_key() -> tuple[Any, ...]:
+        """The modes that decide a batch's graphs, read as the forward starts
+        (a ``torch.no_grad()`` inside the window counts)."""
+        return (
             torch.is_grad_enabled(),
             torch.is_inference_mode_enabled(),
             torch.is_autocast_enabled("cpu"),
             torch.get_autocast_dtype("cpu"),
             torch.is_autocast_enabled("cuda"),
             torch.get_autocast_dtype("cuda"),
-            torch.get_default_dtype(),
-            torch.are_deterministic_algorithms_enabled(),
-            self._tree_version,
-            tuple(p.requires_grad for p in self._params),
         )
 
     def _tree_changed(self, module: torch.nn.Module, name: str, value: Any) -> None:
@@ -647,13 +662,16 @@ class TorchListener(ListenerBase):
         if self._book.mode == "exact" or self._compiled:
             return w
         try:
-            static, inputs = self._static_key(), input_key(args, kwargs)
+            static = self._tree_key() if w.static is None else w.static
+            inputs = (self._modes_key(), input_key(args, kwargs))
         except Exception as e:  # fail open: no key, the batch recorded exactly or not at all
             if isinstance(w, FastWindow):
                 w.fail(e)
             return w
-        if isinstance(w, FastWindow) and (static != w.streak.static or inputs != w.streak.inputs):
-            w = self._to_exact(w)
+        if isinstance(w, FastWindow):
+            w.streak = self._book.trusted_for(static, inputs)
+            if w.streak is None:  # no trusted key starts so: recorded exactly
+                w = self._to_exact(w)
         w.static, w.inputs = static, inputs
         w.calls = Calls(self, w)  # module calls from now; function calls once the forward ends
         return w
@@ -695,6 +713,7 @@ class TorchListener(ListenerBase):
             raise RuntimeError(self.no_forward_reason + MAYBE_COMPILED)
         key = w.key()
         where = (w.phase, w.epoch, w.batch)
+        assert w.streak is not None  # set as its forward started
         pair = self._book.counted(key, w.streak, where)
         if key != w.streak.key:
             self._warn_guards(
@@ -819,7 +838,11 @@ class TorchListener(ListenerBase):
                     w = self._forward_starts(w, args, kwargs)
             calls = w.calls
             if calls is not None and calls.on:
-                calls.calls.append((path, module.training))  # the key's module calls
+                calls.calls.append(path)  # the key's module calls
+            if isinstance(w, FastWindow):  # no tape: only the root's calls are followed
+                if is_root:
+                    w.enter_root()
+                return
             w.guarded(w.enter_module, path, tname, is_root, args, kwargs)
 
         return hook
@@ -830,7 +853,12 @@ class TorchListener(ListenerBase):
                 return
             w = self._window
             if w is not None:
-                w.guarded(w.exit_module, is_root, output)
+                if isinstance(w, FastWindow):
+                    if not is_root:
+                        return
+                    w.exit_root()
+                else:
+                    w.guarded(w.exit_module, is_root, output)
                 if is_root:
                     self._forward_ended(w)
                 if is_root and self._auto and w.root_depth == 0:
@@ -903,7 +931,7 @@ class TorchListener(ListenerBase):
     def _finish(self, w: WindowBase, before: StateBefore | None) -> None:
         super()._finish(w, before)
         if isinstance(w, _Window) and not w.recording:
-            self._book.not_recorded(w.static)  # an unrecorded batch breaks a streak
+            self._book.not_recorded(w.static, w.inputs)  # an unrecorded batch breaks a streak
 
     def _gradients(
         self, w: _Window, before: StateBefore, loss: torch.Tensor
