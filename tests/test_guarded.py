@@ -318,3 +318,60 @@ def test_alternating_shapes_are_each_trusted(tmp_path: Path) -> None:
     assert guarded == [False] * 6 + [True] * 6
     log = tracelog.load(tmp_path / "g")
     assert [(e.usage.batches, e.usage.guarded) for e in log.entries_sorted()] == [(12, 6)] * 2
+
+
+def test_hf_trainer_guarded_counts_equal_exact(tmp_path: Path) -> None:
+    """The Trainer's micro-batch windows and its evaluation loop's auto
+    windows, guarded: the same counts as exact mode, and guarded batches."""
+    pytest.importorskip("transformers", reason="the Hugging Face callback needs transformers")
+    pytest.importorskip("accelerate", reason="transformers' Trainer needs accelerate")
+    import importlib.util
+    import tempfile
+
+    from transformers import GPT2Config, GPT2LMHeadModel, Trainer, TrainingArguments
+
+    from tracelog.transformers import TracelogCallback
+
+    path = Path(__file__).parent.parent / "examples" / "hf_trainer_gpt2.py"
+    spec = importlib.util.spec_from_file_location("hf_trainer_gpt2", path)
+    assert spec is not None and spec.loader is not None
+    example = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(example)
+    logging.getLogger("transformers").setLevel(logging.ERROR)
+
+    def run(out: Path, **options: Any) -> tuple[tracelog.TraceLog, dict[str, torch.Tensor]]:
+        torch.manual_seed(0)
+        config = GPT2Config(
+            vocab_size=example.VOCAB, n_positions=32, n_embd=32, n_layer=2, n_head=2
+        )
+        model = GPT2LMHeadModel(config)
+        with tempfile.TemporaryDirectory() as scratch:
+            args = TrainingArguments(
+                output_dir=scratch,
+                num_train_epochs=2,
+                per_device_train_batch_size=4,
+                per_device_eval_batch_size=2,
+                gradient_accumulation_steps=2,
+                eval_strategy="epoch",
+                save_strategy="no",
+                logging_strategy="no",
+                report_to=[],
+                use_cpu=True,
+                disable_tqdm=True,
+                seed=0,
+            )
+            Trainer(
+                model=model,
+                args=args,
+                train_dataset=example.sequences(24, 1),
+                eval_dataset=example.sequences(12, 2),
+                callbacks=[TracelogCallback(out, strict=True, **options)],
+            ).train()
+        return tracelog.load(out), model.state_dict()
+
+    exact, exact_w = run(tmp_path / "e", mode="exact")
+    guarded, guarded_w = run(tmp_path / "g")
+    assert _rows(exact) == _rows(guarded) and exact.unrecorded == guarded.unrecorded == 0
+    assert [e.usage.batches for e in guarded.entries_sorted()] == [12, 12, 12, 12]
+    assert all(e.usage.guarded > 0 for e in guarded.entries.values())
+    assert all(torch.equal(t, guarded_w[n]) for n, t in exact_w.items())
