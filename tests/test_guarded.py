@@ -375,3 +375,31 @@ def test_hf_trainer_guarded_counts_equal_exact(tmp_path: Path) -> None:
     assert [e.usage.batches for e in guarded.entries_sorted()] == [12, 12, 12, 12]
     assert all(e.usage.guarded > 0 for e in guarded.entries.values())
     assert all(torch.equal(t, guarded_w[n]) for n, t in exact_w.items())
+
+
+def test_a_mode_switched_inside_the_window_is_seen(tmp_path: Path) -> None:
+    """A trainer may call model.train() after the window opened (with the
+    model still in eval mode): the batch is a training batch, never counted
+    for the eval graphs its window opened with."""
+    model = _mlp()
+    x = torch.randn(6, 8)
+    y = torch.zeros(6, dtype=torch.long)
+    with tracelog.Listener(model, tmp_path / "g", strict=True) as listener:
+        for _ in range(4):
+            _one_batch(listener, model, x)
+        model.eval()
+        for _ in range(4):  # with grad: the same modes and inputs as the train batches
+            _one_batch(listener, model, x)
+        with listener.batch():  # opens in eval mode, runs in train mode
+            model.train()
+            F.cross_entropy(model(x), y).backward()
+        assert not listener.last_guarded
+    phases = [
+        (e.kind, e.phase, e.usage.batches) for e in tracelog.load(tmp_path / "g").entries_sorted()
+    ]
+    assert phases == [
+        ("prediction", "train", 5),
+        ("loss", "train", 5),
+        ("prediction", "eval", 4),
+        ("loss", "eval", 4),
+    ]

@@ -662,14 +662,14 @@ class TorchListener(ListenerBase):
         if self._book.mode == "exact" or self._compiled:
             return w
         try:
-            static = self._tree_key() if w.static is None else w.static
+            static = self._tree_key()  # again: a trainer may switch modes after the window opened
             inputs = (self._modes_key(), input_key(args, kwargs))
         except Exception as e:  # fail open: no key, the batch recorded exactly or not at all
             if isinstance(w, FastWindow):
                 w.fail(e)
             return w
         if isinstance(w, FastWindow):
-            w.streak = self._book.trusted_for(static, inputs)
+            w.streak = self._book.trusted_for(static, inputs) if static == w.static else None
             if w.streak is None:  # no trusted key starts so: recorded exactly
                 w = self._to_exact(w)
         w.static, w.inputs = static, inputs
@@ -918,7 +918,6 @@ class TorchListener(ListenerBase):
         return to_array(t)
 
     def _record(self, w: WindowBase, before: StateBefore | None) -> None:
-        self.last_guarded = False
         if isinstance(w, FastWindow):
             self._count_fast(w)
             return
@@ -929,6 +928,7 @@ class TorchListener(ListenerBase):
         self._exact_counted(w)
 
     def _finish(self, w: WindowBase, before: StateBefore | None) -> None:
+        self.last_guarded = False
         super()._finish(w, before)
         if isinstance(w, _Window) and not w.recording:
             self._book.not_recorded(w.static, w.inputs)  # an unrecorded batch breaks a streak
