@@ -13,6 +13,7 @@ The median ratio is the issue's measure; the mean ratio also carries the
 guarded mode's periodic exact re-recordings (every ``--rerecord-every``).
 
     python benchmarks/recording_overhead.py [--rounds 120] [--steps 1] [--models mlp,cnn,gpt2]
+    python benchmarks/recording_overhead.py --models mlp --export   # + record+emit vs export
 
 (torch.profiler's C++ side prints two lines per session on stderr:
 ``2>/dev/null`` keeps the table alone.)
@@ -174,6 +175,35 @@ def measure(
         return {arm.name: arm.times for arm in arms}
 
 
+def export_against_record(make: Any) -> tuple[float, float, float]:
+    """Seconds to record one batch exactly (listener made, batch, close) and
+    to emit the PyTorch program, against ``torch.export.export`` capturing the
+    model's forward and loss; the second of two runs each (imports warm)."""
+    model, loss_of = make()
+
+    class Loss(nn.Module):
+        def __init__(self) -> None:
+            super().__init__()
+            self.model = model
+
+        def forward(self) -> torch.Tensor:
+            return loss_of(self.model)
+
+    timed: list[tuple[float, float, float]] = []
+    for _ in range(2):
+        with tempfile.TemporaryDirectory() as d:
+            start = time.perf_counter()
+            with tracelog.Listener(model, d) as listener, listener.batch():
+                loss_of(model).backward()
+            recorded = time.perf_counter()
+            tracelog.emit(d, target="torch")
+            emitted = time.perf_counter()
+        torch.export.export(Loss(), ())
+        exported = time.perf_counter()
+        timed.append((recorded - start, emitted - recorded, exported - emitted))
+    return timed[-1]
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--rounds", type=int, default=120)
@@ -181,6 +211,9 @@ def main() -> None:
     parser.add_argument("--models", default="mlp,cnn,gpt2")
     parser.add_argument("--rerecord-every", type=int, default=100)
     parser.add_argument("--contexts", default=",".join(CONTEXTS[1:]), help="beside bare")
+    parser.add_argument(
+        "--export", action="store_true", help="also: record+emit against torch.export (GPT-2)"
+    )
     args = parser.parse_args()
     torch.set_num_threads(1)  # a shared machine: keep the contexts comparable
     cols = [c for c in args.contexts.split(",") if c]
@@ -199,6 +232,13 @@ def main() -> None:
             mean = statistics.mean(times[c]) / bare_mean
             cells.append(f"{f'x{med:.2f} (x{mean:.2f})':>18}")
         print(f"{label:<34} {bare_med * 1e3:>8.2f} " + " ".join(cells), flush=True)
+    if args.export:
+        record, emit, export = export_against_record(_gpt2)
+        print(
+            f"GPT-2 4x128: record one batch {record:.2f} s + emit (torch) {emit:.2f} s = "
+            f"{record + emit:.2f} s; torch.export capture {export:.2f} s "
+            f"(x{(record + emit) / export:.2f})"
+        )
 
 
 if __name__ == "__main__":
