@@ -403,3 +403,15 @@ def test_a_mode_switched_inside_the_window_is_seen(tmp_path: Path) -> None:
         ("prediction", "eval", 4),
         ("loss", "eval", 4),
     ]
+
+
+def test_guard_state_does_not_grow_with_batches(tmp_path: Path) -> None:
+    model = _mlp()
+    x = torch.randn(6, 8)
+    with tracelog.Listener(model, tmp_path / "g", strict=True, rerecord_every=50) as listener:
+        for _ in range(400):
+            _one_batch(listener, model, x)
+        book = listener._book
+        assert (len(book.table), len(book.streaks), len(book.trusted)) == (1, 1, 1)
+        assert not book.pending and book.branch_count == 0
+        assert (book.exact, book.guarded) == (3 + 7, 390)  # K, then 1 in 50 of the other 397
