@@ -156,7 +156,8 @@ def test_show_lists_each_unique_graph(log_dir, capsys) -> None:
     assert main(["show", str(log_dir)]) == 0
     out = capsys.readouterr().out
     rows = [line.split() for line in out.splitlines()[2:] if line[:1].isdigit()]
-    kinds = [(r[1], r[2], r[5], r[6]) for r in rows]
+    kinds = [(r[1], r[2], r[5], r[8]) for r in rows]
+    assert all(int(r[6]) + int(r[7]) == int(r[5]) for r in rows)  # exact + guarded
     assert kinds == [
         ("prediction", "train", "6", "0-1"),
         ("loss", "train", "6", "0-1"),

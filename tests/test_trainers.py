@@ -209,6 +209,8 @@ def test_lightning_counts(lightning_run: Path) -> None:
         ("loss", "eval", 6),
     ]
     assert tracelog.load(lightning_run).optimizer_steps == 12
+    # the default guarded mode: step windows counted by guards after 3 exact ones
+    assert tracelog.load(lightning_run).recording["guarded"] > 0
     # logging and metrics are in neither graph
     assert _ops(lightning_run, "prediction", "train") == {"Gemm": 2, "Relu": 1, "Dropout": 1}
     assert _ops(lightning_run, "prediction", "eval") == {"Gemm": 2, "Relu": 1}

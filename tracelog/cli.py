@@ -59,7 +59,20 @@ def show_text(log: TraceLog, where: str) -> str:
         + ("" if log.optimizer_steps is None else f"; {log.optimizer_steps} optimizer steps")
         + _distributed(log)
     ]
-    header = ("#", "kind", "phase", "hash", "nodes", "batches", "epochs", "first", "last", "ops")
+    header = (
+        "#",
+        "kind",
+        "phase",
+        "hash",
+        "nodes",
+        "batches",
+        "exact",
+        "guarded",
+        "epochs",
+        "first",
+        "last",
+        "ops",
+    )
     rows = [header]
     for i, e in enumerate(log.entries_sorted(), 1):
         g = log.graphs[e.hash]
@@ -71,6 +84,8 @@ def show_text(log: TraceLog, where: str) -> str:
                 e.hash[:12],
                 str(len(g.nodes)),
                 str(e.usage.batches),
+                str(e.usage.batches - e.usage.guarded),
+                str(e.usage.guarded),
                 _epochs(e.usage.epochs),
                 _pos(e.usage.first),
                 _pos(e.usage.last),
@@ -81,7 +96,11 @@ def show_text(log: TraceLog, where: str) -> str:
     for r in rows:
         cells = [r[c].ljust(widths[c]) for c in range(len(widths))] + [r[-1]]
         lines.append("  ".join(cells).rstrip())
-    lines.append("(first/last are epoch:batch; batch counts restart each epoch and phase)")
+    lines.append(
+        "(exact: recorded op by op; guarded: counted by the guarded fast path; first/last are "
+        "epoch:batch; batch counts restart each epoch and phase)"
+    )
+    lines += recording_lines(log.recording)
     for f in log.failures:
         lines.append(
             f"unrecorded: {f['phase']} epoch {f['epoch']} batch {f['batch']}: {f['error']}"
@@ -89,6 +108,30 @@ def show_text(log: TraceLog, where: str) -> str:
     if log.unrecorded > len(log.failures):
         lines.append(f"... and {log.unrecorded - len(log.failures)} more unrecorded batches")
     return "\n".join(lines)
+
+
+def recording_lines(recording: dict[str, Any] | None) -> list[str]:
+    """What the guarded fast path noticed: data-dependent branches, a switch to exact mode."""
+    if not recording:
+        return []
+    lines = []
+    n = int(recording.get("branches", 0))
+    if n:
+        first = (recording.get("branch_batches") or [{}])[0]
+        lines.append(
+            f"guards: {n} guarded batch{'es' if n != 1 else ''} made other module or function "
+            f"calls than the recorded ones (a data-dependent branch; first: {first.get('phase')} "
+            f"epoch {first.get('epoch')} batch {first.get('batch')}); each was counted for the "
+            "graphs of its own path, once an exact recording showed them"
+        )
+    switched = recording.get("switched_to_exact")
+    if switched:
+        lines.append(
+            f"guards: switched to exact mode at {switched.get('phase')} epoch "
+            f"{switched.get('epoch')} batch {switched.get('batch')}: {switched.get('why')} "
+            f"({switched.get('guarded_before')} batches were counted under guards before)"
+        )
+    return lines
 
 
 def show_json(log: TraceLog) -> str:
@@ -103,6 +146,7 @@ def show_json(log: TraceLog) -> str:
                 "nodes": len(g.nodes),
                 "ops": g.op_histogram(),
                 **e.usage.to_json(),
+                **e.usage.counts_json(),
             }
         )
     return json.dumps(
@@ -114,6 +158,7 @@ def show_json(log: TraceLog) -> str:
             "unrecorded": log.unrecorded,
             "optimizer_steps": log.optimizer_steps,
             "distributed": log.distributed,
+            "recording": log.recording,
             "entries": entries,
         },
         indent=1,

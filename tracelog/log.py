@@ -89,16 +89,24 @@ class Usage:
     epochs: list[int] = field(default_factory=list)
     first: Position | None = None
     last: Position | None = None
+    # of ``batches``, those counted by the guarded fast path (not recorded op by op)
+    guarded: int = 0
 
-    def add(self, epoch: int, batch: int) -> None:
+    def add(self, epoch: int, batch: int, guarded: bool = False) -> None:
         self.batches += 1
+        self.guarded += guarded
         if not self.epochs or self.epochs[-1] != epoch:
             if epoch not in self.epochs:
                 self.epochs.append(epoch)
                 self.epochs.sort()
-        if self.first is None:
-            self.first = (epoch, batch)
-        self.last = (epoch, batch)
+        # min/max: a guarded batch whose graph became known later is counted late
+        pos = (epoch, batch)
+        self.first = pos if self.first is None else min(self.first, pos)
+        self.last = pos if self.last is None else max(self.last, pos)
+
+    def counts_json(self) -> dict[str, int]:
+        """How the batches were counted: recorded op by op, or under guards."""
+        return {"exact": self.batches - self.guarded, "guarded": self.guarded}
 
     def to_json(self) -> dict[str, Any]:
         return {
@@ -112,7 +120,8 @@ class Usage:
     def from_json(cls, d: dict[str, Any]) -> Usage:
         first = tuple(d["first"]) if d.get("first") is not None else None
         last = tuple(d["last"]) if d.get("last") is not None else None
-        return cls(int(d["batches"]), [int(e) for e in d["epochs"]], first, last)
+        guarded = int(d.get("guarded", 0))  # absent before the guarded fast path
+        return cls(int(d["batches"]), [int(e) for e in d["epochs"]], first, last, guarded)
 
 
 @dataclass
@@ -151,6 +160,9 @@ class TraceLog:
         # log and the ranks that record (None: a single process)
         self.distributed: dict[str, Any] | None = None
         self.failures: list[dict[str, Any]] = []
+        # how batches were recorded (mode, K, N, guarded batches, branches
+        # noticed, a switch back to exact mode); None: every batch op by op
+        self.recording: dict[str, Any] | None = None
         self.sample_info: SampleInfo | None = None
         self.constants: dict[str, np.ndarray] = {}
         # the run's state on disk: complete, or interrupted (with its last checkpoint)
@@ -177,7 +189,9 @@ class TraceLog:
         loss: str | None,
         epoch: int,
         batch: int,
+        guarded: bool = False,
     ) -> None:
+        """Count one batch for its graphs (``guarded``: counted by guards)."""
         for h in (prediction, loss):
             if h is None:
                 continue
@@ -185,12 +199,12 @@ class TraceLog:
             entry = self.entries.get(key)
             if entry is None:
                 entry = self.entries[key] = GraphEntry(h, self.graphs[h].kind, phase)
-            entry.usage.add(epoch, batch)
+            entry.usage.add(epoch, batch, guarded)
         pkey = (phase, prediction, loss or "")
         pair = self.pairs.get(pkey)
         if pair is None:
             pair = self.pairs[pkey] = PairEntry(phase, prediction, loss)
-        pair.usage.add(epoch, batch)
+        pair.usage.add(epoch, batch, guarded)
         self.recorded += 1
 
     def count_failure(self, phase: str, epoch: int, batch: int, error: str) -> None:
@@ -254,12 +268,25 @@ class TraceLog:
             },
             **({} if self.distributed is None else {"distributed": self.distributed}),
             "graphs": sorted(self.graphs),
+            **({} if self.recording is None else {"recording": self.recording}),
             "entries": [
-                {"hash": e.hash, "kind": e.kind, "phase": e.phase, **e.usage.to_json()}
+                {
+                    "hash": e.hash,
+                    "kind": e.kind,
+                    "phase": e.phase,
+                    **e.usage.to_json(),
+                    **e.usage.counts_json(),
+                }
                 for e in self.entries_sorted()
             ],
             "pairs": [
-                {"phase": p.phase, "prediction": p.prediction, "loss": p.loss, **p.usage.to_json()}
+                {
+                    "phase": p.phase,
+                    "prediction": p.prediction,
+                    "loss": p.loss,
+                    **p.usage.to_json(),
+                    **p.usage.counts_json(),
+                }
                 for p in sorted(
                     self.pairs.values(),
                     key=lambda p: (p.phase, p.usage.first or (0, 0), p.prediction, p.loss or ""),
@@ -350,6 +377,8 @@ class TraceLog:
         log.sample_info = d.get("sample")
         dist_facts = d.get("distributed")  # absent from single-process runs
         log.distributed = dict(dist_facts) if isinstance(dist_facts, dict) else None
+        recording = d.get("recording")  # absent before the guarded fast path
+        log.recording = dict(recording) if isinstance(recording, dict) else None
         return log
 
 

@@ -21,11 +21,16 @@ from typing import Any
 
 import numpy as np
 import torch
+from torch.nn.modules.module import (
+    register_module_module_registration_hook,
+    register_module_parameter_registration_hook,
+)
 from torch.optim.optimizer import register_optimizer_step_post_hook
 from torch.utils._python_dispatch import TorchDispatchMode
 
 from tracelog.adapters.base import ListenerBase, StateBefore, WindowBase, describe
 from tracelog.adapters.builder import NotSupported
+from tracelog.adapters.guards import UNRESOLVED, GuardBook
 from tracelog.adapters.tape import Ref, Tape
 from tracelog.ir import Graph
 from tracelog.log import TraceLog
@@ -40,6 +45,7 @@ from .compiled import (
     unwrap_compiled,
 )
 from .distributed import LocalGrads, Ranks, facts_for_log, placement, unwrap, world
+from .guards import Calls, FastWindow, input_key
 from .recurrent import InnerOps, scope_leaf_modules
 from .reference import reference64
 from .rules import ATEN, VIEW_WRITE
@@ -160,6 +166,33 @@ class _Window(WindowBase):
         self.step_output: Any = None
         # a distributed sample window: this rank's gradients, before the all-reduce
         self.local_grads: LocalGrads | None = None
+        # the guarded fast path's key of this batch (guards.py), read as for a fast window
+        self.key_started = False
+        self.static: Any = None
+        self.inputs: Any = None
+        self.calls: Calls | None = None
+
+    def guarded(self, fn: Callable[..., None], *args: Any) -> None:
+        if not self.recording:
+            return
+        listener = self.listener
+        listener.busy += 1  # the recorder's own torch calls are not the batch's
+        try:
+            fn(*args)
+        except Exception as e:  # fail open: training goes on, the batch is unrecorded
+            self.fail(e)
+        finally:
+            listener.busy -= 1
+
+    def mark_loss(self, t: Any) -> None:
+        super().mark_loss(t)
+        if self.calls is not None:
+            self.calls.calls.append(("loss()",))  # as a fast window notes it
+
+    def key(self) -> tuple[Any, ...] | None:
+        if self.calls is None:
+            return None
+        return (self.static, self.inputs, tuple(self.calls.calls))
 
     # -- the root's call ---------------------------------------------------------------
     def start_forward(self, args: Any, kwargs: Any) -> None:
@@ -174,6 +207,8 @@ class _Window(WindowBase):
     def start_step(self, batch: Any) -> None:
         """A trainer's step begins with its batch: the step is the root's call."""
         self.step = True
+        if not self.key_started:
+            self.listener._forward_starts(self, (batch,), {})
         root = self.listener.model
         self.enter_module("", type(root).__name__, True, (batch,), {})
 
@@ -181,6 +216,7 @@ class _Window(WindowBase):
         """The step's loss is known: its predictions are bound, later ops are the loss's."""
         if self.step and self.root_depth == 1 and not self.root_done:
             self.exit_module(True, self.step_output)
+            self.listener._forward_ended(self)
 
     def exit_module(self, is_root: bool, output: Any) -> None:
         path = self.stack[-1][0] if self.stack else ""
@@ -335,6 +371,31 @@ class _Window(WindowBase):
         return None
 
 
+class _Watched:
+    """The recorder on the stack for a window (``mode``), or pushed later by
+    ``_push_recorder`` (a fast window whose guards failed); off the stack at
+    the window's end either way. A class, not a generator: a fast window's
+    whole cost is a few of these calls."""
+
+    __slots__ = ("listener", "mode")
+
+    def __init__(self, listener: TorchListener, mode: _Mode | None) -> None:
+        self.listener, self.mode = listener, mode
+
+    def __enter__(self) -> None:
+        if self.mode is not None:
+            self.mode.__enter__()
+
+    def __exit__(self, *exc: Any) -> None:
+        late, self.listener._mode = self.listener._mode, None
+        if self.mode is not None:
+            self.mode.__exit__(*exc)
+        elif late is not None:
+            n = torch._C._len_torch_dispatch_stack()
+            if n and torch._C._get_dispatch_stack_at(n - 1) is late:
+                late.__exit__(None, None, None)
+
+
 class TorchListener(ListenerBase):
     """Records the algebra of each training batch of a torch.nn.Module.
 
@@ -359,6 +420,16 @@ class TorchListener(ListenerBase):
       rank writes ``log_dir`` (the others record nothing and write nothing);
       ``"all"`` or a list of ranks: each writes ``log_dir/rank<N>``. A model
       wrapped in ``DistributedDataParallel`` is recorded as the module it wraps.
+    - ``mode`` ("guarded"): once a batch's key (its modes, input shapes and
+      dtypes, module tree, and the module and function calls it made:
+      ``guards.py``) gave the same graphs ``guard_after`` (K, 3) exact
+      recordings in a row, later batches with the same key run without the
+      recorder and are counted for those graphs; every ``rerecord_every``
+      (N, 100) batches and the first batch of each epoch are recorded
+      exactly again, and an exact recording that contradicts the key puts
+      the run back in exact mode, saying so. ``"exact"`` records every
+      batch op by op. trace.json counts, per graph, the batches recorded
+      exactly and those counted under guards.
 
     A listener never closed writes a last checkpoint (weights included) at
     interpreter exit (atexit: a normal exit or ``SystemExit``), marked
@@ -379,10 +450,15 @@ class TorchListener(ListenerBase):
         log_dir: str | os.PathLike[str],
         *,
         ranks: Ranks = 0,
+        mode: str = "guarded",
+        guard_after: int = 3,
+        rerecord_every: int = 100,
         **options: Any,
     ) -> None:
         if not isinstance(model, torch.nn.Module):
             raise TypeError(f"TorchListener needs a torch.nn.Module, got {type(model).__name__}")
+        self._book = GuardBook(mode, guard_after, rerecord_every)  # a bad option raises here
+        self.busy = 0  # > 0 while the listener runs torch ops of its own inside a window
         model, compiled = unwrap_compiled(unwrap(model))
         model = unwrap(model)  # torch.compile(DDP(model))
         facts = world()
@@ -394,7 +470,7 @@ class TorchListener(ListenerBase):
             inert=not records,
             **options,
         )
-        self._window: _Window | None = None
+        self._window: _Window | FastWindow | None = None
         self._mode: _Mode | None = None
         self._distributed = facts is not None
         if facts is not None:
@@ -409,8 +485,20 @@ class TorchListener(ListenerBase):
         self._quieted: list[tuple[Any, str, bool, Any]] = []
         self._holds_params: dict[str, bool] = {}
         self._compiled = compiled
+        self._tree_version = 0  # moves when a parameter or submodule is registered on ours
+        self._tree_seen = -1
+        self._params: list[torch.nn.Parameter] = []
+        self._modules: list[torch.nn.Module] = []
+        # was the last batch counted under guards (not recorded op by op)?
+        self.last_guarded = False
+        self._module_ids = {id(m) for m in model.modules()}
+        self._dispatch_depth = 0
+        self._warned_guards: set[str] = set()
+        self.log.recording = self._book.to_json()
         if self.inert:
             return  # a rank that does not record: no hooks at all
+        self._handles.append(register_module_module_registration_hook(self._tree_changed))
+        self._handles.append(register_module_parameter_registration_hook(self._tree_changed))
         self._handles.append(register_optimizer_step_post_hook(self._optimizer_stepped))
         if compiled:  # nothing added to a compiled model: its batches are counted (compiled.py)
             logger.warning(COMPILED_WARNING)
@@ -431,8 +519,10 @@ class TorchListener(ListenerBase):
                     self._post_hook(is_root), with_kwargs=True, always_call=True
                 )
             )
-        # recurrent layers' calls, recorded whole (recurrent.py)
-        self._handles += scope_leaf_modules(model, lambda: self._window)
+        # recurrent layers' calls, recorded whole (recurrent.py); a fast window records none
+        self._handles += scope_leaf_modules(
+            model, lambda: self._window if isinstance(self._window, _Window) else None
+        )
 
     # -- the window ------------------------------------------------------------------------
     def _new_window(self) -> _Window:
@@ -460,7 +550,7 @@ class TorchListener(ListenerBase):
                 cm.__exit__(type(error), error, error.__traceback__)
 
     @property
-    def window(self) -> _Window | None:
+    def window(self) -> _Window | FastWindow | None:
         """The open batch window, if any (for trainer callbacks)."""
         return self._window
 
@@ -469,13 +559,19 @@ class TorchListener(ListenerBase):
         """Ops run inside are not recorded (a trainer's logging, metrics)."""
         mode = self._mode if self._window is not None else None
         if mode is None:
-            yield
+            self.busy += 1  # nor noted in a fast window's key
+            try:
+                yield
+            finally:
+                self.busy -= 1
             return
         saved, mode.window = mode.window, None
+        self.busy += 1
         try:
             yield
         finally:
             mode.window = saved
+            self.busy -= 1
 
     def quiet(self, obj: Any, *names: str) -> None:
         """Run these methods of ``obj`` with recording paused (instance
@@ -498,23 +594,177 @@ class TorchListener(ListenerBase):
 
         return paused_call
 
-    def _watching(self, w: _Window, before: StateBefore | None) -> Any:
+    def _watching(self, w: _Window | FastWindow, before: StateBefore | None) -> Any:
         if self._compiled:
             w.stop(COMPILED_REASON)
             return contextlib.nullcontext()
+        if isinstance(w, FastWindow):
+            # the recorder is pushed only if the batch turns out to need it
+            self._dispatch_depth = torch._C._len_torch_dispatch_stack()
+            return _Watched(self, None)
         self._mode = _Mode(w)
-        return self._mode
+        return _Watched(self, self._mode)
 
-    def _next_micro_batch(self, w: _Window) -> None:
+    # -- the guarded fast path -------------------------------------------------------------
+    def _begin_window(self) -> _Window | FastWindow:
+        """A fast window where the guard book allows one (guards.py), else an
+        exact window as before."""
+        book = self._book
+        sample_due = self.model.training and self._sample is None and not self._sample_failed
+        if book.mode == "guarded" and not self._compiled and not sample_due:
+            static = self._tree_key()
+            if book.may_guard(static, self.epoch):
+                phase = "train" if self.model.training else "eval"
+                return FastWindow(self, phase, self.epoch, self._next_batch(phase), static)
+        return super()._begin_window()
+
+    def _tree_key(self) -> tuple[Any, ...]:
+        """The model's facts that decide a batch's graphs (guards.py), read as
+        the window opens: the key's static part."""
+        if self._tree_seen != self._tree_version:
+            self._params = list(self.model.parameters())
+            self._modules = list(self.model.modules())
+            self._tree_seen = self._tree_version
+        return (
+            tuple([m.training for m in self._modules]),  # the root's first: the phase
+            tuple([p.requires_grad for p in self._params]),
+            self._tree_version,
+            torch.get_default_dtype(),
+            torch.are_deterministic_algorithms_enabled(),
+        )
+
+    @staticmethod
+    def _modes_key() -> tuple[Any, ...]:
+        """The modes that decide a batch's graphs, read as the forward starts
+        (a ``torch.no_grad()`` inside the window counts)."""
+        return (
+            torch.is_grad_enabled(),
+            torch.is_inference_mode_enabled(),
+            torch.is_autocast_enabled("cpu"),
+            torch.get_autocast_dtype("cpu"),
+            torch.is_autocast_enabled("cuda"),
+            torch.get_autocast_dtype("cuda"),
+        )
+
+    def _tree_changed(self, module: torch.nn.Module, name: str, value: Any) -> None:
+        """A global registration hook: a parameter or submodule of one of our modules."""
+        if id(module) in self._module_ids:
+            self._tree_version += 1
+
+    def _forward_starts(
+        self, w: _Window | FastWindow, args: Any, kwargs: Any
+    ) -> _Window | FastWindow:
+        """The root's forward (or a trainer's step) starts: read the key's
+        static part and inputs; a fast window whose guards fail becomes an
+        exact window (the recorder pushed now: ops before the forward are
+        never recorded, so nothing is lost). Then note the calls."""
+        w.key_started = True
+        if self._book.mode == "exact" or self._compiled:
+            return w
+        try:
+            static = self._tree_key()  # again: a trainer may switch modes after the window opened
+            inputs = (self._modes_key(), input_key(args, kwargs))
+        except Exception as e:  # fail open: no key, the batch recorded exactly or not at all
+            if isinstance(w, FastWindow):
+                w.fail(e)
+            return w
+        if isinstance(w, FastWindow):
+            w.streak = self._book.trusted_for(static, inputs) if static == w.static else None
+            if w.streak is None:  # no trusted key starts so: recorded exactly
+                w = self._to_exact(w)
+        w.static, w.inputs = static, inputs
+        w.calls = Calls(self, w)  # module calls from now; function calls once the forward ends
+        return w
+
+    def _forward_ended(self, w: _Window | FastWindow) -> None:
+        """The root's first call returned: the key notes function calls from
+        here (the loss) to the first backward. Not inside the forward: a
+        TorchFunctionMode on the stack turns off fused fast paths there
+        (``has_torch_function``: attention in inference), which would change
+        what runs."""
+        calls = w.calls
+        if calls is not None and not calls.started and w.root_done:
+            calls.start()
+
+    def _to_exact(self, fw: FastWindow) -> _Window:
+        """A fast window's guards failed as its forward starts: record it exactly."""
+        w = _Window(self, fw.phase, fw.epoch, fw.batch)
+        w.key_started = True
+        self._window = w
+        self._push_recorder(w)
+        return w
+
+    def _push_recorder(self, w: _Window) -> None:
+        """The recorder for ``w``, pushed in a window that began without it."""
+        if self._mode is not None:
+            self._mode.window = w
+            return
+        if torch._C._len_torch_dispatch_stack() != self._dispatch_depth:
+            # a dispatch mode pushed inside the window and still there: the
+            # recorder cannot go below it, nor above it and be popped in order
+            w.stop("another TorchDispatchMode was pushed inside the batch window")
+            return
+        mode = self._mode = _Mode(w)
+        mode.__enter__()
+
+    def _count_fast(self, w: FastWindow) -> None:
+        """A fast window ended: count it for the pair its key maps to."""
+        if w.root_calls == 0:
+            raise RuntimeError(self.no_forward_reason + MAYBE_COMPILED)
+        key = w.key()
+        where = (w.phase, w.epoch, w.batch)
+        assert w.streak is not None  # set as its forward started
+        pair = self._book.counted(key, w.streak, where)
+        if key != w.streak.key:
+            self._warn_guards(
+                "branch",
+                "tracelog: batch (epoch %d, batch %d) made other module or function calls "
+                "than the recorded batches with the same guards (a data-dependent branch); "
+                "it is counted for the graphs of its own path%s",
+                w.epoch,
+                w.batch,
+                "" if pair is not None else ", once an exact recording shows them",
+            )
+        if pair is None:
+            self.last_counted = "held: its path was not recorded yet"
+            return
+        self.log.count(w.phase, pair[0], pair[1], w.epoch, w.batch, guarded=True)
+        self.last_counted = pair
+        self.last_guarded = True
+
+    def _exact_counted(self, w: _Window) -> None:
+        """An exact window counted its pair: the guard book learns its key."""
+        key = w.key()
+        pair = self.last_counted
+        if key is None or not isinstance(pair, tuple):
+            return
+        switched = self._book.switched
+        for phase, epoch, batch in self._book.recorded(key, pair, (w.phase, w.epoch, w.batch)):
+            self.log.count(phase, pair[0], pair[1], epoch, batch, guarded=True)
+        if switched is None and self._book.switched is not None:
+            self._warn_guards(
+                "switched",
+                "tracelog: batch (epoch %d, batch %d), recorded exactly, gave other graphs than "
+                "earlier batches with the same guards (a data-dependent branch the guards do "
+                "not see); every batch is recorded exactly from here on",
+                w.epoch,
+                w.batch,
+            )
+
+    def _warn_guards(self, what: str, msg: str, *args: Any) -> None:
+        if what not in self._warned_guards:
+            self._warned_guards.add(what)
+            logger.warning(msg, *args)
+
+    def _next_micro_batch(self, w: _Window | FastWindow) -> None:
         """The root's forward starts again after a forward and its backward in
         the same window (gradient accumulation): that micro-batch is a batch
         of its own. It is counted now, its sample gradients being the
         gradients as they stand (its own, past what the window began with),
         and the rest of the window is the next micro-batch's."""
         mode = self._mode
-        if mode is None:
-            return
-        mode.window = None  # counting and sampling run torch ops: none of them recorded
+        if mode is not None:
+            mode.window = None  # counting and sampling run torch ops: none of them recorded
         try:
             self._end_window(w)
             self._window = self._begin_window()
@@ -523,9 +773,14 @@ class TorchListener(ListenerBase):
                 raise
             self._window = self._new_window()
             self._window.stop(describe(e))
-        mode.window = self._window
+        if isinstance(self._window, _Window):
+            self._push_recorder(self._window)
+        # a fast window after an exact one: the recorder stays, seeing nothing
 
-    def _end_window(self, w: WindowBase, raised: BaseException | None = None) -> None:
+    def _end_window(self, w: Any, raised: BaseException | None = None) -> None:
+        calls = getattr(w, "calls", None)
+        if calls is not None:
+            calls.end()  # the key's calls end with the window
         try:
             super()._end_window(w, raised)
         finally:
@@ -533,7 +788,7 @@ class TorchListener(ListenerBase):
             if local is not None:  # hooks for one window only
                 local.remove()
 
-    def _open_auto_window(self) -> _Window | None:
+    def _open_auto_window(self) -> _Window | FastWindow | None:
         try:
             cm = self.open_batch()
         except Exception as e:  # fail open
@@ -573,11 +828,21 @@ class TorchListener(ListenerBase):
                 w = self._open_auto_window()
             if w is None:
                 return
-            if is_root and w.root_depth == 0 and w.root_done and w.saw_backward:
-                self._next_micro_batch(w)
-                if self._window is None:
-                    return
-                w = self._window
+            if is_root and w.root_depth == 0:
+                if w.root_done and w.saw_backward:
+                    self._next_micro_batch(w)
+                    if self._window is None:
+                        return
+                    w = self._window
+                if w.root_calls == 0 and not w.key_started:
+                    w = self._forward_starts(w, args, kwargs)
+            calls = w.calls
+            if calls is not None and calls.on:
+                calls.calls.append(path)  # the key's module calls
+            if isinstance(w, FastWindow):  # no tape: only the root's calls are followed
+                if is_root:
+                    w.enter_root()
+                return
             w.guarded(w.enter_module, path, tname, is_root, args, kwargs)
 
         return hook
@@ -588,7 +853,14 @@ class TorchListener(ListenerBase):
                 return
             w = self._window
             if w is not None:
-                w.guarded(w.exit_module, is_root, output)
+                if isinstance(w, FastWindow):
+                    if not is_root:
+                        return
+                    w.exit_root()
+                else:
+                    w.guarded(w.exit_module, is_root, output)
+                if is_root:
+                    self._forward_ended(w)
                 if is_root and self._auto and w.root_depth == 0:
                     self.close_batch(self._auto.pop())
 
@@ -646,9 +918,20 @@ class TorchListener(ListenerBase):
         return to_array(t)
 
     def _record(self, w: WindowBase, before: StateBefore | None) -> None:
+        if isinstance(w, FastWindow):
+            self._count_fast(w)
+            return
         if w.root_calls == 0 and dynamo_compiled_something():
             raise RuntimeError(self.no_forward_reason + MAYBE_COMPILED)
         super()._record(w, before)
+        assert isinstance(w, _Window)
+        self._exact_counted(w)
+
+    def _finish(self, w: WindowBase, before: StateBefore | None) -> None:
+        self.last_guarded = False
+        super()._finish(w, before)
+        if isinstance(w, _Window) and not w.recording:
+            self._book.not_recorded(w.static, w.inputs)  # an unrecorded batch breaks a streak
 
     def _gradients(
         self, w: _Window, before: StateBefore, loss: torch.Tensor
@@ -700,6 +983,8 @@ class TorchListener(ListenerBase):
 
     # -- closing ---------------------------------------------------------------------------
     def _detach(self) -> None:
+        for phase, epoch, batch in self._book.unresolved():
+            self.log.count_failure(phase, epoch, batch, UNRESOLVED)
         for h in self._handles:
             h.remove()
         self._handles.clear()
@@ -712,6 +997,8 @@ class TorchListener(ListenerBase):
         self._quieted.clear()
 
     def _model_facts(self) -> dict[str, Any]:
+        # read at every write of trace.json, as the guard book's counts are
+        self.log.recording = self._book.to_json()
         return _model_facts(self.model)
 
     def _weights(self) -> dict[str, np.ndarray]:

@@ -1,0 +1,417 @@
+"""Issue 18: the guarded fast path. Once a batch's key gave the same graphs K
+exact recordings in a row, later batches with that key are counted without
+the recorder; every Nth batch, the first of each epoch and any batch whose
+guards fail are recorded exactly. Counts must match exact mode's, and
+trace.json and ``tracelog show`` say which batches were counted how."""
+
+from __future__ import annotations
+
+import json
+import logging
+from collections.abc import Callable, Iterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+import torch
+import torch.nn as nn
+import torch.nn.functional as F
+
+import tracelog
+from tracelog.cli import show_text
+
+
+def _mlp() -> nn.Module:
+    torch.manual_seed(0)
+    return nn.Sequential(nn.Linear(8, 16), nn.ReLU(), nn.Dropout(0.2), nn.Linear(16, 4))
+
+
+class _Branchy(nn.Module):
+    """Calls an extra layer on batches whose inputs are large: a
+    data-dependent branch the guards see as another module call."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.fc1, self.extra, self.out = nn.Linear(8, 16), nn.Linear(16, 16), nn.Linear(16, 4)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        h = F.relu(self.fc1(x))
+        if x.abs().max() > 10:  # data-dependent: the key sees the extra call
+            h = F.relu(self.extra(h))
+        return self.out(h)
+
+
+class _Scaled(nn.Module):
+    """Multiplies by a plain tensor attribute (a constant of the graph): its
+    value changes the graph, though no call or shape does."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.fc = nn.Linear(8, 4)
+        self.scale = torch.tensor([1.0, 2.0, 3.0, 4.0])
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return self.fc(x) * self.scale
+
+
+def _batches(n: int, big: set[int] = frozenset()) -> Iterator[tuple[torch.Tensor, torch.Tensor]]:
+    g = torch.Generator().manual_seed(1)
+    for i in range(n):
+        x = torch.randn(6, 8, generator=g)
+        if i in big:
+            x = x * 100
+        yield x, torch.randint(0, 4, (6,), generator=g)
+
+
+def _train(
+    model: nn.Module,
+    log_dir: Path,
+    epochs: int = 2,
+    per_epoch: int = 12,
+    big: set[int] = frozenset(),
+    **options: Any,
+) -> tracelog.TraceLog:
+    torch.manual_seed(2)
+    opt = torch.optim.SGD(model.parameters(), lr=0.01)
+    with tracelog.Listener(model, log_dir, strict=True, **options) as listener:
+        for _ in listener.epochs(epochs):
+            for x, y in _batches(per_epoch, big):
+                with listener.batch():
+                    F.cross_entropy(model(x), y).backward()
+                opt.step()
+                opt.zero_grad()
+    return tracelog.load(log_dir)
+
+
+def _rows(log: tracelog.TraceLog) -> list[tuple[Any, ...]]:
+    return [
+        (e.hash, e.kind, e.phase, e.usage.batches, e.usage.epochs, e.usage.first, e.usage.last)
+        for e in log.entries_sorted()
+    ]
+
+
+def test_trace_json_says_exact_and_guarded_per_graph(tmp_path: Path) -> None:
+    log = _train(_mlp(), tmp_path / "g", epochs=2, per_epoch=12, guard_after=3, rerecord_every=5)
+    trace = json.loads((tmp_path / "g" / "trace.json").read_text())
+    # epoch 0: 3 exact to trust the key, then every 5th batch exact again
+    # (guarded 3-6, exact 7, guarded 8-11); epoch 1: its first batch exact
+    # (exact 0, guarded 1-4, exact 5, guarded 6-9, exact 10, guarded 11)
+    for e in trace["entries"]:
+        assert (e["batches"], e["exact"], e["guarded"]) == (24, 7, 17)
+    assert [(p["exact"], p["guarded"]) for p in trace["pairs"]] == [(7, 17)]
+    rec = trace["recording"]
+    assert (rec["mode"], rec["guard_after"], rec["rerecord_every"]) == ("guarded", 3, 5)
+    assert (rec["exact"], rec["guarded"], rec["branches"]) == (7, 17, 0)
+    assert rec["switched_to_exact"] is None
+    text = show_text(log, "g")
+    header = text.splitlines()[1].split()
+    assert header[5:8] == ["batches", "exact", "guarded"]
+    assert text.splitlines()[2].split()[5:8] == ["24", "7", "17"]
+
+
+def test_exact_mode_records_every_batch(tmp_path: Path) -> None:
+    exact = _train(_mlp(), tmp_path / "e", mode="exact")
+    guarded = _train(_mlp(), tmp_path / "g")
+    assert _rows(exact) == _rows(guarded)
+    assert all(e.usage.guarded == 0 for e in exact.entries.values())
+    assert exact.recording is not None and exact.recording["guarded"] == 0
+    assert all(e.usage.guarded > 0 for e in guarded.entries.values())
+
+
+def test_bad_options_raise_before_training(tmp_path: Path) -> None:
+    for options in ({"mode": "fast"}, {"guard_after": 0}, {"rerecord_every": 1}):
+        with pytest.raises(ValueError):
+            tracelog.Listener(_mlp(), tmp_path / "x", **options)
+    assert not (tmp_path / "x").exists()
+
+
+def test_a_data_dependent_branch_is_counted_right_in_both_modes(
+    tmp_path: Path, caplog: pytest.LogCaptureFixture
+) -> None:
+    big = {6, 8, 10}  # guarded batches by then (K=3): the guarded run meets each unseen
+    exact = _train(_Branchy(), tmp_path / "e", epochs=2, big=big, mode="exact")
+    with caplog.at_level(logging.WARNING, logger="tracelog"):
+        guarded = _train(_Branchy(), tmp_path / "g", epochs=2, big=big)
+    assert len(exact.graphs) == 3  # two predictions, one loss
+    assert _rows(exact) == _rows(guarded)
+    assert guarded.unrecorded == exact.unrecorded == 0
+    rec = guarded.recording
+    assert rec is not None and rec["branches"] >= 1 and rec["switched_to_exact"] is None
+    first = rec["branch_batches"][0]
+    assert (first["epoch"], first["batch"], first["known"]) == (0, 6, False)
+    assert any("data-dependent branch" in r.getMessage() for r in caplog.records)
+    assert "a data-dependent branch" in show_text(guarded, "g")
+    assert sum(e.usage.guarded for e in guarded.entries.values()) > 0
+
+
+def test_a_branch_never_recorded_exactly_is_counted_unrecorded(tmp_path: Path) -> None:
+    """Taken once, on a guarded batch: no exact recording ever shows its
+    graphs, so the batch is counted unrecorded with the reason, not for
+    another graph."""
+    log = _train(_Branchy(), tmp_path / "g", epochs=1, per_epoch=10, big={5})
+    assert log.unrecorded == 1 and "data-dependent branch" in log.failures[0]["error"]
+    assert log.failures[0]["batch"] == 5
+    assert [e.usage.batches for e in log.entries_sorted()] == [9, 9]
+
+
+def test_a_branch_the_guards_cannot_see_switches_to_exact(
+    tmp_path: Path, caplog: pytest.LogCaptureFixture
+) -> None:
+    model = _Scaled()
+    opt = torch.optim.SGD(model.parameters(), lr=0.01)
+    log_dir = tmp_path / "g"
+    with caplog.at_level(logging.WARNING, logger="tracelog"):
+        with tracelog.Listener(model, log_dir, strict=True, rerecord_every=4) as listener:
+            for i, (x, y) in enumerate(_batches(20)):
+                if i == 5:
+                    model.scale.mul_(2)  # the graph's constant changes: same key
+                with listener.batch():
+                    F.cross_entropy(model(x), y).backward()
+                opt.step()
+                opt.zero_grad()
+                if i > 8:
+                    assert not listener.last_guarded  # exact from the switch on
+    log = tracelog.load(log_dir)
+    switched = log.recording["switched_to_exact"]
+    assert switched is not None and switched["batch"] == 6  # the next exact re-recording
+    assert switched["guarded_before"] == 3
+    assert any("recorded exactly from here on" in r.getMessage() for r in caplog.records)
+    assert "switched to exact mode" in show_text(log, "g")
+    # batch 5 (guarded) is counted for the old prediction graph: what the switch warns of
+    preds = [e.usage for e in log.entries_sorted() if e.kind == "prediction"]
+    assert log.recorded == 20 and [(u.batches, u.guarded) for u in preds] == [(6, 3), (14, 0)]
+
+
+def _one_batch(listener: Any, model: nn.Module, x: torch.Tensor, around: Any = None) -> bool:
+    y = torch.zeros(x.shape[0], dtype=torch.long)
+    with listener.batch():
+        if around is None:
+            F.cross_entropy(model(x), y).backward()
+        else:
+            with around():
+                F.cross_entropy(model(x), y)
+    return listener.last_guarded
+
+
+@pytest.mark.parametrize(
+    "change",
+    ["shape", "eval", "submodule_eval", "no_grad", "autocast", "target_dtype", "new_param"],
+)
+def test_each_change_leaves_the_fast_path(tmp_path: Path, change: str) -> None:
+    model = _mlp()
+    x = torch.randn(6, 8)
+    with tracelog.Listener(model, tmp_path / "g", strict=True) as listener:
+        assert [_one_batch(listener, model, x) for _ in range(5)] == [False] * 3 + [True] * 2
+        around: Callable[[], Any] | None = None
+        xb = x
+        if change == "shape":
+            xb = torch.randn(5, 8)
+        elif change == "eval":
+            model.eval()
+        elif change == "submodule_eval":
+            model[2].eval()  # the dropout only: same root flag
+        elif change == "no_grad":
+            around = torch.no_grad
+        elif change == "autocast":
+
+            def around() -> Any:
+                return torch.autocast("cpu", dtype=torch.bfloat16)
+
+        elif change == "new_param":
+            model[3].bias = nn.Parameter(torch.zeros(4))
+        if change == "target_dtype":  # the loss's inputs are part of the key
+            with listener.batch():
+                F.mse_loss(model(x), torch.zeros(6, 4, dtype=torch.float64).float())
+            guarded = listener.last_guarded
+        else:
+            guarded = _one_batch(listener, model, xb, around)
+        assert not guarded
+        assert listener.log.unrecorded == 0
+    assert all(e.usage.batches >= 1 for e in tracelog.load(tmp_path / "g").entries.values())
+
+
+def test_gradient_accumulation_counts_each_micro_batch(tmp_path: Path) -> None:
+    def run(log_dir: Path, **options: Any) -> tracelog.TraceLog:
+        model = _mlp()
+        opt = torch.optim.SGD(model.parameters(), lr=0.01)
+        with tracelog.Listener(model, log_dir, strict=True, **options) as listener:
+            for x, y in _batches(10):
+                with listener.batch():
+                    for half in (slice(0, 3), slice(3, 6)):
+                        F.cross_entropy(model(x[half]), y[half]).backward()
+                opt.step()
+                opt.zero_grad()
+        return tracelog.load(log_dir)
+
+    exact, guarded = run(tmp_path / "e", mode="exact"), run(tmp_path / "g")
+    assert _rows(exact) == _rows(guarded) and exact.recorded == 20
+    assert sum(e.usage.guarded for e in guarded.entries.values()) > 0
+
+
+def _digits_style(log_dir: Path | None, **options: Any) -> tuple[dict[str, Any], Any]:
+    """The README's loop: train batches with a short last one, eval batches
+    under no_grad, three epochs, a CNN with batch norm and dropout."""
+    torch.manual_seed(0)
+    model = nn.Sequential(
+        nn.Conv2d(1, 4, 3, padding=1),
+        nn.BatchNorm2d(4),
+        nn.ReLU(),
+        nn.MaxPool2d(2),
+        nn.Flatten(),
+        nn.Dropout(0.25),
+        nn.Linear(4 * 4 * 4, 10),
+    )
+    g = torch.Generator().manual_seed(3)
+    x_tr, y_tr = torch.randn(150, 1, 8, 8, generator=g), torch.randint(0, 10, (150,), generator=g)
+    x_te, y_te = torch.randn(50, 1, 8, 8, generator=g), torch.randint(0, 10, (50,), generator=g)
+    opt = torch.optim.Adam(model.parameters(), lr=1e-2)
+    listener = tracelog.Listener(model, log_dir, strict=True, **options) if log_dir else None
+    window = listener.batch if listener else _no_window
+    for epoch in range(3):
+        if listener:
+            listener.set_epoch(epoch)
+        model.train()
+        for i in range(0, 150, 16):
+            with window():
+                F.cross_entropy(model(x_tr[i : i + 16]), y_tr[i : i + 16]).backward()
+            opt.step()
+            opt.zero_grad()
+        model.eval()
+        with torch.no_grad():
+            for i in range(0, 50, 16):
+                with window():
+                    F.cross_entropy(model(x_te[i : i + 16]), y_te[i : i + 16])
+    if listener:
+        listener.close()
+    return model.state_dict(), tracelog.load(log_dir) if log_dir else None
+
+
+class _no_window:
+    def __enter__(self) -> None:
+        return None
+
+    def __exit__(self, *exc: object) -> None:
+        return None
+
+
+def test_digits_style_counts_equal_and_weights_bitwise(tmp_path: Path) -> None:
+    bare, _ = _digits_style(None)
+    exact_w, exact = _digits_style(tmp_path / "e", mode="exact")
+    guarded_w, guarded = _digits_style(tmp_path / "g", guard_after=2, rerecord_every=4)
+    assert _rows(exact) == _rows(guarded)
+    assert exact.unrecorded == guarded.unrecorded == 0
+    assert sum(e.usage.guarded for e in guarded.entries.values()) > 0
+    for name, t in bare.items():  # training is not perturbed, recorder on or off
+        assert torch.equal(t, exact_w[name]) and torch.equal(t, guarded_w[name]), name
+    assert guarded.sample_info == exact.sample_info  # the sample: an exact recording
+    assert (tmp_path / "g" / "sample.safetensors").read_bytes() == (
+        tmp_path / "e" / "sample.safetensors"
+    ).read_bytes()
+
+
+def test_alternating_shapes_are_each_trusted(tmp_path: Path) -> None:
+    """A loader of two batch shapes (buckets): each shape's key is trusted
+    after K exact recordings of it, the other shape's batches in between."""
+    model = _mlp()
+    with tracelog.Listener(model, tmp_path / "g", strict=True) as listener:
+        guarded = [_one_batch(listener, model, torch.randn(6 - i % 2, 8)) for i in range(12)]
+    assert guarded == [False] * 6 + [True] * 6
+    log = tracelog.load(tmp_path / "g")
+    assert [(e.usage.batches, e.usage.guarded) for e in log.entries_sorted()] == [(12, 6)] * 2
+
+
+def test_hf_trainer_guarded_counts_equal_exact(tmp_path: Path) -> None:
+    """The Trainer's micro-batch windows and its evaluation loop's auto
+    windows, guarded: the same counts as exact mode, and guarded batches."""
+    pytest.importorskip("transformers", reason="the Hugging Face callback needs transformers")
+    pytest.importorskip("accelerate", reason="transformers' Trainer needs accelerate")
+    import importlib.util
+    import tempfile
+
+    from transformers import GPT2Config, GPT2LMHeadModel, Trainer, TrainingArguments
+
+    from tracelog.transformers import TracelogCallback
+
+    path = Path(__file__).parent.parent / "examples" / "hf_trainer_gpt2.py"
+    spec = importlib.util.spec_from_file_location("hf_trainer_gpt2", path)
+    assert spec is not None and spec.loader is not None
+    example = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(example)
+    logging.getLogger("transformers").setLevel(logging.ERROR)
+
+    def run(out: Path, **options: Any) -> tuple[tracelog.TraceLog, dict[str, torch.Tensor]]:
+        torch.manual_seed(0)
+        config = GPT2Config(
+            vocab_size=example.VOCAB, n_positions=32, n_embd=32, n_layer=2, n_head=2
+        )
+        model = GPT2LMHeadModel(config)
+        with tempfile.TemporaryDirectory() as scratch:
+            args = TrainingArguments(
+                output_dir=scratch,
+                num_train_epochs=2,
+                per_device_train_batch_size=4,
+                per_device_eval_batch_size=2,
+                gradient_accumulation_steps=2,
+                eval_strategy="epoch",
+                save_strategy="no",
+                logging_strategy="no",
+                report_to=[],
+                use_cpu=True,
+                disable_tqdm=True,
+                seed=0,
+            )
+            Trainer(
+                model=model,
+                args=args,
+                train_dataset=example.sequences(24, 1),
+                eval_dataset=example.sequences(12, 2),
+                callbacks=[TracelogCallback(out, strict=True, **options)],
+            ).train()
+        return tracelog.load(out), model.state_dict()
+
+    exact, exact_w = run(tmp_path / "e", mode="exact")
+    guarded, guarded_w = run(tmp_path / "g")
+    assert _rows(exact) == _rows(guarded) and exact.unrecorded == guarded.unrecorded == 0
+    assert [e.usage.batches for e in guarded.entries_sorted()] == [12, 12, 12, 12]
+    assert all(e.usage.guarded > 0 for e in guarded.entries.values())
+    assert all(torch.equal(t, guarded_w[n]) for n, t in exact_w.items())
+
+
+def test_a_mode_switched_inside_the_window_is_seen(tmp_path: Path) -> None:
+    """A trainer may call model.train() after the window opened (with the
+    model still in eval mode): the batch is a training batch, never counted
+    for the eval graphs its window opened with."""
+    model = _mlp()
+    x = torch.randn(6, 8)
+    y = torch.zeros(6, dtype=torch.long)
+    with tracelog.Listener(model, tmp_path / "g", strict=True) as listener:
+        for _ in range(4):
+            _one_batch(listener, model, x)
+        model.eval()
+        for _ in range(4):  # with grad: the same modes and inputs as the train batches
+            _one_batch(listener, model, x)
+        with listener.batch():  # opens in eval mode, runs in train mode
+            model.train()
+            F.cross_entropy(model(x), y).backward()
+        assert not listener.last_guarded
+    phases = [
+        (e.kind, e.phase, e.usage.batches) for e in tracelog.load(tmp_path / "g").entries_sorted()
+    ]
+    assert phases == [
+        ("prediction", "train", 5),
+        ("loss", "train", 5),
+        ("prediction", "eval", 4),
+        ("loss", "eval", 4),
+    ]
+
+
+def test_guard_state_does_not_grow_with_batches(tmp_path: Path) -> None:
+    model = _mlp()
+    x = torch.randn(6, 8)
+    with tracelog.Listener(model, tmp_path / "g", strict=True, rerecord_every=50) as listener:
+        for _ in range(400):
+            _one_batch(listener, model, x)
+        book = listener._book
+        assert (len(book.table), len(book.streaks), len(book.trusted)) == (1, 1, 1)
+        assert not book.pending and book.branch_count == 0
+        assert (book.exact, book.guarded) == (3 + 7, 390)  # K, then 1 in 50 of the other 397
