@@ -130,7 +130,7 @@ class TracelogCallback(TrainerCallback):
     def on_evaluate(self, args: Any, state: Any, control: Any, **kwargs: Any) -> None:
         self._write_complete()  # after train() only: its eval batches are counted
 
-    def on_predict(self, args: Any, state: Any, control: Any, **kwargs: Any) -> None:
+    def on_predict(self, args: Any, state: Any, control: Any, metrics: Any, **kwargs: Any) -> None:
         self._write_complete()
 
     def close(self) -> None:
