@@ -23,7 +23,7 @@ from accelerate import Accelerator
 from torch.utils.data import DataLoader, TensorDataset
 
 import tracelog
-from tracelog.cli import show_text
+from tracelog.cli import show_and_check
 
 FEATURES, CLASSES = 16, 4
 
@@ -57,13 +57,7 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--targets", nargs="*", default=[], help="check these targets")
     args = p.parse_args(argv)
     train(args.out)
-    print(show_text(tracelog.load(args.out), str(args.out)))
-    ok = True
-    for target in args.targets:
-        report = tracelog.check(args.out, target)
-        print(report.table())
-        ok = ok and report.ok
-    return 0 if ok else 1
+    return show_and_check(args.out, args.targets)
 
 
 if __name__ == "__main__":

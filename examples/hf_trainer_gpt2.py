@@ -18,8 +18,7 @@ from pathlib import Path
 import torch
 from transformers import GPT2Config, GPT2LMHeadModel, Trainer, TrainingArguments
 
-import tracelog
-from tracelog.cli import show_text
+from tracelog.cli import show_and_check
 from tracelog.transformers import TracelogCallback
 
 VOCAB, SEQ = 64, 12
@@ -75,13 +74,7 @@ def main(argv: list[str] | None = None) -> int:
     args = p.parse_args(argv)
     logging.getLogger("transformers").setLevel(logging.ERROR)
     train(args.out)
-    print(show_text(tracelog.load(args.out), str(args.out)))
-    ok = True
-    for target in args.targets:
-        report = tracelog.check(args.out, target)
-        print(report.table())
-        ok = ok and report.ok
-    return 0 if ok else 1
+    return show_and_check(args.out, args.targets)
 
 
 if __name__ == "__main__":

@@ -22,8 +22,7 @@ import torch.nn.functional as F
 import torchmetrics
 from torch.utils.data import DataLoader, TensorDataset
 
-import tracelog
-from tracelog.cli import show_text
+from tracelog.cli import show_and_check
 from tracelog.lightning import TracelogCallback
 
 FEATURES, CLASSES = 16, 4
@@ -100,13 +99,7 @@ def main(argv: list[str] | None = None) -> int:
     args = p.parse_args(argv)
     logging.getLogger("lightning.pytorch").setLevel(logging.WARNING)
     train(args.out)
-    print(show_text(tracelog.load(args.out), str(args.out)))
-    ok = True
-    for target in args.targets:
-        report = tracelog.check(args.out, target)
-        print(report.table())
-        ok = ok and report.ok
-    return 0 if ok else 1
+    return show_and_check(args.out, args.targets)
 
 
 if __name__ == "__main__":

@@ -106,3 +106,18 @@ def own_gradients(log_dir: Any) -> float:
         got, ref = sample[key].astype(np.float64), sample[reference_key(key)]
         worst = max(worst, float(np.abs(got - ref).max() / np.abs(ref).max()))
     return worst
+
+
+def validate_against_schema(doc: Any, schema_file: Path) -> None:
+    """Assert that ``doc`` (a --format json output) follows the JSON schema in
+    ``schema_file``, and that the schema itself is valid."""
+    import json
+
+    import pytest
+
+    jsonschema = pytest.importorskip(
+        "jsonschema", reason="the JSON is validated against its schema"
+    )
+    schema = json.loads(schema_file.read_text())
+    jsonschema.Draft202012Validator.check_schema(schema)
+    jsonschema.Draft202012Validator(schema).validate(doc)

@@ -16,7 +16,7 @@ import pytest
 import torch
 import torch.nn as nn
 import torch.nn.functional as F
-from helpers import record
+from helpers import record, validate_against_schema
 
 import tracelog
 from tracelog.cli import main as cli
@@ -277,10 +277,7 @@ def _run(capsys: pytest.CaptureFixture[str], *args: str) -> tuple[int, str, str]
 
 
 def _validate(doc: dict[str, Any]) -> None:
-    jsonschema = pytest.importorskip("jsonschema")
-    schema = json.loads(SCHEMA_FILE.read_text())
-    jsonschema.Draft202012Validator.check_schema(schema)
-    jsonschema.Draft202012Validator(schema).validate(doc)
+    validate_against_schema(doc, SCHEMA_FILE)
 
 
 @pytest.mark.parametrize("fmt", FORMATS)

@@ -171,6 +171,20 @@ def _working(args: argparse.Namespace, text: str) -> Any:
     return progress(text, not args.quiet and stderr_is_tty())
 
 
+def show_and_check(log_dir: str | os.PathLike[str], targets: Sequence[str]) -> int:
+    """What the examples end with: the log as `tracelog show` prints it, then
+    `tracelog check` on each target; 0 when every check passes, else 1."""
+    from tracelog.parity import check
+
+    print(show_text(TraceLog.load(log_dir), str(log_dir)))
+    ok = True
+    for target in targets:
+        report = check(log_dir, target)
+        print(report.table())
+        ok = ok and report.ok
+    return 0 if ok else 1
+
+
 def _cmd_show(args: argparse.Namespace) -> int:
     with _working(args, f"reading {args.log_dir}"):
         log = TraceLog.load(args.log_dir)
