@@ -227,9 +227,10 @@ def test_inliner_keeps_functions_as_written_and_drops_checker_only_code() -> Non
 
 def test_import_block_orders_as_isort() -> None:
     block = import_block(get_target("torch").pieces)
-    assert block.split("\n\n")[0].splitlines()[:3] == [
+    assert block.split("\n\n")[0].splitlines()[:4] == [
         "import contextlib",
         "import os",
+        "import re",
         "import sys",
     ]
     third = block.split("\n\n")[1].splitlines()

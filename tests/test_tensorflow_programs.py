@@ -196,7 +196,9 @@ def test_resnet18_example_parity_and_layout(tmp_path: Path, capsys) -> None:
         "predict_train: 2 transposes kept: data input x enters NCHW; back to NCHW for Reshape"
         in text
     )
-    body = text.split("def predict_train", 1)[1].split("\ndef ", 1)[0]
+    # the model's part: module kinds' functions (shared by the train and eval
+    # graphs) and the graph functions, before the sample keys
+    body = text.split("\ndef input_key", 1)[0]
     lines = [line.strip() for line in body.splitlines()]
     transposes = [line for line in lines if "= tf.transpose(" in line]
     assert len(transposes) == 2  # the input, and the exit to flatten: none inside the body

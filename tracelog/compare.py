@@ -1036,7 +1036,7 @@ def _run(
                     g.values[name].const = ConstData(value)
             log.graphs[info[kind]] = g
     m = _program(log)
-    trainable = [name for name, t in m.PARAMETERS if t]
+    trainable = [name for name, t, *_ in m.PARAMETERS if t]
     with m._in_float64():
         given = m.sample_params(str(log._dir), float64=True)
         for name, value in params.items():

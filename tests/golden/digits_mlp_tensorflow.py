@@ -62,14 +62,14 @@ class _Float64View:
         return getattr(self._module, "float64" if name in _NARROW_FLOATS else name)
 
 
-# Parameters and buffers by module path, and whether each one trains.
+# Parameters and buffers by module path: whether each one trains, its shape and dtype.
 PARAMETERS = [
-    ["fc1.weight", True],
-    ["fc1.bias", True],
-    ["fc2.weight", True],
-    ["fc2.bias", True],
-    ["out.weight", True],
-    ["out.bias", True],
+    ["fc1.weight", True, [128, 64], "float32"],
+    ["fc1.bias", True, [128], "float32"],
+    ["fc2.weight", True, [64, 128], "float32"],
+    ["fc2.bias", True, [64], "float32"],
+    ["out.weight", True, [10, 64], "float32"],
+    ["out.bias", True, [10], "float32"],
 ]
 
 
@@ -209,6 +209,10 @@ def predict_eval(params, x, rng=None):
     return {"prediction": out}
 
 
+# The prediction graph of each phase, by the batches it ran (Model runs its mode's).
+PREDICT = {"eval": predict_eval, "train": predict_train}
+
+
 def input_key(name: str) -> str:
     """A data input of the prediction graph (``x``) or of the loss graph."""
     return "input/" + name
@@ -334,9 +338,7 @@ def load_params(path: str) -> dict[str, Any]:
     framework, buffers as plain tensors, large constants by key, each in the
     dtype it was stored in."""
     arrays = _load(path, narrow=True)
-    params = {
-        name: _as_param(arrays[name], trainable) for name, trainable in PARAMETERS
-    }
+    params = {name: _as_param(arrays[name], trains) for name, trains, *_ in PARAMETERS}
     params.update(
         {k: _as_const(v) for k, v in arrays.items() if k.startswith("const/")}
     )
@@ -459,7 +461,7 @@ def sample_params(log_dir: str, float64: bool = False) -> dict[str, Any]:
     if float64:
         sample, weights = _promoted(sample), _promoted(weights)
     params = {}
-    for name, trainable in PARAMETERS:
+    for name, trainable, *_ in PARAMETERS:
         key = param_key(name) if param_key(name) in sample else buffer_key(name)
         params[name] = _as_param(sample[key], trainable)
     params.update(
@@ -623,7 +625,7 @@ def check_parity(
     float32 against the recorded float32 values within atol/rtol (gradients:
     grad_atol)."""
     sample = _load(os.path.join(log_dir, "sample.safetensors"))
-    trainable = [name for name, flag in PARAMETERS if flag]
+    trainable = [name for name, flag, *_ in PARAMETERS if flag]
     has_reference = any(reference_key(k) in sample for k in sample)
     rows = _translation(log_dir, sample, trainable) if has_reference else []
     if has_reference and np.asarray(sample["loss"]).dtype == np.float64:

@@ -11,6 +11,7 @@ autodiff, helpers), its constant syntax and its layout passes.
 from __future__ import annotations
 
 import ast
+import dataclasses
 import functools
 import itertools
 import os
@@ -40,10 +41,20 @@ from tracelog.emit.inline import Inlinable, import_block, inlinable, used_names
 from tracelog.emit.names import value_candidates
 from tracelog.emit.onnx import const_array
 from tracelog.emit.rules import RuleCtx, Spellings, write
+from tracelog.emit.shaped import (
+    KindFunction,
+    ParameterRows,
+    kind_functions,
+    kind_word,
+    parameter_rows,
+    prefix_of,
+    random_count,
+)
 from tracelog.errors import LogError, UnsupportedOpError
 from tracelog.ir import Graph, Node, Value
 from tracelog.log import GraphEntry, TraceLog
 from tracelog.ops import is_random
+from tracelog.passes.modules import ModuleCall, module_calls, relative
 from tracelog.sample import target_key
 
 
@@ -97,7 +108,7 @@ PARITY_RUNTIME = "tracelog.emit.runtime.parity"
 ENTRY_POINT = 'if __name__ == "__main__":\n    sys.exit(main())'
 
 # names the generated part of a program defines at module level
-PROGRAM_NAMES = ("PARAMETERS", "sample_step", "params", "rng", "_trace", "_traces")
+PROGRAM_NAMES = ("PARAMETERS", "PREDICT", "sample_step", "params", "rng", "_trace", "_traces")
 
 
 def _function_names(log: TraceLog, ns: Namespace | None = None) -> dict[str, str]:
@@ -155,10 +166,20 @@ def emit_function(
     constants: dict[str, np.ndarray],
     trace: bool = False,
     program: Namespace | None = None,
+    kinds: Mapping[str, KindFunction] | None = None,
 ) -> str:
-    body = _Body(target, graph, constants, program or Namespace(target.reserved), trace)
+    """One graph's function. With `kinds` (module-shaped, tracelog.emit.shaped),
+    a call of a kind written as a function is one line; without, and always
+    when tracing, every node is written out."""
+    book = {} if trace or kinds is None else kinds
+    root = module_calls(graph) if book else None
+    body = _Body(target, graph, constants, program or Namespace(target.reserved), trace, book)
     args = [body.bind(v.name) for v in graph.inputs]
-    lines = body.value_lines() + body.node_lines()
+    if root is None:
+        lines = body.value_lines([(0, len(graph.nodes))])
+        lines += body.node_lines(0, len(graph.nodes))
+    else:
+        lines = body.value_lines(body.written(root)) + body.call_lines(root)
     ret, sig = _return_and_signature(graph, body.names, args, trace)
     lines.append(ret)
     header = [
@@ -175,52 +196,171 @@ def emit_function(
     return "\n".join(header + [doc] + ["    " + line for line in lines])
 
 
+def emit_kind_function(
+    target: Target,
+    kf: KindFunction,
+    kinds: Mapping[str, KindFunction],
+    constants: dict[str, np.ndarray],
+    program: Namespace,
+) -> str:
+    """A module kind's function, written from its first call: its parameters
+    read as params[prefix + their path under the module], its values named
+    relative to the module, its dropout masks keyed from mask_base."""
+    call, graph = kf.call, kf.graph
+    body = _Body(target, graph, constants, program, False, kinds, call)
+    args = [body.bind(v, "x") for v in call.inputs]
+    lines = body.value_lines(body.written(call, inline=True)) + body.call_lines(call, inline=True)
+    outs = [body.names[o] for o in call.outputs]
+    lines.append("return " + ", ".join(outs))
+    sig = [*(["params"] if kf.needs_params else []), *(["prefix"] if kf.needs_prefix else [])]
+    sig += args + (["rng=None", "mask_base=0"] if kf.random else [])
+    n_calls = f"{len(call.outputs)} output{'s' if len(call.outputs) != 1 else ''}"
+    header = [
+        comment_text(
+            f"# {call.module_type or kind_word(call)} ({kf.kind}): {call.size} ops, {n_calls}; "
+            f"written from {call.path}"
+        ),
+        f"def {kf.name}({', '.join(sig)}):",
+    ]
+    return "\n".join(header + ["    " + line for line in lines])
+
+
 @dataclass
 class _Body:
-    """One graph function being written: its own namespace (seeded with every
-    name the program defines) and the printed name of each value."""
+    """One function being written (a graph's, or a module kind's from its
+    first call `at`): its own namespace (seeded with every name the program
+    defines) and the printed name of each value."""
 
     target: Target
     graph: Graph
     constants: dict[str, np.ndarray]
     program: Namespace
     trace: bool = False
+    kinds: Mapping[str, KindFunction] = field(default_factory=dict)
+    at: ModuleCall | None = None  # a kind function's call; None for a graph function
     names: dict[str, str] = field(default_factory=lambda: {"": "None"})
 
     def __post_init__(self) -> None:
         self.ns = self.program.child()
-        self.candidates = value_candidates(self.graph)
+        base = self.at.path if self.at is not None else ""
+        nodes = self.graph.nodes
+        if self.at is not None:  # names relative to the module: a one-module diff
+            nodes = [
+                dataclasses.replace(n, module=relative(n.module, base))
+                for n in nodes[self.at.start : self.at.end]
+            ]
+        self.candidates = value_candidates(Graph(self.graph.kind, self.graph.values, nodes, []))
 
-    def bind(self, value: str) -> str:
+    def bind(self, value: str, candidate: str | None = None) -> str:
         """The printed name of a value the function defines (a fresh one):
         node outputs by module and role (tracelog.emit.names), inputs and
         parameters by their own names."""
-        self.names[value] = self.ns.name(self.candidates.get(value, value), ("v", value))
+        candidate = candidate or self.candidates.get(value, value)
+        self.names[value] = self.ns.name(candidate, ("v", value))
         return self.names[value]
 
-    def value_lines(self) -> list[str]:
-        """A line reading each parameter and buffer from params; constants are
-        named by their expression, with no line."""
+    def written(self, call: ModuleCall, inline: bool = False) -> list[tuple[int, int]]:
+        """The node ranges call_lines writes out (the rest are calls)."""
+        if not inline and call.kind in self.kinds:
+            return []
+        ranges: list[tuple[int, int]] = []
+        at = call.start
+        for child in call.children:
+            ranges.append((at, child.start))
+            ranges += self.written(child)
+            at = child.end
+        return [*ranges, (at, call.end)]
+
+    def value_lines(self, written: list[tuple[int, int]]) -> list[str]:
+        """A line reading each parameter and buffer that the nodes written out
+        read (a kind function: by its path under the module), in the order of
+        the graph's values; constants are named by their expression, with no
+        line."""
+        values = self.graph.values
+        used = {
+            i
+            for start, end in written
+            for n in self.graph.nodes[start:end]
+            for i in n.inputs
+            if i and values[i].kind in ("param", "buffer")
+        }
         lines: list[str] = []
-        for v in self.graph.values.values():
-            if v.kind in ("param", "buffer"):
-                lines.append(f"{self.bind(v.name)} = params[{literal(v.name)}]")
-            elif v.kind == "const":
+        if self.at is not None:
+            cut = len(prefix_of(self.at) or "")
+            for name in self.at.params:
+                if name in used:
+                    rel = name[cut:]
+                    lines.append(f"{self.bind(name, rel)} = params[prefix + {literal(rel)}]")
+            consts = [values[c] for c in self.at.consts]
+        else:
+            for v in values.values():
+                if v.kind in ("param", "buffer") and v.name in used:
+                    lines.append(f"{self.bind(v.name)} = params[{literal(v.name)}]")
+            consts = list(values.values())
+        for v in consts:
+            if v.kind == "const":
                 self.names[v.name] = _const_text(self.target, v, self.constants)
         return lines
 
-    def node_lines(self) -> list[str]:
-        """Per node: a comment saying what it is, its statement, and with trace
-        the lines recording its outputs."""
+    def call_lines(self, call: ModuleCall, inline: bool = False) -> list[str]:
+        """The call's nodes, each child call of a kind written as a function
+        as one line calling it, the others written out (recursively). With
+        inline, the call itself is written out (a kind function's body)."""
+        if not inline and call.kind in self.kinds:
+            return self._call(call)
         lines: list[str] = []
-        n_random = 0
-        for node in self.graph.nodes:
+        at = call.start
+        for child in call.children:
+            lines += self.node_lines(at, child.start)
+            lines += self.call_lines(child)
+            at = child.end
+        return lines + self.node_lines(at, call.end)
+
+    def _call(self, call: ModuleCall) -> list[str]:
+        """`outs = kind_fn(params, prefix, inputs, rng=rng, mask_base=k)`."""
+        kf = self.kinds[call.kind]
+        args = [self.names[i] for i in call.inputs]
+        prefix = prefix_of(call) or ""
+        if kf.needs_prefix:
+            if self.at is None:
+                args.insert(0, literal(prefix))
+            else:  # under this function's module: its prefix and the path below
+                args.insert(0, f"prefix + {literal(prefix[len(prefix_of(self.at) or ''):])}")
+        if kf.needs_params:
+            args.insert(0, "params")
+        if kf.random:
+            base = self._random_before(call.start)
+            args += ["rng=rng", f"mask_base={base}"]
+        outs = [self.bind(o) for o in call.outputs]
+        # no comment: the call names its module by its prefix, and the kind's
+        # definition says what it computes
+        return [f"{', '.join(outs)} = {kf.name}({', '.join(args)})"]
+
+    def _random_before(self, index: int) -> str:
+        """The key base of the random nodes from `index` on: how many come
+        before it in this function (after mask_base, in a kind function)."""
+        start = self.at.start if self.at is not None else 0
+        k = random_count(self.graph, start, index)
+        if self.at is None:
+            return str(k)
+        return f"mask_base + {k}" if k else "mask_base"
+
+    def node_lines(self, start: int, end: int) -> list[str]:
+        """Per node of graph.nodes[start:end]: a comment saying what it is,
+        its statement, and with trace the lines recording its outputs."""
+        lines: list[str] = []
+        for index in range(start, end):
+            node = self.graph.nodes[index]
             outs = [self.bind(o) if o else "_" for o in node.outputs]
             ctx = RuleCtx(self.graph, node, self.names, self.constants, outs)
             if is_random(node):  # takes its recorded mask from rng when replayed
-                ctx.mask_key = sample_format.rng_key(n_random)
-                n_random += 1
-            lines += [_node_comment(self.graph, node), _statement(self.target, ctx)]
+                k = self._random_before(index)
+                if self.at is None:
+                    ctx.mask_key = sample_format.rng_key(int(k))
+                else:
+                    ctx.mask_expr = f"rng_key({k})"
+            base = self.at.path if self.at is not None else None
+            lines += [_node_comment(self.graph, node, base), _statement(self.target, ctx)]
             if self.trace:
                 traced = zip(node.outputs, outs, strict=True)
                 lines += [f"_trace[{literal(o)}] = {p}" for o, p in traced if o]
@@ -242,10 +382,14 @@ def _const_text(target: Target, v: Value, constants: dict[str, np.ndarray]) -> s
     return expr.format(value=literal(value.tolist()), dtype=v.type.dtype)
 
 
-def _node_comment(graph: Graph, node: Node) -> str:
-    """# op(attributes) module (module type) -> output shapes."""
+def _node_comment(graph: Graph, node: Node, base: str | None = None) -> str:
+    """# op(attributes) module (module type) -> output shapes; in a module
+    kind's function (`base`: its first call's path) the module relative to it."""
     attrs = ", ".join(f"{k}={v}" for k, v in sorted(node.attrs.items()))
-    where = f"{node.module or '<root>'} ({node.module_type})" if node.module_type else "<loss>"
+    module = node.module or "<root>"
+    if base is not None:
+        module = relative(node.module, base)
+    where = f"{module} ({node.module_type})".lstrip() if node.module_type else "<loss>"
     shapes = ", ".join(shape_text(graph.values[o].type) for o in node.outputs if o)
     return comment_text(f"# {node.qualified_op}({attrs}) {where} -> {shapes}")
 
@@ -285,16 +429,22 @@ def build_program(
     stored = any(v.const and v.const.digest for g in log.graphs.values() for v in g.constants)
     constants = log.weights() if stored else {}
     program, fnames = _program_namespace(target, log)
-    functions = []
     layout_lines: list[str] = []
+    lowered = {d: _lowered(target, log.graphs[d], f, layout_lines) for d, f in fnames.items()}
+    # module-shaped: each repeated module kind once, as a function (the
+    # tracing program stays flat: one line per IR node)
+    kinds = {} if trace else kind_functions(list(lowered.values()), program)
+    functions = [emit_kind_function(target, kf, kinds, constants, program) for kf in kinds.values()]
     for digest, fname in fnames.items():
         entries = [e for e in log.entries_sorted() if e.hash == digest]
-        graph = _lowered(target, log.graphs[digest], fname, layout_lines)
         functions.append(
-            emit_function(target, graph, fname, entries, digest, constants, trace, program)
+            emit_function(
+                target, lowered[digest], fname, entries, digest, constants, trace, program, kinds
+            )
         )
-    parameters = [(p["name"], bool(p["trainable"])) for p in log.model.get("params", [])]
-    parameters += [(b["name"], False) for b in log.model.get("buffers", [])]
+    parameters = [_row(p, bool(p["trainable"])) for p in log.model.get("params", [])]
+    parameters += [_row(b, False) for b in log.model.get("buffers", [])]
+    declared = parameter_rows(parameters, list(lowered.values()), kinds, program)
     pred, loss = log.graph(info["prediction"]), log.graph(info["loss"])
     runtime, parity = target.pieces
     helpers = runtime.helpers_used("\n".join(functions))
@@ -319,7 +469,7 @@ def build_program(
         trace,
     )
     # a target's runtime may replace a parity default (_runs: JAX runs twice)
-    tail = [*target.keys, step]
+    tail = [_predict_table(log, fnames), *target.keys, step]
     tail += [parity.functions[n] for n in parity.inlined if n not in runtime.functions]
     prelude = [*runtime.statements, *parity.statements]
     # imports only for the names the program reads (pyflakes-clean)
@@ -338,10 +488,64 @@ def build_program(
         prelude=prelude,
         # one row a line (black keeps a trailing comma's explosion); never a
         # textual edit of the literal, which may hold any text in its strings
-        parameters="[\n" + "".join(f"    {literal(list(p))},\n" for p in parameters) + "]",
+        kind_parameters=_kind_parameters(declared, kinds),
+        parameters=_rows_text(declared.rows),
     )
     blocks = [_formatted(text, line_length) for text in (*fixed, *functions, *tail)]
     return _program_text(format_source(head, line_length), blocks)
+
+
+def _predict_table(log: TraceLog, fnames: dict[str, str]) -> str:
+    """PREDICT: each phase's prediction graph function (the one that ran the
+    most batches of that phase), which a target's module object runs in its
+    mode (the PyTorch program's Model)."""
+    best: dict[str, tuple[int, str]] = {}
+    for e in log.entries_sorted():
+        if e.kind == "prediction" and e.usage.batches > best.get(e.phase, (-1, ""))[0]:
+            best[e.phase] = (e.usage.batches, fnames[e.hash])
+    table = ", ".join(f"{literal(phase)}: {name}" for phase, (_, name) in sorted(best.items()))
+    return (
+        "# The prediction graph of each phase, by the batches it ran (Model runs its mode's).\n"
+        f"PREDICT = {{{table}}}"
+    )
+
+
+def _row(entry: dict[str, Any], trains: bool) -> list[Any]:
+    """A PARAMETERS row: [name, trains, shape, dtype] (the shape and dtype
+    declare the target's module before any weights are loaded)."""
+    shape = [int(d) for d in entry.get("shape", [])]
+    return [str(entry["name"]), trains, shape, str(entry.get("dtype", "float32"))]
+
+
+def _kind_parameters(declared: ParameterRows, kinds: Mapping[str, KindFunction]) -> str:
+    """Each module kind's parameter rows, by path under the module, inner
+    kinds first: one line a row or a call of an inner kind (black keeps a
+    trailing comma's explosion)."""
+    types = {
+        kf.name.upper() + "_PARAMETERS": kf.call.module_type or kind_word(kf.call)
+        for kf in kinds.values()
+    }
+    blocks = []
+    for name, lines in declared.kinds.items():
+        kind = types.get(name, "module")
+        blocks.append(
+            comment_text(f"# {kind}: parameters and buffers under the module.")
+            + f"\n{name} = {_rows_text(lines)}\n\n"
+        )
+    return "".join(blocks)
+
+
+def _rows_text(lines: list[Any]) -> str:
+    """A list of rows and of a kind's rows under a prefix; never a textual
+    edit of a literal, which may hold any text in its strings."""
+    text = []
+    for line in lines:
+        if isinstance(line, tuple):
+            prefix, name = line
+            text.append(f"    *[[{literal(prefix)} + name, *row] for name, *row in {name}],\n")
+        else:
+            text.append(f"    {literal(list(line))},\n")
+    return "[\n" + "".join(text) + "]"
 
 
 def _program_text(head: str, blocks: list[str]) -> str:

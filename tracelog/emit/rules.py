@@ -44,6 +44,7 @@ class RuleCtx:
     constants: dict[str, np.ndarray]
     outs: list[str] = field(default_factory=list)
     mask_key: str = ""  # Dropout: the key of its mask in the rng dict ("mask.<k>")
+    mask_expr: str = ""  # or an expression giving it (a module kind's function: from mask_base)
     f: dict[str, Any] = field(default_factory=dict)  # fields, set by the shared table
 
     def i(self, k: int) -> str:
@@ -342,7 +343,7 @@ def _layer_norm(c: RuleCtx) -> dict[str, Any]:
 
 @OPS.op("Dropout")
 def _dropout(c: RuleCtx) -> dict[str, Any]:
-    return {"key": literal(c.mask_key)}
+    return {"key": c.mask_expr or literal(c.mask_key)}
 
 
 # -- reductions ---------------------------------------------------------------------------------

@@ -28,7 +28,8 @@ if TYPE_CHECKING:  # defined by the program: its target's runtime and its genera
         update_key,
     )
 
-    PARAMETERS: list[tuple[str, bool]] = []
+    # [name, trains, shape, dtype] (the shape and dtype declare the target's module)
+    PARAMETERS: list[list[Any]] = []
     # the program's framework modules that name float32
     FLOAT_MODULES: tuple[str, ...] = ()
 
@@ -105,7 +106,7 @@ def load_params(path: str) -> dict[str, Any]:
     framework, buffers as plain tensors, large constants by key, each in the
     dtype it was stored in."""
     arrays = _load(path, narrow=True)
-    params = {name: _as_param(arrays[name], trainable) for name, trainable in PARAMETERS}
+    params = {name: _as_param(arrays[name], trains) for name, trains, *_ in PARAMETERS}
     params.update({k: _as_const(v) for k, v in arrays.items() if k.startswith("const/")})
     return params
 
@@ -223,7 +224,7 @@ def sample_params(log_dir: str, float64: bool = False) -> dict[str, Any]:
     if float64:
         sample, weights = _promoted(sample), _promoted(weights)
     params = {}
-    for name, trainable in PARAMETERS:
+    for name, trainable, *_ in PARAMETERS:
         key = param_key(name) if param_key(name) in sample else buffer_key(name)
         params[name] = _as_param(sample[key], trainable)
     params.update({k: _as_const(v) for k, v in weights.items() if k.startswith("const/")})
@@ -374,7 +375,7 @@ def check_parity(
     float32 against the recorded float32 values within atol/rtol (gradients:
     grad_atol)."""
     sample = _load(os.path.join(log_dir, "sample.safetensors"))
-    trainable = [name for name, flag in PARAMETERS if flag]
+    trainable = [name for name, flag, *_ in PARAMETERS if flag]
     has_reference = any(reference_key(k) in sample for k in sample)
     rows = _translation(log_dir, sample, trainable) if has_reference else []
     if has_reference and np.asarray(sample["loss"]).dtype == np.float64:

@@ -4,18 +4,82 @@ torch.autograd, and the helpers op spellings call (inlined only when used)."""
 
 from __future__ import annotations
 
+import re
 from collections.abc import Callable
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import numpy as np
 import torch
 import torch.nn.functional as F
+
+if TYPE_CHECKING:  # defined by the program: its generated code and the parity check
+    PARAMETERS: list[list[Any]] = []
+    PREDICT: dict[str, Callable[..., dict[str, Any]]] = {}
+
+    def _load(path: str, narrow: bool = False) -> dict[str, Any]: ...
+
 
 # the modules this program names float32 through (the float64 translation check
 # reads them with float32 meaning float64)
 FLOAT_MODULES = ("torch",)
 
 Step = Callable[[dict[str, Any]], tuple[dict[str, Any], Any]]
+
+_TORCH_DTYPES = {
+    "float64": torch.float64,
+    "float32": torch.float32,
+    "float16": torch.float16,
+    "bfloat16": torch.bfloat16,
+    "int64": torch.int64,
+    "int32": torch.int32,
+    "int16": torch.int16,
+    "int8": torch.int8,
+    "uint8": torch.uint8,
+    "bool": torch.bool,
+}
+
+
+class Model(torch.nn.Module):
+    """The recorded model as a torch.nn.Module, to keep training in PyTorch.
+
+    Its parameters (torch.nn.Parameter, those that trained) and buffers (the
+    rest) sit in a tree of modules by their source paths, so its state_dict
+    keys are the source's names, with Keras' "/" read as "." (state_key).
+    forward(*inputs) runs the recorded prediction graph of the module's mode
+    (PREDICT["train"] or PREDICT["eval"]), writes the buffer updates that
+    graph returns (running statistics) into the buffers, as the source's
+    layers do, and returns the predictions by role. Model(weights_path)
+    loads weights.safetensors with load_state_dict(strict=True), and the
+    stored constants the graphs read (non-persistent buffers); Model() holds
+    zeros until loaded (state_dict_from(weights_path))."""
+
+    def __init__(self, weights_path: str | None = None) -> None:
+        super().__init__()
+        _declare(self, PARAMETERS)
+        if weights_path is not None:
+            self.load_state_dict(state_dict_from(weights_path), strict=True)
+            for key, array in _load(weights_path, narrow=True).items():
+                if key.startswith("const/"):  # "/" is a legal buffer name; "." is not
+                    self.register_buffer(key, _as_const(array), persistent=False)
+
+    def source_params(self) -> dict[str, Any]:
+        """{source name: tensor}: what the graph functions read from params."""
+        own = dict(self.named_parameters()) | dict(self.named_buffers())
+        found = {row[0]: own[state_key(row[0])] for row in PARAMETERS}
+        found.update((k, v) for k, v in own.items() if k.startswith("const/"))
+        return found
+
+    def forward(self, *inputs: Any, rng: Any = None) -> dict[str, Any]:
+        phase = "train" if self.training else "eval"
+        if phase not in PREDICT:
+            raise NotImplementedError(f"the log recorded no {phase} batch: no {phase} graph")
+        params = self.source_params()
+        outputs = PREDICT[phase](params, *inputs, rng=rng)
+        with torch.no_grad():
+            for role, value in outputs.items():
+                if role.startswith("update:"):
+                    params[role[len("update:") :]].copy_(value)
+        return {role: v for role, v in outputs.items() if not role.startswith("update:")}
 
 
 def _as_param(array: np.ndarray | torch.Tensor, trainable: bool) -> torch.Tensor:
@@ -308,8 +372,51 @@ def _rnn(
     return _recurrent(fn, x, w, r, b, [h0], direction, [0], lens)
 
 
+def state_key(name: str) -> str:
+    """A source parameter's state_dict key in Model: its path, Keras' "/"
+    read as "." (an empty path segment is "_")."""
+    return ".".join(part or "_" for part in re.split(r"[./]", name))
+
+
+def _declare(module: torch.nn.Module, rows: list[list[Any]]) -> None:
+    """Declare PARAMETERS' rows in `module`: a child module per path segment,
+    a Parameter for each trainable row and a buffer for the others, zeros of
+    their shape and dtype."""
+    for name, trains, shape, dtype in rows:
+        *path, leaf = state_key(name).split(".")
+        owner = module
+        for part in path:
+            if part not in owner._modules:
+                if hasattr(owner, part):  # an nn.Module attribute ("training", "forward")
+                    raise ValueError(f"parameter {name!r}: module name {part!r} is taken")
+                owner.add_module(part, torch.nn.Module())
+            owner = owner._modules[part]  # type: ignore[assignment]
+        if hasattr(owner, leaf):
+            raise ValueError(f"parameter {name!r}: state_dict key {state_key(name)!r} is taken")
+        tensor = torch.zeros(shape, dtype=_TORCH_DTYPES[dtype])
+        if trains:
+            owner.register_parameter(leaf, torch.nn.Parameter(tensor))
+        else:
+            owner.register_buffer(leaf, tensor)
+
+
+def state_dict_from(weights_path: str) -> dict[str, torch.Tensor]:
+    """weights.safetensors as Model's state_dict: PARAMETERS' rows by state_key."""
+    arrays = _load(weights_path, narrow=True)
+    return {state_key(row[0]): _as_const(arrays[row[0]]) for row in PARAMETERS}
+
+
 # Inlined into every program; every other function here is a helper, inlined on use.
-INLINED = ("_as_param", "_as_const", "_bfloat16", "_numpy", "_value_and_grads")
+INLINED = (
+    "_as_param",
+    "_as_const",
+    "_bfloat16",
+    "_numpy",
+    "_value_and_grads",
+    "state_key",
+    "_declare",
+    "state_dict_from",
+)
 
 
 def _resize_axes(

@@ -1,0 +1,107 @@
+"""Module-shaped programs (issue 15 item 1): a module structure called more
+than once is written once, as a function, and called where it occurs, on a
+Hugging Face GPT-2 recorded at two depths; its dropout masks (keyed from
+mask_base) and parameters (read by prefix) are proven by the parity check;
+the tracing program of the first-divergence search stays flat."""
+
+from __future__ import annotations
+
+import difflib
+import importlib.util
+from pathlib import Path
+
+import pytest
+import torch
+
+import tracelog
+from tracelog.emit import get_target
+from tracelog.emit.program import build_program
+from tracelog.log import TraceLog
+
+transformers = pytest.importorskip("transformers", reason="the GPT-2 case needs transformers")
+
+
+def _record_gpt2(log_dir: Path, n_layer: int) -> Path:
+    torch.manual_seed(0)
+    cfg = transformers.GPT2Config(
+        vocab_size=32, n_positions=16, n_embd=16, n_layer=n_layer, n_head=2
+    )  # dropout on (0.1): the blocks' masks come from the sample
+    model = transformers.GPT2LMHeadModel(cfg)
+    model.config.use_cache = False
+    opt = torch.optim.SGD(model.parameters(), lr=0.01)
+    with tracelog.Listener(model, log_dir) as listener:
+        for _ in range(2):
+            ids = torch.randint(0, 32, (2, 6))
+            with listener.batch():
+                model(input_ids=ids, labels=ids).loss.backward()
+            opt.step()
+            opt.zero_grad()
+    return log_dir
+
+
+@pytest.fixture(scope="module")
+def gpt2_logs(tmp_path_factory: pytest.TempPathFactory) -> dict[int, Path]:
+    root = tmp_path_factory.mktemp("gpt2")
+    return {n: _record_gpt2(root / f"gpt2_{n}", n) for n in (2, 4)}
+
+
+def _changed(a: str, b: str) -> list[str]:
+    diff = difflib.unified_diff(a.splitlines(), b.splitlines(), lineterm="", n=0)
+    return [line for line in diff if line[:1] in "+-" and not line.startswith(("+++", "---"))]
+
+
+@pytest.mark.parametrize("target", ["tensorflow", "jax"])
+def test_depth_adds_a_call_a_layer_not_a_layer(gpt2_logs: dict[int, Path], target: str) -> None:
+    texts = {n: build_program(TraceLog.load(d), get_target(target)) for n, d in gpt2_logs.items()}
+    for n, text in texts.items():
+        assert text.count("\ndef gpt2_block(") == 1
+        assert text.count("= gpt2_block(") == n  # one call a layer
+        assert text.count("for name, *row in GPT2_BLOCK_PARAMETERS]") == n
+    changed = _changed(texts[2], texts[4])
+    added = [line for line in changed if line.startswith("+")]
+    # two more layers: two PARAMETERS lines, two calls (black may wrap one
+    # over a few lines), and the lines that read the last layer's output or
+    # say the graph's digest; no layer's worth of statements
+    assert len(changed) <= 20, "\n".join(changed)
+    assert sum("gpt2_block(" in line for line in added) == 2
+    assert sum("GPT2_BLOCK_PARAMETERS" in line for line in added) == 2
+    # the layers' own statements are in the one definition, not in the diff
+    assert not any("c_attn" in line or "softmax" in line for line in changed)
+
+
+@pytest.mark.parametrize("target", ["tensorflow", "jax", "torch"])
+def test_module_shaped_program_passes_parity(gpt2_logs: dict[int, Path], target: str) -> None:
+    """The calls read the right parameters (prefix + path under the module)
+    and the right recorded dropout masks (mask_base + k): any slip fails the
+    float64 translation rows."""
+    if target == "jax":
+        pytest.importorskip("jax", reason="the JAX target needs jax installed")
+    log_dir = gpt2_logs[4]
+    text = build_program(TraceLog.load(log_dir), get_target(target))
+    assert "mask_base" in text and "rng_key(mask_base" in text
+    spec = importlib.util.spec_from_loader("tracelog_shaped", loader=None)
+    assert spec is not None
+    module = importlib.util.module_from_spec(spec)
+    exec(compile(text, "<program>", "exec"), module.__dict__)
+    rows = module.check_parity(str(log_dir))
+    assert any(r[0].endswith("[float64]") for r in rows)
+    assert all(r[3] for r in rows), [r for r in rows if not r[3]]
+
+
+def test_the_tracing_program_stays_flat(gpt2_logs: dict[int, Path]) -> None:
+    """The first-divergence search pairs every IR value with the program's:
+    its program writes every node out, keyed by IR name."""
+    text = build_program(TraceLog.load(gpt2_logs[2]), get_target("jax"), trace=True)
+    assert "def gpt2_block(" not in text
+    assert "_trace[" in text
+
+
+def test_kind_functions_name_values_under_their_module(gpt2_logs: dict[int, Path]) -> None:
+    """Inside a kind's function, values and parameters are named relative to
+    the module (a one-module change is a one-definition diff), and
+    parameters are read by the call's prefix."""
+    text = build_program(TraceLog.load(gpt2_logs[2]), get_target("jax"))
+    body = text.split("\ndef gpt2_block(", 1)[1].split("\n\n\n", 1)[0]
+    assert 'params[prefix + "ln_1.weight"]' in body
+    assert 'prefix + "attn."' in body  # GPT2Attention: a kind of its own, called from here
+    assert "transformer_h_0" not in body and "transformer.h.0" not in body
