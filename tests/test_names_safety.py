@@ -22,7 +22,7 @@ from hypothesis import strategies as st
 
 from tracelog.emit import PROGRAM_TARGETS, get_target
 from tracelog.emit.common import Namespace, comment_text, format_source, literal, usage_comment
-from tracelog.emit.program import _node_comment
+from tracelog.emit.program import module_comment
 from tracelog.ir import Graph, Node, TensorType, Value
 from tracelog.log import GraphEntry, Usage
 
@@ -103,7 +103,7 @@ def test_node_and_usage_comments_are_one_line(module: str, module_type: str, pha
     node = Node("Relu", ["x"], ["v0"], {"note": module}, module=module, module_type=module_type)
     graph = Graph("prediction", values, [node], [])
     entry = GraphEntry("0" * 64, "prediction", phase, Usage(3, [0], (0, 0), (0, 2)))
-    for line in (_node_comment(graph, node), comment_text("# " + usage_comment([entry]))):
+    for line in (module_comment(graph, [node]), comment_text("# " + usage_comment([entry]))):
         assert len(line.splitlines()) == 1
         assert [type(n) for n in ast.parse(line + "\nx = 1\n").body] == [ast.Assign]
 

@@ -156,21 +156,21 @@ def predict_train(params, x, rng=None):
     fc2_bias = params["fc2.bias"]
     out_weight = params["out.weight"]
     out_bias = params["out.bias"]
-    # Reshape() <root> (MLP) -> [batch, 64]
+    # <root> (MLP): Reshape -> [batch, 64]
     reshape = tf.reshape(x, [-1, 64])
-    # Gemm(transB=1) fc1 (Linear) -> [batch, 128]
+    # fc1 (Linear): Gemm -> [batch, 128]
     fc1 = tf.linalg.matmul(reshape, fc1_weight, transpose_b=True) + fc1_bias
-    # Relu() <root> (MLP) -> [batch, 128]
+    # <root> (MLP): Relu -> [batch, 128]
     relu = tf.nn.relu(fc1)
-    # Gemm(transB=1) fc2 (Linear) -> [batch, 64]
+    # fc2 (Linear): Gemm -> [batch, 64]
     fc2 = tf.linalg.matmul(relu, fc2_weight, transpose_b=True) + fc2_bias
-    # Relu() <root> (MLP) -> [batch, 64]
+    # <root> (MLP): Relu -> [batch, 64]
     relu_1 = tf.nn.relu(fc2)
-    # Dropout() drop (Dropout) -> [batch, 64], [batch, 64]
+    # drop (Dropout): Dropout -> [batch, 64]
     drop, drop_mask = _dropout(
         relu_1, tf.constant(0.09999999999999998, tf.float32), rng, "mask.0"
     )
-    # Gemm(transB=1) out (Linear) -> [batch, 10]
+    # out (Linear): Gemm -> [batch, 10]
     out = tf.linalg.matmul(drop, out_weight, transpose_b=True) + out_bias
     return {"prediction": out}
 
@@ -178,9 +178,8 @@ def predict_train(params, x, rng=None):
 # loss graph 890849aa7a0e, 2 ops. train: 23 batches, epoch 0, first 0:0, last 0:22; eval: 1 batch, epoch 0, first 0:0, last 0:0
 def loss_train(params, prediction, target):
     """Returns the loss."""
-    # LogSoftmax(axis=1) <loss> -> [batch, 10]
+    # <loss>: LogSoftmax, NegativeLogLikelihoodLoss -> []
     log_softmax = tf.nn.log_softmax(prediction, axis=1)
-    # NegativeLogLikelihoodLoss(ignore_index=-100, reduction=mean) <loss> -> []
     nll_loss = _nll_loss(log_softmax, target, None, "mean", -100)
     return nll_loss
 
@@ -194,17 +193,17 @@ def predict_eval(params, x, rng=None):
     fc2_bias = params["fc2.bias"]
     out_weight = params["out.weight"]
     out_bias = params["out.bias"]
-    # Reshape() <root> (MLP) -> [batch, 64]
+    # <root> (MLP): Reshape -> [batch, 64]
     reshape = tf.reshape(x, [-1, 64])
-    # Gemm(transB=1) fc1 (Linear) -> [batch, 128]
+    # fc1 (Linear): Gemm -> [batch, 128]
     fc1 = tf.linalg.matmul(reshape, fc1_weight, transpose_b=True) + fc1_bias
-    # Relu() <root> (MLP) -> [batch, 128]
+    # <root> (MLP): Relu -> [batch, 128]
     relu = tf.nn.relu(fc1)
-    # Gemm(transB=1) fc2 (Linear) -> [batch, 64]
+    # fc2 (Linear): Gemm -> [batch, 64]
     fc2 = tf.linalg.matmul(relu, fc2_weight, transpose_b=True) + fc2_bias
-    # Relu() <root> (MLP) -> [batch, 64]
+    # <root> (MLP): Relu -> [batch, 64]
     relu_1 = tf.nn.relu(fc2)
-    # Gemm(transB=1) out (Linear) -> [batch, 10]
+    # out (Linear): Gemm -> [batch, 10]
     out = tf.linalg.matmul(relu_1, out_weight, transpose_b=True) + out_bias
     return {"prediction": out}
 

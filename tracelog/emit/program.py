@@ -345,9 +345,19 @@ class _Body:
             return str(k)
         return f"mask_base + {k}" if k else "mask_base"
 
+    def _module_comment(self, index: int, end: int) -> str:
+        """The comment over the run of nodes of one module from `index`."""
+        nodes = self.graph.nodes
+        stop = index + 1
+        while stop < end and nodes[stop].module == nodes[index].module:
+            stop += 1
+        base = self.at.path if self.at is not None else None
+        return module_comment(self.graph, nodes[index:stop], base)
+
     def node_lines(self, start: int, end: int) -> list[str]:
-        """Per node of graph.nodes[start:end]: a comment saying what it is,
-        its statement, and with trace the lines recording its outputs."""
+        """Per node of graph.nodes[start:end] its statement, with trace the
+        lines recording its outputs; a comment over each module's run of
+        nodes (comments per module, not per line)."""
         lines: list[str] = []
         for index in range(start, end):
             node = self.graph.nodes[index]
@@ -359,8 +369,9 @@ class _Body:
                     ctx.mask_key = sample_format.rng_key(int(k))
                 else:
                     ctx.mask_expr = f"rng_key({k})"
-            base = self.at.path if self.at is not None else None
-            lines += [_node_comment(self.graph, node, base), _statement(self.target, ctx)]
+            if index == start or self.graph.nodes[index - 1].module != node.module:
+                lines.append(self._module_comment(index, end))
+            lines.append(_statement(self.target, ctx))
             if self.trace:
                 traced = zip(node.outputs, outs, strict=True)
                 lines += [f"_trace[{literal(o)}] = {p}" for o, p in traced if o]
@@ -382,16 +393,24 @@ def _const_text(target: Target, v: Value, constants: dict[str, np.ndarray]) -> s
     return expr.format(value=literal(value.tolist()), dtype=v.type.dtype)
 
 
-def _node_comment(graph: Graph, node: Node, base: str | None = None) -> str:
-    """# op(attributes) module (module type) -> output shapes; in a module
-    kind's function (`base`: its first call's path) the module relative to it."""
-    attrs = ", ".join(f"{k}={v}" for k, v in sorted(node.attrs.items()))
+# a module's comment lists its ops up to this many kinds, else counts them
+COMMENT_OPS = 4
+
+
+def module_comment(graph: Graph, nodes: list[Node], base: str | None = None) -> str:
+    """# module (module type): its ops -> the shape of its last value. In a
+    module kind's function (`base`: its first call's path) the module is
+    named relative to it; the loss graph's nodes have no module."""
+    node = nodes[-1]
     module = node.module or "<root>"
     if base is not None:
         module = relative(node.module, base)
     where = f"{module} ({node.module_type})".lstrip() if node.module_type else "<loss>"
-    shapes = ", ".join(shape_text(graph.values[o].type) for o in node.outputs if o)
-    return comment_text(f"# {node.qualified_op}({attrs}) {where} -> {shapes}")
+    kinds = list(dict.fromkeys(n.qualified_op for n in nodes))
+    ops = ", ".join(kinds) if len(kinds) <= COMMENT_OPS else f"{len(nodes)} ops"
+    out = next((o for o in node.outputs if o), "")
+    shape = f" -> {shape_text(graph.values[out].type)}" if out else ""
+    return comment_text(f"# {where}: {ops}{shape}")
 
 
 def _return_and_signature(
