@@ -75,12 +75,12 @@ def active() -> Any:
     stack = getattr(_tls, "windows", None)
     if stack:
         return stack[-1]
-    if _opened and _in_replica_thread():
+    if _opened and in_replica_thread():
         return _opened[-1]
     return None
 
 
-def _in_replica_thread() -> bool:
+def in_replica_thread() -> bool:
     try:
         from tensorflow.python.distribute import mirrored_run
     except ImportError:  # pragma: no cover

@@ -338,6 +338,7 @@ class TFListener(GuardedCounting, ListenerBase):
         self._installed: list[Any] = []  # what undoes the open window's watching
         self._static: Any = None  # the static key last read, and the layers wrapped
         self._wrapped_ids: set[int] = set()
+        self._no_fast = False  # a replica's forward was seen: every batch exact
         # was the last batch counted under guards (not recorded op by op)?
         self.last_guarded = False
         self._warned_guards: set[str] = set()
@@ -426,6 +427,7 @@ class TFListener(GuardedCounting, ListenerBase):
             and static is not None
             and not sample_due
             and not replay
+            and not self._no_fast
             and not self._tf.distribute.has_strategy()
             and book.may_guard(static, self.epoch)
         ):
@@ -518,6 +520,14 @@ class TFListener(GuardedCounting, ListenerBase):
         so nothing is lost). Then note the calls."""
         w.key_started = True
         if self._book.mode == "exact" or (isinstance(w, _Window) and w.keyless):
+            return w
+        if functions.in_replica_thread() or self._tf.distribute.has_strategy():
+            # a replica's forward: its ops and calls are per thread, no key sees them all
+            self._no_fast = True
+            if isinstance(w, FastWindow):
+                w.stop("a tf.distribute replica's forward in a batch counted by guards")
+            else:
+                w.keyless = True
             return w
         try:
             inputs = input_key(args, kwargs)
