@@ -19,6 +19,11 @@ time, on the side, and its outputs stand for the real call's. Ops run by
 ``GradientTape.gradient`` and every op after it (the optimizer) belong to
 neither graph. ``tracelog.keras.TracelogCallback`` replays ``fit``'s traced
 steps eagerly the same way.
+
+Eager batches take the guarded fast path (``guards.py`` here, the book in
+``tracelog/adapters/guards.py``): once a key gave the same graphs K exact
+recordings in a row, batches with that key run with no op callback in the
+forward, backward and optimizer, and are counted for those graphs.
 """
 
 from __future__ import annotations
