@@ -342,3 +342,36 @@ def test_guards_that_fail_never_break_training(
         assert [_step(listener, model, opt, x, y) for _ in range(3)] == [False] * 3
     log = tracelog.load(tmp_path / "g")
     assert log.unrecorded == 0 and [e.usage.batches for e in log.entries_sorted()] == [10, 10]
+
+
+def test_an_eval_only_run_is_guarded_and_a_later_training_batch_is_the_sample(
+    tmp_path: Path,
+) -> None:
+    def run(log_dir: Path, **options: Any) -> list[bool]:
+        model = _seq()
+        opt = keras.optimizers.SGD(0.01)
+        (x, y), *_ = _batches(1)
+        with _Listener(model, log_dir, strict=True, **options) as listener:
+            guarded = []
+            for _ in range(5):  # evaluation: no sample to take, the fast path after K
+                with listener.batch():
+                    _LOSS(y, model(x, training=False))
+                guarded.append(listener.last_guarded)
+            assert not _step(listener, model, opt, x, y)  # the first training batch: exact
+        return guarded
+
+    assert run(tmp_path / "e", mode="exact") == [False] * 5
+    assert run(tmp_path / "g") == [False] * 3 + [True] * 2
+    # its sample, recorded from its forward on (gradients from a tape begun there), is exact mode's
+    assert (tmp_path / "g" / "sample.safetensors").read_bytes() == (
+        tmp_path / "e" / "sample.safetensors"
+    ).read_bytes()
+    log = tracelog.load(tmp_path / "g")
+    assert log.sample_info is not None and log.sample_info["phase"] == "train"
+    assert log.sample_info["batch"] == 0 and log.unrecorded == 0
+    assert [(e.phase, e.usage.batches) for e in log.entries_sorted()] == [
+        ("train", 1),
+        ("train", 1),
+        ("eval", 5),
+        ("eval", 5),
+    ]

@@ -425,12 +425,10 @@ class TFListener(GuardedCounting, ListenerBase):
         variable added since the last window is wrapped and resolved."""
         static = self._refresh()
         book = self._book
-        sample_due = self._sample is None and not self._sample_failed
         replay = functions.running_eagerly()  # fit's replay of a traced step
         if (
             book.mode == "guarded"
             and static is not None
-            and not sample_due
             and not replay
             and not self._no_fast
             and not self._tf.distribute.has_strategy()
@@ -544,21 +542,28 @@ class TFListener(GuardedCounting, ListenerBase):
             return w
         if isinstance(w, FastWindow):
             w.streak = self._book.trusted_for(w.static, inputs)
-            if w.streak is None:
-                w = self._to_exact(w)
+            # a training batch while the sample is due is the sample's (an
+            # eval-only run, which never gives one, still takes the fast path)
+            sample = self._sample is None and not self._sample_failed and kwargs.get("training")
+            if w.streak is None or sample:
+                w = self._to_exact(w, bool(sample))
         w.inputs = inputs
         w.calls = []
         return w
 
-    def _to_exact(self, fw: FastWindow) -> _Window:
-        """A fast window's guards failed: record the batch exactly from here."""
+    def _to_exact(self, fw: FastWindow, sample: bool = False) -> _Window:
+        """A fast window's guards failed (or it may be the sample): record the
+        batch exactly from here. No variable changed since the window opened:
+        the state before the forward is the batch's."""
         for undo in reversed(self._installed):
             undo()  # its functions.py entry and light callback
         self._installed = []
         w = _Window(self, fw.epoch)
         w.static, w.key_started = fw.static, True
         self._window = w
-        self._install(w, None)  # a fast window is never the sample's
+        if sample:
+            w.before = self._state_before(w)
+        self._install(w, w.before)
         return w
 
     def _fast_function(self, w: FastWindow, call: Any, fn: Any, args: tuple, kwargs: dict) -> Any:
