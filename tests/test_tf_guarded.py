@@ -375,3 +375,41 @@ def test_an_eval_only_run_is_guarded_and_a_later_training_batch_is_the_sample(
         ("eval", 5),
         ("eval", 5),
     ]
+
+
+def test_a_tf_function_step_in_a_fast_window_is_followed(tmp_path: Path) -> None:
+    """Eval batches trusted, then a ``@tf.function`` training step: its window
+    opens fast, and the step (called before the model runs eagerly) is
+    followed as in an exact window: replayed once, then counted; the replay
+    is the sample's."""
+    model = _seq()
+    opt = keras.optimizers.SGD(0.01)
+    (x, y), *_ = _batches(1)
+    x, y = tf.constant(x), tf.constant(y)
+
+    @tf.function
+    def train_step(xb: Any, yb: Any) -> Any:
+        with tf.GradientTape() as tape:
+            loss = _LOSS(yb, model(xb, training=True))
+        grads = tape.gradient(loss, model.trainable_variables)
+        opt.apply_gradients(zip(grads, model.trainable_variables, strict=True))
+        return loss
+
+    with _Listener(model, tmp_path / "g", strict=True) as listener:
+        for _ in range(4):
+            with listener.batch():
+                _LOSS(y, model(x, training=False))
+        assert listener.last_guarded
+        for _ in range(3):
+            with listener.batch():
+                train_step(x, y)
+            assert not listener.last_guarded
+    log = tracelog.load(tmp_path / "g")
+    assert log.unrecorded == 0, log.failures
+    assert [(e.phase, e.usage.batches) for e in log.entries_sorted()] == [
+        ("train", 3),
+        ("train", 3),
+        ("eval", 4),
+        ("eval", 4),
+    ]
+    assert log.sample_info is not None and log.sample_info["phase"] == "train"

@@ -578,8 +578,9 @@ class TFListener(GuardedCounting, ListenerBase):
                 uses_model = functions.captures_model(self, concrete)
             except Exception:  # fail open: an exact window decides
                 uses_model = True
-            if uses_model:
-                return functions.follow(self._to_exact(w), call, fn, args, kwargs)
+            if uses_model:  # its replay may be the sample's, as in a window begun exact
+                sample = self._sample is None and not self._sample_failed
+                return functions.follow(self._to_exact(w, sample), call, fn, args, kwargs)
         with w.suspend():
             return call(fn, *args, **kwargs)
 
