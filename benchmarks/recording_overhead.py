@@ -14,6 +14,10 @@ guarded mode's periodic exact re-recordings (every ``--rerecord-every``).
 
     python benchmarks/recording_overhead.py [--rounds 120] [--steps 1] [--models mlp,cnn,gpt2]
     python benchmarks/recording_overhead.py --models mlp --export   # + record+emit vs export
+    python benchmarks/recording_overhead.py --models keras_tape,keras_fit_eager,keras_fit
+
+The Keras rows (a small CNN: a GradientTape loop, ``fit(run_eagerly=True)``,
+traced ``fit``) live in ``recording_overhead_keras.py``.
 
 (torch.profiler's C++ side prints two lines per session on stderr:
 ``2>/dev/null`` keeps the table alone.)
@@ -222,9 +226,19 @@ def main() -> None:
         parser.error(f"unknown contexts {sorted(unknown)}; known: {', '.join(CONTEXTS)}")
     print(f"median step time ratio to bare (mean ratio in brackets); {torch.__version__}, 1 thread")
     print(f"{'model':<34} {'bare ms':>8} " + " ".join(f"{c:>18}" for c in cols))
+    keras_rows: Any = None
     for key in args.models.split(","):
-        label, make = MODELS[key]
-        times = measure(make, ["bare", *cols], args.rounds, args.steps, args.rerecord_every)
+        if key.startswith("keras"):
+            if keras_rows is None:
+                import recording_overhead_keras as keras_rows  # beside this file
+
+                keras_rows.one_thread()
+            label, times = keras_rows.measure(
+                key, ["bare", *cols], args.rounds, args.steps, args.rerecord_every
+            )
+        else:
+            label, make = MODELS[key]
+            times = measure(make, ["bare", *cols], args.rounds, args.steps, args.rerecord_every)
         bare_med, bare_mean = statistics.median(times["bare"]), statistics.mean(times["bare"])
         cells = []
         for c in cols:

@@ -25,6 +25,7 @@ one never resolved is counted unrecorded at close, with the reason.
 
 from __future__ import annotations
 
+import logging
 from collections.abc import Hashable
 from dataclasses import dataclass, field
 from typing import Any
@@ -177,3 +178,71 @@ class GuardBook:
             "branch_batches": list(self.branches),
             "switched_to_exact": self.switched,
         }
+
+
+class GuardedCounting:
+    """What a listener with a guard book does as a window ends, whatever the
+    framework: count a fast window for the pair its key maps to, teach the
+    book an exact window's key, warn once per kind of surprise. A listener
+    mixing it in has ``_book``, ``_warned_guards``, ``log``,
+    ``last_counted``, ``last_guarded`` and ``no_forward_reason``."""
+
+    _book: GuardBook
+    _warned_guards: set[str]
+    log: Any
+    last_counted: Any
+    last_guarded: bool
+    no_forward_reason: str
+
+    def _count_fast(self, w: Any, no_forward: str | None = None) -> None:
+        """A fast window ended: count it for the pair its key maps to."""
+        if w.root_calls == 0:
+            raise RuntimeError(no_forward or self.no_forward_reason)
+        key = w.key()
+        where = (w.phase, w.epoch, w.batch)
+        assert w.streak is not None  # set as its forward started
+        pair = self._book.counted(key, w.streak, where)
+        if key != w.streak.key:
+            self._warn_guards(
+                "branch",
+                "tracelog: batch (epoch %d, batch %d) made other module or function calls "
+                "than the recorded batches with the same guards (a data-dependent branch); "
+                "it is counted for the graphs of its own path%s",
+                w.epoch,
+                w.batch,
+                "" if pair is not None else ", once an exact recording shows them",
+            )
+        if pair is None:
+            self.last_counted = "held: its path was not recorded yet"
+            return
+        self.log.count(w.phase, pair[0], pair[1], w.epoch, w.batch, guarded=True)
+        self.last_counted = pair
+        self.last_guarded = True
+
+    def _exact_counted(self, w: Any, key: tuple[Hashable, ...] | None) -> None:
+        """An exact window counted its pair: the guard book learns its key."""
+        pair = self.last_counted
+        if key is None or not isinstance(pair, tuple):
+            return
+        switched = self._book.switched
+        for phase, epoch, batch in self._book.recorded(key, pair, (w.phase, w.epoch, w.batch)):
+            self.log.count(phase, pair[0], pair[1], epoch, batch, guarded=True)
+        if switched is None and self._book.switched is not None:
+            self._warn_guards(
+                "switched",
+                "tracelog: batch (epoch %d, batch %d), recorded exactly, gave other graphs than "
+                "earlier batches with the same guards (a data-dependent branch the guards do "
+                "not see); every batch is recorded exactly from here on",
+                w.epoch,
+                w.batch,
+            )
+
+    def _warn_guards(self, what: str, msg: str, *args: Any) -> None:
+        if what not in self._warned_guards:
+            self._warned_guards.add(what)
+            logging.getLogger("tracelog").warning(msg, *args)
+
+    def _count_unresolved(self) -> None:
+        """At close: held guarded batches no exact recording resolved."""
+        for phase, epoch, batch in self._book.unresolved():
+            self.log.count_failure(phase, epoch, batch, UNRESOLVED)

@@ -75,12 +75,12 @@ def active() -> Any:
     stack = getattr(_tls, "windows", None)
     if stack:
         return stack[-1]
-    if _opened and _in_replica_thread():
+    if _opened and in_replica_thread():
         return _opened[-1]
     return None
 
 
-def _in_replica_thread() -> bool:
+def in_replica_thread() -> bool:
     try:
         from tensorflow.python.distribute import mirrored_run
     except ImportError:  # pragma: no cover
@@ -109,7 +109,7 @@ def functions_eagerly() -> Iterator[None]:
         eager_function_run.RUN_FUNCTIONS_EAGERLY = before
 
 
-def _running_eagerly() -> bool:
+def running_eagerly() -> bool:
     from tensorflow.python.eager.polymorphic_function import eager_function_run
 
     return bool(eager_function_run.RUN_FUNCTIONS_EAGERLY)
@@ -131,14 +131,16 @@ def install() -> None:
 
         def hooked_call(fn: Any, *args: Any, **kwargs: Any) -> Any:
             w = active()
-            if w is None or _running_eagerly():
+            if w is None or running_eagerly():
                 return call(fn, *args, **kwargs)
             if not w.recording or w.suspended or w.done:
                 # not the batch's graphs: nor the sample's tape (under a tape a
                 # function is traced and run otherwise)
                 with _tape_paused(w):
                     return call(fn, *args, **kwargs)
-            return _follow(w, call, fn, args, kwargs)
+            if getattr(w, "fast", False):  # a window counted by guards (guards.py)
+                return w.listener._fast_function(w, call, fn, args, kwargs)
+            return follow(w, call, fn, args, kwargs)
 
         def hooked_gradient(tape: Any, *args: Any, **kwargs: Any) -> Any:
             w = active()
@@ -231,13 +233,13 @@ def _tape_paused(w: Any) -> Iterator[None]:
         w.tape_paused = False
 
 
-def _follow(w: Any, call: Any, fn: Any, args: tuple, kwargs: dict) -> Any:
+def follow(w: Any, call: Any, fn: Any, args: tuple, kwargs: dict) -> Any:
     if w.root_calls == 0 and w.step_key is None:
         return _step(w, call, fn, args, kwargs)
     return _helper(w, call, fn, args, kwargs)
 
 
-def _uses_model(listener: Any, concrete: Any) -> bool:
+def captures_model(listener: Any, concrete: Any) -> bool:
     """Does the traced function capture a variable of the listener's model
     (for a distributed variable, any of its replicas')?"""
     model = set()
@@ -254,7 +256,7 @@ def _step(w: Any, call: Any, fn: Any, args: tuple, kwargs: dict) -> Any:
         with _unwatched(w):
             concrete = fn.get_concrete_function(*args, **kwargs)
         key = str(concrete.name)
-        uses_model = _uses_model(listener, concrete)
+        uses_model = captures_model(listener, concrete)
         if uses_model and getattr(fn, "_jit_compile", None):
             w.phase = "train" if is_training_step(concrete) else "eval"
             w.stop(JIT_STEP_REASON)
@@ -306,12 +308,14 @@ def _helper(w: Any, call: Any, fn: Any, args: tuple, kwargs: dict) -> Any:
         w.fail(e)
         return call(fn, *args, **kwargs)
     side = None
+    w.side += 1  # the side run's ops and layer calls are not in the batch's key
     try:
         with functions_eagerly():
             side = call(fn, *args, **kwargs)
     except Exception as e:
         w.fail(e)
     finally:
+        w.side -= 1
         saved.restore(w)
     with w.suspend():
         out = call(fn, *args, **kwargs)

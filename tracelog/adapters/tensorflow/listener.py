@@ -19,6 +19,11 @@ time, on the side, and its outputs stand for the real call's. Ops run by
 ``GradientTape.gradient`` and every op after it (the optimizer) belong to
 neither graph. ``tracelog.keras.TracelogCallback`` replays ``fit``'s traced
 steps eagerly the same way.
+
+Eager batches take the guarded fast path (``guards.py`` here, the book in
+``tracelog/adapters/guards.py``): once a key gave the same graphs K exact
+recordings in a row, batches with that key run with no op callback in the
+forward, backward and optimizer, and are counted for those graphs.
 """
 
 from __future__ import annotations
@@ -33,13 +38,21 @@ from typing import Any
 
 import numpy as np
 
-from tracelog.adapters.base import LOSS_NOT_COMPUTED, ListenerBase, StateBefore, WindowBase
+from tracelog.adapters.base import (
+    LOSS_NOT_COMPUTED,
+    ListenerBase,
+    StateBefore,
+    WindowBase,
+    describe,
+)
 from tracelog.adapters.builder import NotSupported
+from tracelog.adapters.guards import GuardBook, GuardedCounting
 from tracelog.adapters.tape import Ref, Tape
 from tracelog.log import TraceLog
 
 from . import functions
 from .batch_dims import batch_multiple, exact_batch_dims
+from .guards import FastWindow, input_key, op_key, static_key
 from .recurrent import is_recurrent, recurrent_call
 from .reference import reference64
 from .rules import TF_OPS
@@ -98,6 +111,18 @@ class _Window(WindowBase):
         self.done = False  # the backward ran: later ops (the optimizer) are in neither graph
         self.step_key: str | None = None  # the traced step this window replayed
         self.counted_as: tuple[str, tuple[str, str | None] | str] | None = None
+        # the guarded fast path's key of this batch (guards.py), read as a fast window reads it
+        self.key_started = False
+        self.keyless = False  # a replay under functions_eagerly: its key is no fast window's
+        self.static: Any = None
+        self.inputs: Any = None
+        self.calls: list[Any] | None = None
+        self.side = 0  # > 0 while a tf.function helper runs eagerly on the side
+
+    def key(self) -> tuple[Any, ...] | None:
+        if self.calls is None or self.keyless or self.step_key or self.counted_as:
+            return None
+        return (self.static, self.inputs, tuple(self.calls))
 
     @contextlib.contextmanager
     def suspend(self) -> Iterator[None]:
@@ -255,6 +280,8 @@ class _Window(WindowBase):
 
     # -- the loss -----------------------------------------------------------------------
     def mark_loss(self, t: Any) -> None:
+        if self.calls is not None:
+            self.calls.append(("loss()",))  # as a fast window notes it
         ref = self.refs.get(id(t))
         if ref is None or ref[0] != "o":  # a variable or a data input is not a loss
             raise ValueError(LOSS_NOT_COMPUTED)
@@ -267,7 +294,7 @@ class _Window(WindowBase):
             self.explicit_loss = ref
 
 
-class TFListener(ListenerBase):
+class TFListener(GuardedCounting, ListenerBase):
     """Records the algebra of each training batch of a Keras model (TensorFlow
     backend) run eagerly: ``with listener.batch(), tf.GradientTape() as tape:``."""
 
@@ -277,10 +304,18 @@ class TFListener(ListenerBase):
         self,
         model: Any,
         log_dir: str | os.PathLike[str],
+        *,
+        mode: str = "guarded",
+        guard_after: int = 3,
+        rerecord_every: int = 100,
         **options: Any,
     ) -> None:
-        """Options as for :class:`tracelog.adapters.torch.TorchListener`."""
+        """Options as for :class:`tracelog.adapters.torch.TorchListener`,
+        ``mode``, ``guard_after`` and ``rerecord_every`` included (the guarded
+        fast path of eager batches: ``guards.py``)."""
         import tensorflow as tf
+
+        self._book = GuardBook(mode, guard_after, rerecord_every)  # a bad option raises here
         from tensorflow.python.framework import op_callbacks
 
         self._tf = tf
@@ -304,7 +339,15 @@ class TFListener(ListenerBase):
         )
         self._variables = {v.path: v for v in model.variables}
         self._paths = {id(v.value.handle): v.path for v in model.variables}  # by handle
-        self._window: _Window | None = None
+        self._window: _Window | FastWindow | None = None
+        self._installed: list[Any] = []  # what undoes the open window's watching
+        self._static: Any = None  # the static key last read, and the layers wrapped
+        self._wrapped_ids: set[int] = set()
+        self._no_fast = False  # a replica's forward was seen: every batch exact
+        # was the last batch counted under guards (not recorded op by op)?
+        self.last_guarded = False
+        self._warned_guards: set[str] = set()
+        self.log.recording = self._book.to_json()
         self._unwrap: list[tuple[Any, Any, str]] = []
         # traced steps seen (by concrete function name): the phase and what the
         # eager replay of its first batch counted, or why it was not recorded
@@ -314,6 +357,7 @@ class TFListener(ListenerBase):
         layers = [model] + list(model._flatten_layers(include_self=False, recursive=True))
         for layer in layers:
             self._wrap(layer, layer is model)
+        self._refresh()
         if hasattr(model, "_compute_loss"):  # Keras' train_step: the loss it differentiates
             original = model._compute_loss
 
@@ -328,6 +372,7 @@ class TFListener(ListenerBase):
             self._unwrap.append((model, original, "_compute_loss"))
 
     def _wrap(self, layer: Any, is_root: bool) -> None:
+        self._wrapped_ids.add(id(layer))
         original = layer.call
         path = "" if is_root else str(getattr(layer, "path", None) or layer.name)
         tname = type(layer).__name__
@@ -339,6 +384,12 @@ class TFListener(ListenerBase):
                 return original(*args, **kwargs)
             if not self._tf.executing_eagerly():  # traced: the window follows the call
                 return original(*args, **kwargs)
+            if is_root and w.root_calls == 0 and not w.key_started:
+                w = self._forward_starts(w, args, kwargs)
+            if w.calls is not None and not w.side:
+                w.calls.append(path)  # the key's layer calls
+            if isinstance(w, FastWindow):
+                return w.run(original, is_root, args, kwargs)
             if is_root:
                 # NumPy data would become a tensor inside each first layer, out of
                 # sight; as a tensor here (what Keras does anyway) it is the input
@@ -368,15 +419,76 @@ class TFListener(ListenerBase):
     def _new_window(self) -> _Window:
         return _Window(self, self.epoch)
 
+    def _begin_window(self) -> _Window | FastWindow:
+        """A fast window where the guard book allows one (guards.py), else an
+        exact window as before. The static key is read either way: a layer or
+        variable added since the last window is wrapped and resolved."""
+        static = self._refresh()
+        book = self._book
+        replay = functions.running_eagerly()  # fit's replay of a traced step
+        if (
+            book.mode == "guarded"
+            and static is not None
+            and not replay
+            and not self._no_fast
+            and not self._tf.distribute.has_strategy()
+            and book.may_guard(static, self.epoch)
+        ):
+            return FastWindow(self, self.epoch, static)
+        w = super()._begin_window()
+        assert isinstance(w, _Window)
+        w.static, w.keyless = static, replay or static is None
+        return w
+
+    def _refresh(self) -> Any:
+        """The static key (None if it cannot be read); when it moved, the
+        layers not wrapped yet are wrapped and the variables read again."""
+        try:
+            static, layers, variables = static_key(self.model)
+        except Exception as e:  # fail open: no key, every batch recorded exactly
+            self._warn_guards("static", "tracelog: guards not read (%s): exact mode", describe(e))
+            return None
+        if static != self._static:
+            self._static = static
+            for layer in layers:
+                if id(layer) not in self._wrapped_ids:
+                    self._wrap(layer, layer is self.model)
+            self._variables = {v.path: v for v in variables}
+            self._paths = {id(v.value.handle): v.path for v in variables}
+        return static
+
     @contextlib.contextmanager
-    def _watching(self, w: _Window, before: StateBefore | None) -> Iterator[None]:
+    def _watching(self, w: _Window | FastWindow, before: StateBefore | None) -> Iterator[None]:
+        """An exact window: the op callback (``_install``); a fast window: only
+        the hooks of functions.py (the recorder may be installed later, as its
+        forward starts: ``_to_exact``)."""
+        self._installed = []
+        try:
+            if isinstance(w, FastWindow):
+                functions.push(w)
+                self._installed.append(lambda: functions.pop(w))
+                self._installed.append(w.unwatch)
+            else:
+                self._install(w, before)
+            yield
+        finally:
+            installed, self._installed = self._installed, []
+            for undo in reversed(installed):
+                undo()
+
+    def _install(self, w: _Window, before: StateBefore | None) -> None:
         """The op callback, and for a sampled batch a private GradientTape
         (tapes nest and change no numerics) for the sample's gradients."""
-        grad_tape = None
         if before is not None:
             grad_tape = before.grad_state = self._tf.GradientTape(watch_accessed_variables=True)
             grad_tape.__enter__()
             w.private_tape = grad_tape
+
+            def close_tape() -> None:
+                w.private_tape = None
+                grad_tape.__exit__(None, None, None)
+
+            self._installed.append(close_tape)
 
         def callback(
             op_type: Any,
@@ -386,24 +498,100 @@ class TFListener(ListenerBase):
             op_name: Any = None,
             graph: Any = None,
         ) -> None:
+            if (
+                w.calls is not None
+                and w.root_done
+                and graph is None
+                and not (w.suspended or w.done or w.side)
+            ):
+                w.calls.append(op_key(op_type, inputs))  # the loss's ops, as a fast window's
             w.guarded(w.on_op, op_type, inputs, attrs, outputs, graph)
             return None
 
         self._op_callbacks.add_op_callback(callback)
+        self._installed.append(lambda: self._op_callbacks.remove_op_callback(callback))
         functions.push(w)
-        try:
-            yield
-        finally:
-            functions.pop(w)
-            self._op_callbacks.remove_op_callback(callback)
-            if grad_tape is not None:
-                w.private_tape = None
-                grad_tape.__exit__(None, None, None)
+        self._installed.append(lambda: functions.pop(w))
 
-    def _record(self, w: WindowBase, before: StateBefore | None) -> None:
+    # -- the guarded fast path -------------------------------------------------------------
+    def _forward_starts(
+        self, w: _Window | FastWindow, args: Any, kwargs: Any
+    ) -> _Window | FastWindow:
+        """The root's first call starts: read the key's inputs; a fast window
+        whose inputs no trusted key starts with becomes an exact window (the
+        recorder installed now: ops before the forward are never recorded,
+        so nothing is lost). Then note the calls."""
+        w.key_started = True
+        if self._book.mode == "exact" or (isinstance(w, _Window) and w.keyless):
+            return w
+        if functions.in_replica_thread() or self._tf.distribute.has_strategy():
+            # a replica's forward: its ops and calls are per thread, no key sees them all
+            self._no_fast = True
+            if isinstance(w, FastWindow):
+                w.stop("a tf.distribute replica's forward in a batch counted by guards")
+            else:
+                w.keyless = True
+            return w
+        try:
+            inputs = input_key(args, kwargs)
+        except Exception as e:  # fail open: no key, the batch recorded exactly
+            if isinstance(w, FastWindow):
+                w = self._to_exact(w)
+            w.keyless = True
+            self._warn_guards("inputs", "tracelog: guards not read (%s)", describe(e))
+            return w
+        if isinstance(w, FastWindow):
+            w.streak = self._book.trusted_for(w.static, inputs)
+            # a training batch while the sample is due is the sample's (an
+            # eval-only run, which never gives one, still takes the fast path)
+            sample = self._sample is None and not self._sample_failed and kwargs.get("training")
+            if w.streak is None or sample:
+                w = self._to_exact(w, bool(sample))
+        w.inputs = inputs
+        w.calls = []
+        return w
+
+    def _to_exact(self, fw: FastWindow, sample: bool = False) -> _Window:
+        """A fast window's guards failed (or it may be the sample): record the
+        batch exactly from here. No variable changed since the window opened:
+        the state before the forward is the batch's."""
+        for undo in reversed(self._installed):
+            undo()  # its functions.py entry and light callback
+        self._installed = []
+        w = _Window(self, fw.epoch)
+        w.static, w.key_started = fw.static, True
+        self._window = w
+        if sample:
+            w.before = self._state_before(w)
+        self._install(w, w.before)
+        return w
+
+    def _fast_function(self, w: FastWindow, call: Any, fn: Any, args: tuple, kwargs: dict) -> Any:
+        """A tf.function called in a fast window (functions.py): a helper the
+        forward or the loss calls runs as it is (an exact window's key leaves
+        its side run out too); one called before the model that uses the
+        model's variables is a step, which an exact window follows."""
+        if w.root_calls == 0:
+            try:
+                with w.suspend():
+                    concrete = fn.get_concrete_function(*args, **kwargs)
+                uses_model = functions.captures_model(self, concrete)
+            except Exception:  # fail open: an exact window decides
+                uses_model = True
+            if uses_model:  # its replay may be the sample's, as in a window begun exact
+                sample = self._sample is None and not self._sample_failed
+                return functions.follow(self._to_exact(w, sample), call, fn, args, kwargs)
+        with w.suspend():
+            return call(fn, *args, **kwargs)
+
+    def _record(self, w: Any, before: StateBefore | None) -> None:
+        if isinstance(w, FastWindow):
+            self._count_fast(w)
+            return
         assert isinstance(w, _Window)
         if w.counted_as is None:
             super()._record(w, before)
+            self._exact_counted(w, w.key())
             return
         w.phase, counted = w.counted_as  # a traced step already replayed: count it alike
         if isinstance(counted, str):
@@ -412,8 +600,11 @@ class TFListener(ListenerBase):
         self.log.count(w.phase, counted[0], counted[1], w.epoch, w.batch)
         self.last_counted = counted
 
-    def _finish(self, w: WindowBase, before: StateBefore | None) -> None:
+    def _finish(self, w: Any, before: StateBefore | None) -> None:
+        self.last_guarded = False
         super()._finish(w, before)
+        if isinstance(w, _Window) and not w.recording and w.key() is not None:
+            self._book.not_recorded(w.static, w.inputs)  # an unrecorded batch breaks a streak
         if isinstance(w, _Window) and w.step_key is not None and self.last_counted is not None:
             self._steps[w.step_key] = (w.phase, self.last_counted)
 
@@ -480,6 +671,7 @@ class TFListener(ListenerBase):
 
     # -- closing ---------------------------------------------------------------------------
     def _detach(self) -> None:
+        self._count_unresolved()
         if self._hooked:
             self._hooked = False
             functions.uninstall()
@@ -488,6 +680,8 @@ class TFListener(ListenerBase):
         self._unwrap.clear()
 
     def _model_facts(self) -> dict[str, Any]:
+        # read at every write of trace.json, as the guard book's counts are
+        self.log.recording = self._book.to_json()
         return {
             "class": type(self.model).__name__,
             "params": [

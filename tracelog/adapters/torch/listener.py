@@ -30,7 +30,7 @@ from torch.utils._python_dispatch import TorchDispatchMode
 
 from tracelog.adapters.base import ListenerBase, StateBefore, WindowBase, describe
 from tracelog.adapters.builder import NotSupported
-from tracelog.adapters.guards import UNRESOLVED, GuardBook
+from tracelog.adapters.guards import GuardBook, GuardedCounting
 from tracelog.adapters.tape import Ref, Tape
 from tracelog.ir import Graph
 from tracelog.log import TraceLog
@@ -396,7 +396,7 @@ class _Watched:
                 late.__exit__(None, None, None)
 
 
-class TorchListener(ListenerBase):
+class TorchListener(GuardedCounting, ListenerBase):
     """Records the algebra of each training batch of a torch.nn.Module.
 
     Use ``with listener.batch():`` around the forward pass, the loss and
@@ -707,55 +707,6 @@ class TorchListener(ListenerBase):
         mode = self._mode = _Mode(w)
         mode.__enter__()
 
-    def _count_fast(self, w: FastWindow) -> None:
-        """A fast window ended: count it for the pair its key maps to."""
-        if w.root_calls == 0:
-            raise RuntimeError(self.no_forward_reason + MAYBE_COMPILED)
-        key = w.key()
-        where = (w.phase, w.epoch, w.batch)
-        assert w.streak is not None  # set as its forward started
-        pair = self._book.counted(key, w.streak, where)
-        if key != w.streak.key:
-            self._warn_guards(
-                "branch",
-                "tracelog: batch (epoch %d, batch %d) made other module or function calls "
-                "than the recorded batches with the same guards (a data-dependent branch); "
-                "it is counted for the graphs of its own path%s",
-                w.epoch,
-                w.batch,
-                "" if pair is not None else ", once an exact recording shows them",
-            )
-        if pair is None:
-            self.last_counted = "held: its path was not recorded yet"
-            return
-        self.log.count(w.phase, pair[0], pair[1], w.epoch, w.batch, guarded=True)
-        self.last_counted = pair
-        self.last_guarded = True
-
-    def _exact_counted(self, w: _Window) -> None:
-        """An exact window counted its pair: the guard book learns its key."""
-        key = w.key()
-        pair = self.last_counted
-        if key is None or not isinstance(pair, tuple):
-            return
-        switched = self._book.switched
-        for phase, epoch, batch in self._book.recorded(key, pair, (w.phase, w.epoch, w.batch)):
-            self.log.count(phase, pair[0], pair[1], epoch, batch, guarded=True)
-        if switched is None and self._book.switched is not None:
-            self._warn_guards(
-                "switched",
-                "tracelog: batch (epoch %d, batch %d), recorded exactly, gave other graphs than "
-                "earlier batches with the same guards (a data-dependent branch the guards do "
-                "not see); every batch is recorded exactly from here on",
-                w.epoch,
-                w.batch,
-            )
-
-    def _warn_guards(self, what: str, msg: str, *args: Any) -> None:
-        if what not in self._warned_guards:
-            self._warned_guards.add(what)
-            logger.warning(msg, *args)
-
     def _next_micro_batch(self, w: _Window | FastWindow) -> None:
         """The root's forward starts again after a forward and its backward in
         the same window (gradient accumulation): that micro-batch is a batch
@@ -919,13 +870,13 @@ class TorchListener(ListenerBase):
 
     def _record(self, w: WindowBase, before: StateBefore | None) -> None:
         if isinstance(w, FastWindow):
-            self._count_fast(w)
+            self._count_fast(w, self.no_forward_reason + MAYBE_COMPILED)
             return
         if w.root_calls == 0 and dynamo_compiled_something():
             raise RuntimeError(self.no_forward_reason + MAYBE_COMPILED)
         super()._record(w, before)
         assert isinstance(w, _Window)
-        self._exact_counted(w)
+        self._exact_counted(w, w.key())
 
     def _finish(self, w: WindowBase, before: StateBefore | None) -> None:
         self.last_guarded = False
@@ -983,8 +934,7 @@ class TorchListener(ListenerBase):
 
     # -- closing ---------------------------------------------------------------------------
     def _detach(self) -> None:
-        for phase, epoch, batch in self._book.unresolved():
-            self.log.count_failure(phase, epoch, batch, UNRESOLVED)
+        self._count_unresolved()
         for h in self._handles:
             h.remove()
         self._handles.clear()
