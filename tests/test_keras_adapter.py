@@ -126,3 +126,24 @@ def test_a_tf_function_step_is_replayed_eagerly_and_recorded(tmp_path) -> None:
     assert [(e.kind, e.phase, e.usage.batches) for e in log.entries_sorted()] == [
         ("prediction", "eval", 2)
     ]
+
+
+def test_listener_picks_the_keras_adapter_for_a_user_subclass(tmp_path) -> None:
+    """A keras.Model subclass defined in user code (its class's module is the
+    user's) gets the Keras listener; anything else a one-line TypeError."""
+    from tracelog.adapters.tensorflow import TFListener
+
+    class Net(keras.Model):
+        def __init__(self) -> None:
+            super().__init__()
+            self.dense = keras.layers.Dense(3)
+
+        def call(self, x):
+            return self.dense(x)
+
+    model = Net()
+    model(np.zeros((2, 4), "float32"))
+    assert type(model).__module__ == __name__
+    assert isinstance(tracelog.Listener(model, tmp_path / "log"), TFListener)
+    with pytest.raises(TypeError, match="no listener for builtins.object"):
+        tracelog.Listener(object(), tmp_path / "other")

@@ -31,13 +31,23 @@ def Listener(model: Any, log_dir: str | os.PathLike[str], **options: Any) -> Any
         from tracelog.adapters.torch import TorchListener
 
         return TorchListener(model, log_dir, **options)
-    if module.startswith("keras") or module.startswith("tf_keras"):
+    if _is_keras_model(model):
         from tracelog.adapters.tensorflow import TFListener
 
         return TFListener(model, log_dir, **options)
     raise TypeError(
         f"tracelog has no listener for {module}.{type(model).__name__}; "
         "it records torch.nn.Module and Keras models"
+    )
+
+
+def _is_keras_model(model: Any) -> bool:
+    """Whether model is a Keras layer or model: by its classes' modules, so a
+    subclass defined in user code counts (keras is never imported here: a
+    Keras object means keras was imported already)."""
+    return any(
+        c.__module__.startswith(("keras", "tf_keras")) and c.__name__ in ("Layer", "Model")
+        for c in type(model).__mro__
     )
 
 
