@@ -1,5 +1,6 @@
 """The models matrix: train two batches of each real model under a listener,
-emit every target, run its parity check, and print one row per (model,
+emit every target, check that each program is black-clean at black's defaults
+and ruff-clean (pyflakes rules), run its parity check, and print one row per (model,
 target): recorded, emitted, check verdict and worst error (where the sample
 has a float64 reference: the translation rows' largest relative error and the
 float32 rows' largest accuracy ratio).
@@ -23,6 +24,7 @@ from __future__ import annotations
 
 import argparse
 import logging
+import subprocess
 import sys
 import tempfile
 import time
@@ -89,15 +91,38 @@ def worst_error(report: object) -> str:
     return f"{worst.max_abs:.1e} ({worst.name})"
 
 
+def lint(path: Path) -> str:
+    """Why an emitted program is not clean, or "": black at its defaults (no
+    config) and ruff's pyflakes rules (issue 15), as a user's CI runs them."""
+    if path.suffix != ".py":
+        return ""
+    import black
+
+    text = path.read_text(encoding="utf-8")
+    if black.format_str(text, mode=black.Mode()) != text:
+        return "black --check fails"
+    ruff = subprocess.run(
+        [sys.executable, "-m", "ruff", "check", "--isolated", "--select", "F", "-q", str(path)],
+        capture_output=True,
+        text=True,
+    )
+    if ruff.returncode != 0:
+        return "ruff F: " + (ruff.stdout.strip().splitlines() or ["?"])[0]
+    return ""
+
+
 def run_target(name: str, log_dir: Path, target: str, started: float) -> Row:
     recorded, unsupported = recorded_summary(log_dir)
     if unsupported:
         return Row(name, target, recorded, "no", "unsupported: " + ", ".join(unsupported), "-", 0)
     t0 = time.perf_counter()
     try:
-        tracelog.emit(log_dir, target=target)
+        path = Path(tracelog.emit(log_dir, target=target))
     except Exception as e:
         return Row(name, target, recorded, f"no: {str(e)[:80]}", "-", "-", 0)
+    unclean = lint(path)
+    if unclean:
+        return Row(name, target, recorded, "yes", f"LINT {unclean}"[:120], "-", 0)
     try:
         report = tracelog.check(log_dir, target)
     except Exception as e:
