@@ -164,3 +164,25 @@ def test_a_name_that_is_both_a_module_and_a_parameter_is_a_clear_error(
             program.Model()
     finally:
         program.PARAMETERS[:] = rows
+
+
+def test_a_tf_function_step_and_a_checkpoint(
+    log_dir: Path, program: ModuleType, tmp_path: Path
+) -> None:
+    """Under tf.function the call runs the same graph and assigns the same
+    updates; tf.train.Checkpoint saves and restores the tree by its paths."""
+    eager, sample, _ = _sample_model(program, log_dir)
+    traced, _, _ = _sample_model(program, log_dir)
+    x = program._as_const(sample[program.input_key("x")])
+    want = eager(x, training=True)
+    got = tf.function(lambda v: traced(v, training=True))(x)
+    np.testing.assert_array_equal(got["prediction"].numpy(), want["prediction"].numpy())
+    for name, variable in traced.source_params().items():
+        np.testing.assert_allclose(variable.numpy(), eager.source_params()[name].numpy(), rtol=1e-6)
+    path = tf.train.Checkpoint(model=traced).save(str(tmp_path / "ckpt"))
+    keys = {k for k, _ in tf.train.list_variables(path)}
+    assert "model/s_body/s_1/s_running_mean/.ATTRIBUTES/VARIABLE_VALUE" in keys
+    fresh = program.Model()
+    tf.train.Checkpoint(model=fresh).restore(path).assert_consumed()
+    for name, variable in fresh.source_params().items():
+        np.testing.assert_array_equal(variable.numpy(), traced.source_params()[name].numpy())
