@@ -9,6 +9,7 @@ the log directory) to replay the recorded batch and print the parity table.
 
 import contextlib
 import os
+import re
 import sys
 from collections.abc import Callable, Iterator
 from typing import Any
@@ -22,6 +23,89 @@ from safetensors import deserialize
 FLOAT_MODULES = ("tf",)
 
 Step = Callable[[dict[str, Any]], tuple[dict[str, Any], Any]]
+
+
+class Model(tf.Module):
+    """The recorded model as a tf.Module, to keep training in TensorFlow.
+
+    Each parameter and buffer is a tf.Variable named by its source path
+    (trainable if it trained), in a tree of tf.Modules by the path's segments
+    (split on "." and "/"): so model.trainable_variables is what an optimizer
+    takes, and checkpoints follow the module tree. A segment's attribute is
+    module_attr(segment): "s_" and the segment (model.s_layer1.s_0), an
+    identifier no attribute of tf.Module is. model(*inputs, training=...)
+    runs the recorded prediction graph of that phase (PREDICT["train"] or
+    PREDICT["eval"]; training defaults to False, as Keras layers do),
+    assigns the buffer updates it returns (running statistics) to the buffer
+    variables, as the source's layers do, and returns the predictions by
+    role. Model(weights_path) loads weights.safetensors and the stored
+    constants the graphs read; Model() holds zeros until load(weights_path)."""
+
+    def __init__(self, weights_path: str | None = None) -> None:
+        super().__init__(name="model")
+        for name, trains, shape, dtype in PARAMETERS:
+            *path, leaf = re.split(r"[./]", name)
+            owner: tf.Module = self
+            for part in path:
+                if not hasattr(owner, module_attr(part)):
+                    setattr(owner, module_attr(part), tf.Module(name=None))
+                owner = getattr(owner, module_attr(part))
+                if not isinstance(owner, tf.Module):
+                    raise ValueError(
+                        f"parameter {name!r}: {part!r} is a parameter and a module"
+                    )
+            if hasattr(owner, module_attr(leaf)):
+                raise ValueError(f"parameter {name!r}: its path is taken")
+            zeros = tf.zeros(shape, tf.dtypes.as_dtype(dtype))
+            setattr(
+                owner,
+                module_attr(leaf),
+                tf.Variable(zeros, trainable=trains, name=name),
+            )
+        self.constants: dict[str, tf.Tensor] = {}
+        if weights_path is not None:
+            self.load(weights_path)
+
+    def load(self, weights_path: str) -> None:
+        """Assign weights.safetensors' values to the variables; keep its stored constants."""
+        arrays = _load(weights_path, narrow=True)
+        variables = self.source_params()
+        for name, *_ in PARAMETERS:
+            variables[name].assign(arrays[name])
+        consts = {
+            k: tf.constant(v) for k, v in arrays.items() if k.startswith("const/")
+        }
+        self.constants = consts
+
+    def source_params(self) -> dict[str, Any]:
+        """{source name: variable}, and the stored constants: what the graph
+        functions read from params."""
+        found: dict[str, Any] = {}
+        for name, *_ in PARAMETERS:
+            node: Any = self
+            for part in re.split(r"[./]", name):
+                node = getattr(node, module_attr(part))
+            found[name] = node
+        found.update(self.constants)
+        return found
+
+    def __call__(
+        self, *inputs: Any, training: bool = False, rng: Any = None
+    ) -> dict[str, Any]:
+        phase = "train" if training else "eval"
+        if phase not in PREDICT:
+            raise NotImplementedError(
+                f"the log recorded no {phase} batch: no {phase} graph"
+            )
+        params = self.source_params()
+        outputs = PREDICT[phase](params, *inputs, rng=rng)
+        for role, value in outputs.items():
+            if role.startswith("update:"):
+                params[role[len("update:") :]].assign(value)
+        return {
+            role: v for role, v in outputs.items() if not role.startswith("update:")
+        }
+
 
 Row = tuple[str, float, float, bool, float | None, float | None]
 
@@ -102,6 +186,14 @@ def _value_and_grads(step: Step, params: dict[str, Any], trainable: list[str]) -
         loss,
         [None if g is None else tf.convert_to_tensor(g) for g in grads],
     )
+
+
+def module_attr(segment: str) -> str:
+    """The attribute of a source path's segment in Model's tree: "s_" and the
+    segment, any character but letters, digits and "_" written as its code
+    point in hex between underscores ("-": "_2d_"): a valid identifier that no
+    tf.Module attribute is (two segments that read the same are an error)."""
+    return "s_" + re.sub(r"[^A-Za-z0-9_]", lambda m: f"_{ord(m[0]):x}_", segment)
 
 
 def _dropout(

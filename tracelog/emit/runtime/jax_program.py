@@ -4,13 +4,21 @@ and the helpers op spellings call (inlined only when used)."""
 
 from __future__ import annotations
 
+import re
 from collections.abc import Callable
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import jax
 import jax.numpy as jnp
 import numpy as np
 from jax import lax
+
+if TYPE_CHECKING:  # defined by the program: its generated code and the parity check
+    PARAMETERS: list[list[Any]] = []
+    PREDICT: dict[str, Callable[..., dict[str, Any]]] = {}
+
+    def load_params(path: str) -> dict[str, Any]: ...
+
 
 # the modules this program names float32 through (the float64 translation check
 # reads them with float32 meaning float64)
@@ -53,6 +61,87 @@ def _value_and_grads(
     value_and_grad = jax.value_and_grad(loss_fn, has_aux=True)
     (loss, outputs), grads = (jax.jit(value_and_grad) if jit else value_and_grad)(train, rest)
     return outputs, loss, [grads[name] for name in trainable]
+
+
+def params_tree(params: dict[str, Any]) -> dict[str, Any]:
+    """{source name: array} (load_params, sample_params) as a pytree shaped
+    like the module tree: nested dicts by the names' segments (split on "."
+    and "/"); stored constants stay at the top under their "const/..." keys,
+    which no segment can be (segments hold no "/")."""
+    tree: dict[str, Any] = {}
+    for name, value in params.items():
+        if name.startswith("const/"):
+            tree[name] = value
+            continue
+        *path, leaf = re.split(r"[./]", name)
+        node = tree
+        for part in path:
+            node = node.setdefault(part, {})
+            if not isinstance(node, dict):
+                raise ValueError(f"parameter {name!r}: {part!r} is a parameter and a module")
+        if leaf in node:
+            raise ValueError(f"parameter {name!r}: its path is taken")
+        node[leaf] = value
+    return tree
+
+
+def flat_params(tree: dict[str, Any]) -> dict[str, Any]:
+    """params_tree's inverse: {source name: leaf} for PARAMETERS' rows the
+    tree holds (all of a model's tree; some of an update's or a gradient's),
+    and the constants."""
+    flat = {}
+    for name, *_ in PARAMETERS:
+        node: Any = tree
+        for part in re.split(r"[./]", name):
+            if not isinstance(node, dict) or part not in node:
+                break
+            node = node[part]
+        else:
+            flat[name] = node
+    flat.update((k, v) for k, v in tree.items() if k.startswith("const/"))
+    return flat
+
+
+def partition(tree: dict[str, Any]) -> tuple[dict[str, Any], dict[str, Any]]:
+    """The tree split in two trees: the parameters that train (what jax.grad
+    differentiates) and the rest (buffers, constants)."""
+    flat = flat_params(tree)
+    trains = {name for name, trainable, *_ in PARAMETERS if trainable}
+    return (
+        params_tree({k: v for k, v in flat.items() if k in trains}),
+        params_tree({k: v for k, v in flat.items() if k not in trains}),
+    )
+
+
+def combine(*trees: dict[str, Any]) -> dict[str, Any]:
+    """One tree from several (partition's halves; a tree and apply's
+    updates): a later tree's leaves replace an earlier one's."""
+    flat: dict[str, Any] = {}
+    for tree in trees:
+        flat.update(flat_params(tree))
+    return params_tree(flat)
+
+
+def apply(
+    tree: dict[str, Any], *inputs: Any, train: bool = True, rng: Any = None
+) -> tuple[dict[str, Any], dict[str, Any]]:
+    """The recorded prediction graph of the phase (PREDICT["train"] or
+    PREDICT["eval"]) on a params_tree, as a pure function: returns the
+    predictions by role and the buffer updates (running statistics) as a
+    tree; combine(tree, updates) is the state after the step. Under jax.jit,
+    train is static: jax.jit(apply, static_argnames="train")."""
+    phase = "train" if train else "eval"
+    if phase not in PREDICT:
+        raise NotImplementedError(f"the log recorded no {phase} batch: no {phase} graph")
+    outputs = PREDICT[phase](flat_params(tree), *inputs, rng=rng)
+    updates = {r[len("update:") :]: v for r, v in outputs.items() if r.startswith("update:")}
+    predictions = {r: v for r, v in outputs.items() if not r.startswith("update:")}
+    return predictions, params_tree(updates)
+
+
+def init_from(weights_path: str) -> dict[str, Any]:
+    """weights.safetensors (and its stored constants) as a params_tree."""
+    return params_tree(load_params(weights_path))
 
 
 def _runs(step: Step, params: dict[str, Any], trainable: list[str]) -> list:
@@ -443,4 +532,17 @@ def _rnn(
     return _recurrent(activation, x, w, r, b, [h0], direction, lens)
 
 
-INLINED = ("_as_param", "_as_const", "_bfloat16", "_numpy", "_value_and_grads", "_runs")
+INLINED = (
+    "_as_param",
+    "_as_const",
+    "_bfloat16",
+    "_numpy",
+    "_value_and_grads",
+    "params_tree",
+    "flat_params",
+    "partition",
+    "combine",
+    "apply",
+    "init_from",
+    "_runs",
+)
