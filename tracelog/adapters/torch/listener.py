@@ -46,7 +46,7 @@ from .compiled import (
 )
 from .distributed import LocalGrads, Ranks, facts_for_log, placement, unwrap, world
 from .guards import Calls, FastWindow, input_key
-from .recurrent import InnerOps, scope_leaf_modules
+from .recurrent import InnerOps, LeafScopes
 from .reference import reference64
 from .rules import ATEN, VIEW_WRITE
 from .tensors import dtype_name, flatten_tensors, tensor_digest, to_array, to_numpy
@@ -495,6 +495,10 @@ class TorchListener(ListenerBase):
         self._dispatch_depth = 0
         self._warned_guards: set[str] = set()
         self.log.recording = self._book.to_json()
+        self._leaf_scopes = LeafScopes()  # recurrent calls recorded whole (recurrent.py)
+        self._inner: list[tuple[torch.nn.Module, bool]] = []  # non-root modules, leaf or not
+        self._scope_handles: list[Any] = []
+        self._scoped = False
         if self.inert:
             return  # a rank that does not record: no hooks at all
         self._handles.append(register_module_module_registration_hook(self._tree_changed))
@@ -503,26 +507,33 @@ class TorchListener(ListenerBase):
         if compiled:  # nothing added to a compiled model: its batches are counted (compiled.py)
             logger.warning(COMPILED_WARNING)
             return
+        # Permanent: a pre hook on every module (the key's module calls, and a
+        # recorded scope in exact windows) and the root's post hook. The other
+        # modules' post hooks matter only while an exact window records: they
+        # are registered with its recorder and removed as a fast window begins
+        # (_scopes), since every hook a module has costs a fast window a call.
         for path, mod in model.named_modules():
             self._holds_params[path] = any(True for _ in mod.parameters())
             if _is_metric(mod):  # torchmetrics: never part of the graphs
                 self.quiet(mod, "update", "compute", "forward")
-            is_root = mod is model
+            leaf = next(mod.children(), None) is None
             tname = type(mod).__name__
-            self._handles.append(
-                mod.register_forward_pre_hook(
-                    self._pre_hook(path, tname, is_root), with_kwargs=True
+            if mod is model:
+                self._handles.append(
+                    mod.register_forward_pre_hook(
+                        self._root_pre_hook(tname, leaf), with_kwargs=True
+                    )
                 )
-            )
-            self._handles.append(
-                mod.register_forward_hook(
-                    self._post_hook(is_root), with_kwargs=True, always_call=True
+                self._handles.append(
+                    mod.register_forward_hook(
+                        self._root_post_hook(leaf), with_kwargs=True, always_call=True
+                    )
                 )
-            )
-        # recurrent layers' calls, recorded whole (recurrent.py); a fast window records none
-        self._handles += scope_leaf_modules(
-            model, lambda: self._window if isinstance(self._window, _Window) else None
-        )
+            else:
+                self._handles.append(
+                    mod.register_forward_pre_hook(self._pre_hook(path, tname, leaf))
+                )
+                self._inner.append((mod, leaf))
 
     # -- the window ------------------------------------------------------------------------
     def _new_window(self) -> _Window:
@@ -602,6 +613,7 @@ class TorchListener(ListenerBase):
             # the recorder is pushed only if the batch turns out to need it
             self._dispatch_depth = torch._C._len_torch_dispatch_stack()
             return _Watched(self, None)
+        self._scopes(True)
         self._mode = _Mode(w)
         return _Watched(self, self._mode)
 
@@ -614,6 +626,7 @@ class TorchListener(ListenerBase):
         if book.mode == "guarded" and not self._compiled and not sample_due:
             static = self._tree_key()
             if book.may_guard(static, self.epoch):
+                self._scopes(False)
                 phase = "train" if self.model.training else "eval"
                 return FastWindow(self, phase, self.epoch, self._next_batch(phase), static)
         return super()._begin_window()
@@ -697,6 +710,7 @@ class TorchListener(ListenerBase):
     def _push_recorder(self, w: _Window) -> None:
         """The recorder for ``w``, pushed in a window that began without it."""
         if self._mode is not None:
+            self._scopes(True)  # removed if a fast micro-batch came between
             self._mode.window = w
             return
         if torch._C._len_torch_dispatch_stack() != self._dispatch_depth:
@@ -704,6 +718,7 @@ class TorchListener(ListenerBase):
             # recorder cannot go below it, nor above it and be popped in order
             w.stop("another TorchDispatchMode was pushed inside the batch window")
             return
+        self._scopes(True)
         mode = self._mode = _Mode(w)
         mode.__enter__()
 
@@ -819,52 +834,110 @@ class TorchListener(ListenerBase):
             refs[id(b)] = ("b", name)
         return refs
 
-    def _pre_hook(self, path: str, tname: str, is_root: bool) -> Callable[..., None]:
+    def _root_pre_hook(self, tname: str, leaf: bool) -> Callable[..., None]:
         def hook(module: torch.nn.Module, args: Any, kwargs: Any) -> None:
             if compiling():
                 return  # traced by Dynamo: adds nothing to the compiled graph
-            w = self._window
-            if w is None and is_root and self.eval_windows and not module.training:
-                w = self._open_auto_window()
+            w = self._root_window(module, args, kwargs)
             if w is None:
+                if leaf:
+                    self._leaf_scopes.enter(None)  # the post hook always runs: balanced
                 return
-            if is_root and w.root_depth == 0:
-                if w.root_done and w.saw_backward:
-                    self._next_micro_batch(w)
-                    if self._window is None:
-                        return
-                    w = self._window
-                if w.root_calls == 0 and not w.key_started:
-                    w = self._forward_starts(w, args, kwargs)
             calls = w.calls
             if calls is not None and calls.on:
-                calls.calls.append(path)  # the key's module calls
+                calls.calls.append("")  # the key's module calls
             if isinstance(w, FastWindow):  # no tape: only the root's calls are followed
-                if is_root:
-                    w.enter_root()
+                w.enter_root()
+                if leaf:
+                    self._leaf_scopes.enter(None)
                 return
-            w.guarded(w.enter_module, path, tname, is_root, args, kwargs)
+            w.guarded(w.enter_module, "", tname, True, args, kwargs)
+            if leaf:
+                self._leaf_scopes.enter(w)
 
         return hook
 
-    def _post_hook(self, is_root: bool) -> Callable[..., None]:
+    def _root_window(self, module: torch.nn.Module, args: Any, kwargs: Any) -> Any:
+        """The window the root's call is in: an eval window opened for it, the
+        next micro-batch's, one turned exact as its forward starts, or None."""
+        w = self._window
+        if w is None and self.eval_windows and not module.training:
+            w = self._open_auto_window()
+        if w is not None and w.root_depth == 0:
+            if w.root_done and w.saw_backward:
+                self._next_micro_batch(w)
+                w = self._window
+            if w is not None and w.root_calls == 0 and not w.key_started:
+                w = self._forward_starts(w, args, kwargs)
+        return w
+
+    def _pre_hook(self, path: str, tname: str, leaf: bool) -> Callable[..., None]:
+        def hook(module: torch.nn.Module, args: Any) -> None:
+            if compiling():  # first: Dynamo would guard on what it read before
+                return
+            w = self._window
+            if w is None:
+                return
+            calls = w.calls
+            if calls is not None and calls.on:
+                calls.calls.append(path)  # the key's module calls
+            if self._scoped and type(w) is _Window:  # its post hook is there
+                w.guarded(w.enter_module, path, tname, False, args, {})
+                if leaf:
+                    self._leaf_scopes.enter(w)
+
+        return hook
+
+    def _root_post_hook(self, leaf: bool) -> Callable[..., None]:
         def hook(module: torch.nn.Module, args: Any, kwargs: Any, output: Any) -> None:
             if compiling():
                 return
             w = self._window
             if w is not None:
                 if isinstance(w, FastWindow):
-                    if not is_root:
-                        return
                     w.exit_root()
                 else:
-                    w.guarded(w.exit_module, is_root, output)
-                if is_root:
-                    self._forward_ended(w)
-                if is_root and self._auto and w.root_depth == 0:
+                    w.guarded(w.exit_module, True, output)
+            if leaf:
+                self._leaf_scopes.exit()
+            if w is not None:
+                self._forward_ended(w)
+                if self._auto and w.root_depth == 0:
                     self.close_batch(self._auto.pop())
 
         return hook
+
+    def _post_hook(self, leaf: bool) -> Callable[..., None]:
+        """A non-root module's post hook, there while exact windows record (_scopes)."""
+
+        def hook(module: torch.nn.Module, args: Any, output: Any) -> None:
+            if compiling():
+                return
+            w = self._window
+            if type(w) is _Window:
+                w.guarded(w.exit_module, False, output)
+            if leaf:
+                self._leaf_scopes.exit()
+
+        return hook
+
+    def _scopes(self, on: bool) -> None:
+        """Register (an exact window records) or remove (a fast window begins)
+        the non-root modules' post hooks. Both happen between module calls: as
+        a window opens, or in the root's pre hook. Prepended: they run before
+        the user's post hooks, as when they were registered with the listener."""
+        if on == self._scoped:
+            return
+        if on:
+            self._scope_handles = [
+                mod.register_forward_hook(self._post_hook(leaf), always_call=True, prepend=True)
+                for mod, leaf in self._inner
+            ]
+        else:
+            for h in self._scope_handles:
+                h.remove()
+            self._scope_handles = []
+        self._scoped = on
 
     # -- the graphs ------------------------------------------------------------------------
     def _close_tape(self, w: _Window) -> None:
@@ -985,6 +1058,7 @@ class TorchListener(ListenerBase):
     def _detach(self) -> None:
         for phase, epoch, batch in self._book.unresolved():
             self.log.count_failure(phase, epoch, batch, UNRESOLVED)
+        self._scopes(False)
         for h in self._handles:
             h.remove()
         self._handles.clear()

@@ -23,12 +23,10 @@ draws); the record is taken from its arguments and results.
 
 from __future__ import annotations
 
-from collections.abc import Callable
 from typing import Any
 
 import torch
 from torch.overrides import TorchFunctionMode
-from torch.utils.hooks import RemovableHandle
 
 from tracelog.adapters.tape import TArg
 
@@ -156,33 +154,24 @@ def _mask_replay(y: torch.Tensor, batch_first: bool, keep: float) -> torch.Tenso
     return torch.empty_like(y.transpose(0, 1) if batch_first else y)
 
 
-def scope_leaf_modules(
-    model: torch.nn.Module, window_of: Callable[[], Any]
-) -> list[RemovableHandle]:
-    """Hooks that push a RecurrentCalls for the current window while each leaf module's
-    forward runs (its post hook always runs, so the mode stack stays balanced)."""
-    pushed: list[RecurrentCalls | None] = []
+class LeafScopes:
+    """A RecurrentCalls pushed for the current exact window while each leaf module's
+    forward runs. The listener's module hooks call ``enter`` and ``exit`` (one pre and
+    one post hook per module, not two more of each: a hook's call is most of what a
+    fast window costs); the post hook always runs, so the mode stack stays balanced."""
 
-    def pre(module: torch.nn.Module, args: Any) -> None:
-        if torch.compiler.is_compiling():
-            return  # traced by Dynamo (its post hook returns alike): nothing added
-        pushed.append(None)
-        w = window_of()
+    def __init__(self) -> None:
+        self.pushed: list[RecurrentCalls | None] = []
+
+    def enter(self, w: Any) -> None:
+        """A leaf module's forward starts; ``w``: the exact window, else None."""
+        mode = None
         if w is not None and w.recording:
             mode = RecurrentCalls(w)
             mode.__enter__()
-            pushed[-1] = mode
+        self.pushed.append(mode)
 
-    def post(module: torch.nn.Module, args: Any, output: Any) -> None:
-        if torch.compiler.is_compiling():
-            return
-        mode = pushed.pop() if pushed else None
+    def exit(self) -> None:
+        mode = self.pushed.pop() if self.pushed else None
         if mode is not None:
             mode.__exit__(None, None, None)
-
-    handles = []
-    for mod in model.modules():
-        if next(mod.children(), None) is None:
-            handles.append(mod.register_forward_pre_hook(pre))
-            handles.append(mod.register_forward_hook(post, always_call=True))
-    return handles
