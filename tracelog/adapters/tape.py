@@ -102,11 +102,11 @@ class Tape:
 
     def fingerprint(self) -> tuple[Any, ...]:
         return (
-            tuple(r.key(self.batch_size) for r in self.recs),
+            tuple([r.key(self.batch_size) for r in self.recs]),
             tuple(self.inputs.items()),
             tuple(self.outputs),
             tuple(self.targets),
-            tuple(c.digest for c in self.consts),
+            tuple([c.digest for c in self.consts]),
             tuple(self.buffer_updates),
             self.loss,
             self.forward_loss,
@@ -117,19 +117,23 @@ def symbolic_shape(shape: Iterable[int], batch: int | None, tainted: bool) -> tu
     """Dims equal to the batch size of a value derived from the data become BATCH.
     A feature dim that happens to equal the batch size is marked too; the short
     last batch then makes a second, honestly counted entry."""
+    # list comprehensions, not generators: this runs for every tensor of every op
     if not tainted or batch is None or batch < 2:
-        return tuple(int(d) for d in shape)
-    return tuple(BATCH if d == batch else int(d) for d in shape)
+        return tuple([int(d) for d in shape])
+    return tuple([BATCH if d == batch else int(d) for d in shape])
 
 
 def symbolic_ints(obj: Any, batch: int | None) -> Any:
     """Ints equal to the batch size in the arguments of a data-derived op."""
     if batch is None or batch < 2:
         return obj
-    if type(obj) is int and obj == batch:
+    kind = type(obj)
+    if kind is TArg:
+        return obj
+    if kind is int and obj == batch:
         return BATCH
     if isinstance(obj, tuple) and not isinstance(obj, TArg):
-        return tuple(symbolic_ints(x, batch) for x in obj)
+        return tuple([symbolic_ints(x, batch) for x in obj])
     return obj
 
 

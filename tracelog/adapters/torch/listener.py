@@ -46,7 +46,7 @@ from .compiled import (
 )
 from .distributed import LocalGrads, Ranks, facts_for_log, placement, unwrap, world
 from .guards import Calls, FastWindow, input_key
-from .recurrent import InnerOps, LeafScopes
+from .recurrent import InnerOps, RecurrentScopes
 from .reference import reference64
 from .rules import ATEN, VIEW_WRITE
 from .tensors import dtype_name, flatten_tensors, tensor_digest, to_array, to_numpy
@@ -140,6 +140,8 @@ class _Mode(TorchDispatchMode):
         out = func(*args, **kwargs)
         w = self.window
         if w is not None and not compiling():
+            if w.saw_backward and w.call is None:
+                return out  # backward and after: in neither graph (on_op), no call made
             w.guarded(w.on_op, func, args, kwargs, out)
         return out
 
@@ -249,7 +251,7 @@ class _Window(WindowBase):
             _flatten_tensors(args[0], "batch", flat_batch)
             return [(name.replace(".", "_"), t) for name, t in flat_batch]
         try:
-            bound = inspect.signature(self.listener.model.forward).bind(*args, **kwargs)
+            bound = self.listener._forward_signature().bind(*args, **kwargs)
             named = list(bound.arguments.items())
         except (TypeError, ValueError):
             named = [(f"input_{i}", a) for i, a in enumerate(args)] + list(kwargs.items())
@@ -297,7 +299,7 @@ class _Window(WindowBase):
                 tainted = tainted or targ.ref in self.taint
                 return targ
             if isinstance(a, (list, tuple)):
-                return tuple(norm(x) for x in a)
+                return tuple([norm(x) for x in a])
             if a is None or isinstance(a, _PLAIN):
                 return a
             return str(a)
@@ -489,16 +491,18 @@ class TorchListener(ListenerBase):
         self._tree_seen = -1
         self._params: list[torch.nn.Parameter] = []
         self._modules: list[torch.nn.Module] = []
+        self._named_modules: list[tuple[str, torch.nn.Module]] = []  # (path prefix, module)
         # was the last batch counted under guards (not recorded op by op)?
         self.last_guarded = False
         self._module_ids = {id(m) for m in model.modules()}
         self._dispatch_depth = 0
         self._warned_guards: set[str] = set()
         self.log.recording = self._book.to_json()
-        self._leaf_scopes = LeafScopes()  # recurrent calls recorded whole (recurrent.py)
-        self._inner: list[tuple[torch.nn.Module, bool]] = []  # non-root modules, leaf or not
+        self._recurrent_scopes = RecurrentScopes()  # recurrent calls recorded whole (recurrent.py)
+        self._inner: list[tuple[torch.nn.Module, bool]] = []  # non-root: (module, recurrent)
         self._scope_handles: list[Any] = []
         self._scoped = False
+        self._signature: tuple[Any, inspect.Signature] | None = None
         if self.inert:
             return  # a rank that does not record: no hooks at all
         self._handles.append(register_module_module_registration_hook(self._tree_changed))
@@ -516,24 +520,35 @@ class TorchListener(ListenerBase):
             self._holds_params[path] = any(True for _ in mod.parameters())
             if _is_metric(mod):  # torchmetrics: never part of the graphs
                 self.quiet(mod, "update", "compute", "forward")
-            leaf = next(mod.children(), None) is None
+            # the recurrent scope: layers that make a torch._VF call (recurrent.py)
+            recurrent = isinstance(mod, torch.nn.RNNBase) and next(mod.children(), None) is None
             tname = type(mod).__name__
             if mod is model:
                 self._handles.append(
                     mod.register_forward_pre_hook(
-                        self._root_pre_hook(tname, leaf), with_kwargs=True
+                        self._root_pre_hook(tname, recurrent), with_kwargs=True
                     )
                 )
                 self._handles.append(
                     mod.register_forward_hook(
-                        self._root_post_hook(leaf), with_kwargs=True, always_call=True
+                        self._root_post_hook(recurrent), with_kwargs=True, always_call=True
                     )
                 )
             else:
                 self._handles.append(
-                    mod.register_forward_pre_hook(self._pre_hook(path, tname, leaf))
+                    mod.register_forward_pre_hook(self._pre_hook(path, tname, recurrent))
                 )
-                self._inner.append((mod, leaf))
+                self._inner.append((mod, recurrent))
+
+    def _forward_signature(self) -> inspect.Signature:
+        """The root's forward signature (named inputs), read once per forward
+        function: inspect.signature costs an exact window more than its ops."""
+        forward = self.model.forward
+        fn = getattr(forward, "__func__", forward)
+        cached = self._signature
+        if cached is None or cached[0] is not fn:
+            cached = self._signature = (fn, inspect.signature(forward))
+        return cached[1]
 
     # -- the window ------------------------------------------------------------------------
     def _new_window(self) -> _Window:
@@ -634,10 +649,7 @@ class TorchListener(ListenerBase):
     def _tree_key(self) -> tuple[Any, ...]:
         """The model's facts that decide a batch's graphs (guards.py), read as
         the window opens: the key's static part."""
-        if self._tree_seen != self._tree_version:
-            self._params = list(self.model.parameters())
-            self._modules = list(self.model.modules())
-            self._tree_seen = self._tree_version
+        self._read_tree()
         return (
             tuple([m.training for m in self._modules]),  # the root's first: the phase
             tuple([p.requires_grad for p in self._params]),
@@ -827,33 +839,52 @@ class TorchListener(ListenerBase):
             logger.warning("tracelog: optimizer step not counted: %s", describe(e))
 
     def _static_refs(self) -> dict[int, Ref]:
+        """Parameters and buffers by id, as named_parameters and named_buffers
+        name them (a shared one under its first name), read from the modules'
+        own tables: the module list is walked once per tree version."""
+        self._read_tree()
         refs: dict[int, Ref] = {}
-        for name, p in self.model.named_parameters():
-            refs[id(p)] = ("p", name)
-        for name, b in self.model.named_buffers():
-            refs[id(b)] = ("b", name)
+        for prefix, mod in self._named_modules:
+            for name, p in mod._parameters.items():
+                if p is not None and id(p) not in refs:
+                    refs[id(p)] = ("p", prefix + name)
+        for prefix, mod in self._named_modules:
+            for name, b in mod._buffers.items():
+                if b is not None and refs.get(id(b), ("p",))[0] == "p":
+                    refs[id(b)] = ("b", prefix + name)
         return refs
 
-    def _root_pre_hook(self, tname: str, leaf: bool) -> Callable[..., None]:
+    def _read_tree(self) -> None:
+        """The module tree's lists, read again when its version moved."""
+        if self._tree_seen != self._tree_version:
+            self._params = list(self.model.parameters())
+            self._named_modules = [
+                (f"{path}." if path else "", m) for path, m in self.model.named_modules()
+            ]
+            self._modules = [m for _, m in self._named_modules]
+            self._module_ids = {id(m) for m in self._modules}  # a new submodule's too
+            self._tree_seen = self._tree_version
+
+    def _root_pre_hook(self, tname: str, recurrent: bool) -> Callable[..., None]:
         def hook(module: torch.nn.Module, args: Any, kwargs: Any) -> None:
             if compiling():
                 return  # traced by Dynamo: adds nothing to the compiled graph
             w = self._root_window(module, args, kwargs)
             if w is None:
-                if leaf:
-                    self._leaf_scopes.enter(None)  # the post hook always runs: balanced
+                if recurrent:
+                    self._recurrent_scopes.enter(None)  # the post hook always runs: balanced
                 return
             calls = w.calls
             if calls is not None and calls.on:
                 calls.calls.append("")  # the key's module calls
             if isinstance(w, FastWindow):  # no tape: only the root's calls are followed
                 w.enter_root()
-                if leaf:
-                    self._leaf_scopes.enter(None)
+                if recurrent:
+                    self._recurrent_scopes.enter(None)
                 return
             w.guarded(w.enter_module, "", tname, True, args, kwargs)
-            if leaf:
-                self._leaf_scopes.enter(w)
+            if recurrent:
+                self._recurrent_scopes.enter(w)
 
         return hook
 
@@ -871,7 +902,7 @@ class TorchListener(ListenerBase):
                 w = self._forward_starts(w, args, kwargs)
         return w
 
-    def _pre_hook(self, path: str, tname: str, leaf: bool) -> Callable[..., None]:
+    def _pre_hook(self, path: str, tname: str, recurrent: bool) -> Callable[..., None]:
         def hook(module: torch.nn.Module, args: Any) -> None:
             if compiling():  # first: Dynamo would guard on what it read before
                 return
@@ -883,12 +914,12 @@ class TorchListener(ListenerBase):
                 calls.calls.append(path)  # the key's module calls
             if self._scoped and type(w) is _Window:  # its post hook is there
                 w.guarded(w.enter_module, path, tname, False, args, {})
-                if leaf:
-                    self._leaf_scopes.enter(w)
+                if recurrent:
+                    self._recurrent_scopes.enter(w)
 
         return hook
 
-    def _root_post_hook(self, leaf: bool) -> Callable[..., None]:
+    def _root_post_hook(self, recurrent: bool) -> Callable[..., None]:
         def hook(module: torch.nn.Module, args: Any, kwargs: Any, output: Any) -> None:
             if compiling():
                 return
@@ -898,8 +929,8 @@ class TorchListener(ListenerBase):
                     w.exit_root()
                 else:
                     w.guarded(w.exit_module, True, output)
-            if leaf:
-                self._leaf_scopes.exit()
+            if recurrent:
+                self._recurrent_scopes.exit()
             if w is not None:
                 self._forward_ended(w)
                 if self._auto and w.root_depth == 0:
@@ -907,7 +938,7 @@ class TorchListener(ListenerBase):
 
         return hook
 
-    def _post_hook(self, leaf: bool) -> Callable[..., None]:
+    def _post_hook(self, recurrent: bool) -> Callable[..., None]:
         """A non-root module's post hook, there while exact windows record (_scopes)."""
 
         def hook(module: torch.nn.Module, args: Any, output: Any) -> None:
@@ -916,8 +947,8 @@ class TorchListener(ListenerBase):
             w = self._window
             if type(w) is _Window:
                 w.guarded(w.exit_module, False, output)
-            if leaf:
-                self._leaf_scopes.exit()
+            if recurrent:
+                self._recurrent_scopes.exit()
 
         return hook
 
@@ -930,8 +961,10 @@ class TorchListener(ListenerBase):
             return
         if on:
             self._scope_handles = [
-                mod.register_forward_hook(self._post_hook(leaf), always_call=True, prepend=True)
-                for mod, leaf in self._inner
+                mod.register_forward_hook(
+                    self._post_hook(recurrent), always_call=True, prepend=True
+                )
+                for mod, recurrent in self._inner
             ]
         else:
             for h in self._scope_handles:

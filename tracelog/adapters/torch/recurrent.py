@@ -12,10 +12,10 @@ keeps for the sample: one ``MASK_OP`` record per mask after the call's record.
 
 A TorchFunctionMode on the mode stack changes what some modules run: the fast paths of
 nn.MultiheadAttention and nn.TransformerEncoderLayer (inference) are refused when
-``has_torch_function`` is true. So the mode is pushed only while a *leaf* module's forward
-runs (one without children, as nn.LSTM, nn.GRU and nn.RNN are); the modules with such
-fast paths all have children. A recurrent call made directly from a module with children
-is seen op by op, as before.
+``has_torch_function`` is true, and it costs every torch function call a trip through
+Python. So the mode is pushed only while a recurrent layer's forward runs (nn.RNNBase:
+nn.LSTM, nn.GRU, nn.RNN; leaves, without such fast paths). A recurrent call made from
+another module is seen op by op, as before.
 
 Nothing here perturbs training: the call runs as it would (same arguments, same RNG
 draws); the record is taken from its arguments and results.
@@ -154,9 +154,9 @@ def _mask_replay(y: torch.Tensor, batch_first: bool, keep: float) -> torch.Tenso
     return torch.empty_like(y.transpose(0, 1) if batch_first else y)
 
 
-class LeafScopes:
-    """A RecurrentCalls pushed for the current exact window while each leaf module's
-    forward runs. The listener's module hooks call ``enter`` and ``exit`` (one pre and
+class RecurrentScopes:
+    """A RecurrentCalls pushed for the current exact window while each recurrent
+    layer's forward runs. The listener's module hooks call ``enter`` and ``exit`` (one pre and
     one post hook per module, not two more of each: a hook's call is most of what a
     fast window costs); the post hook always runs, so the mode stack stays balanced."""
 
@@ -164,7 +164,7 @@ class LeafScopes:
         self.pushed: list[RecurrentCalls | None] = []
 
     def enter(self, w: Any) -> None:
-        """A leaf module's forward starts; ``w``: the exact window, else None."""
+        """A recurrent layer's forward starts; ``w``: the exact window, else None."""
         mode = None
         if w is not None and w.recording:
             mode = RecurrentCalls(w)
