@@ -53,6 +53,21 @@ def _sig(a: Any) -> Any:
     return type(a)
 
 
+def _sigs(args: Any) -> tuple[Any, ...]:
+    """_sig of each argument; tensors and plain values without a call (every
+    torch function call after a fast window's forward reads these)."""
+    return tuple(
+        [
+            (
+                (a.shape, a.dtype)
+                if isinstance(a, torch.Tensor)
+                else a if a is None or isinstance(a, _PLAIN) else _sig(a)
+            )
+            for a in args
+        ]
+    )
+
+
 def _one_input(a: Any) -> Any:
     if isinstance(a, torch.Tensor):
         return (a.shape, a.dtype, a.device, a.requires_grad)
@@ -100,8 +115,8 @@ class Calls(TorchFunctionMode):
             self.calls.append(
                 (
                     func,
-                    tuple([_sig(a) for a in args]),
-                    tuple([(k, _sig(v)) for k, v in kwargs.items()]) if kwargs else (),
+                    _sigs(args),
+                    tuple(zip(kwargs, _sigs(kwargs.values()), strict=True)) if kwargs else (),
                 )
             )
             out = func(*args, **kwargs)
@@ -113,7 +128,7 @@ class Calls(TorchFunctionMode):
 
     def start(self) -> None:
         self.started = True
-        self.__enter__()
+        torch._C._push_on_torch_function_stack(self)  # what __enter__ does, less two frames
 
     def end(self) -> None:
         """Leave the stack if on top; else (a mode pushed after it and still
@@ -121,7 +136,7 @@ class Calls(TorchFunctionMode):
         self.on = False
         n = torch._C._len_torch_function_stack()
         if self.started and n and torch._C._get_function_stack_at(n - 1) is self:
-            self.__exit__(None, None, None)
+            torch._C._pop_torch_function_stack()  # __exit__'s work
 
 
 class FastWindow:

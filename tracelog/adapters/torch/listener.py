@@ -17,7 +17,7 @@ import os
 import platform
 import weakref
 from collections.abc import Callable, Iterator, Mapping
-from typing import Any
+from typing import Any, NamedTuple
 
 import numpy as np
 import torch
@@ -31,7 +31,7 @@ from torch.utils._python_dispatch import TorchDispatchMode
 from tracelog.adapters.base import ListenerBase, StateBefore, WindowBase, describe
 from tracelog.adapters.builder import NotSupported
 from tracelog.adapters.guards import UNRESOLVED, GuardBook
-from tracelog.adapters.tape import Ref, Tape
+from tracelog.adapters.tape import Ref, Tape, TArg, symbolic_shape
 from tracelog.ir import Graph
 from tracelog.log import TraceLog
 
@@ -53,51 +53,51 @@ from .tensors import dtype_name, flatten_tensors, tensor_digest, to_array, to_nu
 
 logger = logging.getLogger("tracelog")
 
-_OP_NAMES: dict[Any, str] = {}
-_MUTATED: dict[Any, tuple[int, ...]] = {}
+_VIEW_OPS = {"aten.slice.Tensor", "aten.select.int"}
 
 
-def _op_name(func: Any) -> str:
-    name = _OP_NAMES.get(func)
-    if name is None:
-        name = _OP_NAMES[func] = f"aten.{func.__name__}" if func.namespace == "aten" else str(func)
-    return name
+class _OpInfo(NamedTuple):
+    """What the recorder reads of an op's schema, read once per op overload
+    (one dict lookup per op: an OpOverload's hash is a Python call)."""
+
+    name: str
+    mutated: tuple[int, ...]  # positional args it writes to without returning them
+    writes_self: bool  # it writes into its first argument (copy_, fill_, add_, ...)
 
 
-def _mutated_args(func: Any, args: tuple[Any, ...]) -> tuple[int, ...]:
+_OPS: dict[Any, _OpInfo] = {}
+
+
+def _op_info(func: Any) -> _OpInfo:
+    info = _OPS.get(func)
+    if info is None:
+        info = _OPS[func] = _read_op(func)
+    return info
+
+
+def _read_op(func: Any) -> _OpInfo:
+    name = f"aten.{func.__name__}" if func.namespace == "aten" else str(func)
+    schema = func._schema
+    returned = {
+        s for r in schema.returns if r.alias_info is not None for s in r.alias_info.after_set
+    }
+    found = []
+    for i, a in enumerate(schema.arguments):
+        alias = a.alias_info
+        if alias is not None and alias.is_write and not a.kwarg_only:
+            if not (set(alias.after_set) & returned):
+                found.append(i)
+    first = schema.arguments[0].alias_info if schema.arguments else None
+    return _OpInfo(name, tuple(found), bool(first is not None and first.is_write))
+
+
+def _mutated_args(func: Any, info: _OpInfo, args: tuple[Any, ...]) -> tuple[int, ...]:
     """Positional args an op writes to without returning them."""
-    idx = _MUTATED.get(func)
-    if idx is None:
-        schema = func._schema
-        returned = {
-            s for r in schema.returns if r.alias_info is not None for s in r.alias_info.after_set
-        }
-        found = []
-        for i, a in enumerate(schema.arguments):
-            info = a.alias_info
-            if info is not None and info.is_write and not a.kwarg_only:
-                if not (set(info.after_set) & returned):
-                    found.append(i)
-        idx = _MUTATED[func] = tuple(found)
     # native_batch_norm updates the running statistics in place, though its
     # schema does not say so.
     if func is torch.ops.aten.native_batch_norm.default and args[5] and args[3] is not None:
         return (3, 4)
-    return idx
-
-
-_VIEW_OPS = {"aten.slice.Tensor", "aten.select.int"}
-_WRITES_SELF: dict[Any, bool] = {}
-
-
-def _writes_self(func: Any) -> bool:
-    """Does the op write into its first argument (copy_, fill_, add_, ...)?"""
-    found = _WRITES_SELF.get(func)
-    if found is None:
-        args = func._schema.arguments
-        info = args[0].alias_info if args else None
-        found = _WRITES_SELF[func] = bool(info is not None and info.is_write)
-    return found
+    return info.mutated
 
 
 def _view_write_replay(base: torch.Tensor, *_: Any) -> torch.Tensor:
@@ -233,6 +233,12 @@ class _Window(WindowBase):
             self.scalars_in_pred = True  # a float scalar from here on may be the loss
 
     # -- tensors ---------------------------------------------------------------------
+    def targ(self, t: torch.Tensor, ref: Ref, tainted: bool) -> TArg:
+        # WindowBase.targ without its dtype_of/shape_of calls: it runs for every tensor of every op
+        return TArg(
+            ref, dtype_name(t.dtype), symbolic_shape(t.shape, self.tape.batch_size, tainted)
+        )
+
     def dtype_of(self, t: torch.Tensor) -> str:
         return dtype_name(t.dtype)
 
@@ -305,15 +311,18 @@ class _Window(WindowBase):
             return str(a)
 
         nargs = norm(args)
-        nkwargs = tuple((k, norm(v)) for k, v in sorted(kwargs.items()))
+        nkwargs = tuple([(k, norm(v)) for k, v in sorted(kwargs.items())])
         outs: list[torch.Tensor] = []
         flatten_tensors(out, outs)
         n_returned = len(outs)
-        mutated = tuple(i for i in _mutated_args(func, args) if isinstance(args[i], torch.Tensor))
-        outs.extend(args[i] for i in mutated)
-        name = _op_name(func)
+        info = _op_info(func)
+        mutated = tuple(
+            [i for i in _mutated_args(func, info, args) if isinstance(args[i], torch.Tensor)]
+        )
+        outs.extend([args[i] for i in mutated])
+        name = info.name
         index = self.record(name, region, nargs, nkwargs, outs, n_returned, tainted, func, mutated)
-        self.track_views(name, func, args, outs, region, index)
+        self.track_views(name, info, args, outs, region, index)
         if (
             region == "post"
             and name == "aten.ones_like.default"
@@ -326,7 +335,7 @@ class _Window(WindowBase):
     def track_views(
         self,
         name: str,
-        func: Any,
+        info: _OpInfo,
         args: tuple[Any, ...],
         outs: list[torch.Tensor],
         region: str,
@@ -335,7 +344,7 @@ class _Window(WindowBase):
         """Remember which record made each view; a write into one updates its base."""
         if name in _VIEW_OPS and outs:  # autograd sets _base only after dispatch returns
             self.views[id(outs[0])] = index
-        elif _writes_self(func) and isinstance(args[0], torch.Tensor) and args[0]._base is not None:
+        elif info.writes_self and isinstance(args[0], torch.Tensor) and args[0]._base is not None:
             self.write_through(args[0], region, index)
 
     def write_through(self, view: torch.Tensor, region: str, write: int) -> None:
@@ -641,7 +650,8 @@ class TorchListener(ListenerBase):
         if book.mode == "guarded" and not self._compiled and not sample_due:
             static = self._tree_key()
             if book.may_guard(static, self.epoch):
-                self._scopes(False)
+                if self._scoped:
+                    self._scopes(False)
                 phase = "train" if self.model.training else "eval"
                 return FastWindow(self, phase, self.epoch, self._next_batch(phase), static)
         return super()._begin_window()
@@ -649,7 +659,8 @@ class TorchListener(ListenerBase):
     def _tree_key(self) -> tuple[Any, ...]:
         """The model's facts that decide a batch's graphs (guards.py), read as
         the window opens: the key's static part."""
-        self._read_tree()
+        if self._tree_seen != self._tree_version:
+            self._read_tree()
         return (
             tuple([m.training for m in self._modules]),  # the root's first: the phase
             tuple([p.requires_grad for p in self._params]),
@@ -984,10 +995,16 @@ class TorchListener(ListenerBase):
             tape.loss = loss if _is_post(w, loss) or w.step else None
             if tape.loss is not None and not w.step:
                 w.drop_loss_output(tape.loss)
-        for name, buf in self.model.named_buffers():
-            ref = w.refs.get(id(buf))
-            if ref is not None and ref != ("b", name):
-                tape.buffer_updates.append((name, ref))
+        self._read_tree()
+        seen: set[int] = set()  # named_buffers' order and names, from the modules' tables
+        for prefix, mod in self._named_modules:
+            for name, buf in mod._buffers.items():
+                if buf is None or id(buf) in seen:
+                    continue
+                seen.add(id(buf))
+                ref = w.refs.get(id(buf))
+                if ref is not None and ref != ("b", prefix + name):
+                    tape.buffer_updates.append((prefix + name, ref))
 
     def _trainable(self) -> dict[str, bool]:
         return {n: p.requires_grad for n, p in self.model.named_parameters()}
