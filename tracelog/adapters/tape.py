@@ -50,7 +50,8 @@ class Rec:
     def key(self, batch: int | None) -> tuple[Any, ...]:
         args, kwargs = self.args, self.kwargs
         if self.tainted:
-            args, kwargs = symbolic_ints(args, batch), symbolic_ints(kwargs, batch)
+            args = symbolic_ints(args, batch)
+            kwargs = symbolic_ints(kwargs, batch) if kwargs else kwargs
         return (self.op, self.region, self.module, args, kwargs, self.outs)
 
     def tensor_args(self) -> list[TArg]:
@@ -128,13 +129,22 @@ def symbolic_ints(obj: Any, batch: int | None) -> Any:
     if batch is None or batch < 2:
         return obj
     kind = type(obj)
-    if kind is TArg:
+    if kind is int:
+        return BATCH if obj == batch else obj
+    if kind is TArg or not isinstance(obj, tuple):
         return obj
-    if kind is int and obj == batch:
-        return BATCH
-    if isinstance(obj, tuple) and not isinstance(obj, TArg):
-        return tuple([symbolic_ints(x, batch) for x in obj])
-    return obj
+    # a call only for a nested tuple: every tainted record's arguments (mostly
+    # TArgs and ints) go through here for the fingerprint
+    return tuple(
+        [
+            (
+                (BATCH if x == batch else x)
+                if type(x) is int
+                else symbolic_ints(x, batch) if type(x) is not TArg and isinstance(x, tuple) else x
+            )
+            for x in obj
+        ]
+    )
 
 
 def map_targs(tape: Tape, fn: Callable[[TArg], TArg]) -> Tape:

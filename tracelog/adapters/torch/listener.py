@@ -49,7 +49,7 @@ from .guards import Calls, FastWindow, input_key
 from .recurrent import InnerOps, RecurrentScopes
 from .reference import reference64
 from .rules import ATEN, VIEW_WRITE
-from .tensors import dtype_name, flatten_tensors, tensor_digest, to_array, to_numpy
+from .tensors import _DTYPES, dtype_name, flatten_tensors, tensor_digest, to_array, to_numpy
 
 logger = logging.getLogger("tracelog")
 
@@ -139,9 +139,9 @@ class _Mode(TorchDispatchMode):
         kwargs = kwargs or {}
         out = func(*args, **kwargs)
         w = self.window
-        if w is not None and not compiling():
-            if w.saw_backward and w.call is None:
-                return out  # backward and after: in neither graph (on_op), no call made
+        if w is None or (w.saw_backward and w.call is None):
+            return out  # backward and after: in neither graph (on_op), no call made
+        if not compiling():  # read after: a call per op (Dynamo never traces this mode)
             w.guarded(w.on_op, func, args, kwargs, out)
         return out
 
@@ -234,10 +234,12 @@ class _Window(WindowBase):
 
     # -- tensors ---------------------------------------------------------------------
     def targ(self, t: torch.Tensor, ref: Ref, tainted: bool) -> TArg:
-        # WindowBase.targ without its dtype_of/shape_of calls: it runs for every tensor of every op
-        return TArg(
-            ref, dtype_name(t.dtype), symbolic_shape(t.shape, self.tape.batch_size, tainted)
-        )
+        # WindowBase.targ with fewer calls: it runs for every tensor of every op
+        dtype = _DTYPES.get(t.dtype) or dtype_name(t.dtype)  # dtype_name raises for others
+        batch = self.tape.batch_size
+        if tainted and batch is not None and batch >= 2:
+            return TArg(ref, dtype, symbolic_shape(t.shape, batch, True))
+        return TArg(ref, dtype, tuple(t.shape))  # a torch.Size holds ints
 
     def dtype_of(self, t: torch.Tensor) -> str:
         return dtype_name(t.dtype)
@@ -304,14 +306,14 @@ class _Window(WindowBase):
                 targ = self.arg(a, region)
                 tainted = tainted or targ.ref in self.taint
                 return targ
-            if isinstance(a, (list, tuple)):
-                return tuple([norm(x) for x in a])
+            if isinstance(a, (list, tuple)):  # plain items kept without a call
+                return tuple([x if x is None or type(x) in _PLAIN_TYPES else norm(x) for x in a])
             if a is None or isinstance(a, _PLAIN):
                 return a
             return str(a)
 
         nargs = norm(args)
-        nkwargs = tuple([(k, norm(v)) for k, v in sorted(kwargs.items())])
+        nkwargs = tuple([(k, norm(v)) for k, v in sorted(kwargs.items())]) if kwargs else ()
         outs: list[torch.Tensor] = []
         flatten_tensors(out, outs)
         n_returned = len(outs)
@@ -323,14 +325,17 @@ class _Window(WindowBase):
         name = info.name
         index = self.record(name, region, nargs, nkwargs, outs, n_returned, tainted, func, mutated)
         self.track_views(name, info, args, outs, region, index)
+        if region == "post" and name == "aten.ones_like.default":
+            self.note_seed(args, kwargs, nargs)
+
+    def note_seed(self, args: tuple[Any, ...], kwargs: dict[str, Any], nargs: Any) -> None:
+        """ones_like of a 0-d tensor after the forward: autograd's seed for loss.backward()."""
         if (
-            region == "post"
-            and name == "aten.ones_like.default"
-            and kwargs.get("memory_format") is torch.preserve_format
+            kwargs.get("memory_format") is torch.preserve_format
             and isinstance(args[0], torch.Tensor)
             and args[0].dim() == 0
         ):
-            self.seed = nargs[0].ref  # autograd's seed for loss.backward()
+            self.seed = nargs[0].ref
 
     def track_views(
         self,
@@ -1135,6 +1140,7 @@ class TorchListener(ListenerBase):
 
 
 _PLAIN = (bool, int, float, str, torch.dtype, torch.device, torch.layout, torch.memory_format)
+_PLAIN_TYPES = frozenset(_PLAIN)  # exactly these types (a subclass goes through isinstance)
 
 
 def _tensors_in(obj: Any) -> list[torch.Tensor]:
