@@ -460,3 +460,19 @@ def test_fast_windows_call_only_the_pre_hooks(tmp_path: Path) -> None:
     assert _rows(exact) == _rows(guarded) and guarded.unrecorded == 0
     assert "GRU" in json.dumps([g.to_json() for g in guarded.graphs.values()])
     assert sum(e.usage.guarded for e in guarded.entries.values()) > 0
+
+
+def test_a_parameter_replaced_on_a_submodule_added_later_leaves_the_fast_path(
+    tmp_path: Path,
+) -> None:
+    """The tree version follows modules added after the listener attached:
+    replacing a parameter of one is a change of the tree as on the others."""
+    model = _mlp()
+    x = torch.randn(6, 8)
+    with tracelog.Listener(model, tmp_path / "g", strict=True) as listener:
+        assert [_one_batch(listener, model, x) for _ in range(5)] == [False] * 3 + [True] * 2
+        model.append(nn.Linear(4, 4))  # a new submodule: recorded exactly, then trusted
+        assert [_one_batch(listener, model, x) for _ in range(5)] == [False] * 3 + [True] * 2
+        model[4].bias = nn.Parameter(torch.zeros(4))
+        assert not _one_batch(listener, model, x)
+        assert listener.log.unrecorded == 0
