@@ -415,3 +415,64 @@ def test_guard_state_does_not_grow_with_batches(tmp_path: Path) -> None:
         assert (len(book.table), len(book.streaks), len(book.trusted)) == (1, 1, 1)
         assert not book.pending and book.branch_count == 0
         assert (book.exact, book.guarded) == (3 + 7, 390)  # K, then 1 in 50 of the other 397
+
+
+class _Recurrent(nn.Module):
+    """A GRU (a leaf whose call exact windows record whole) under a container."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.rnn, self.out = nn.GRU(8, 16, batch_first=True), nn.Linear(16, 4)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return self.out(self.rnn(x.unsqueeze(1).repeat(1, 3, 1))[0][:, -1])
+
+
+def test_fast_windows_call_only_the_pre_hooks(tmp_path: Path) -> None:
+    """A fast window's modules carry one hook each (their pre hook; the root
+    its post hook too): the other post hooks come with an exact window's
+    recorder, and a user's post hook runs after the listener's either way."""
+    model = _Recurrent()
+    order: list[str] = []
+
+    def user_hook(module: nn.Module, args: Any, output: Any) -> None:
+        window = listener.window  # exact: the scope it is in ("out" if ours had not run)
+        order.append(window.stack[-1][0] if getattr(window, "stack", None) else "fast")
+
+    with tracelog.Listener(model, tmp_path / "g", strict=True, rerecord_every=4) as listener:
+        model.out.register_forward_hook(user_hook)
+        counts = []
+        for n in [6] * 8 + [5]:  # the last: a new shape, recorded exactly
+            x = torch.randn(n, 8)
+            with listener.batch():
+                counts.append(sum(len(m._forward_hooks) for m in model.modules()))
+                F.cross_entropy(model(x), torch.zeros(n, dtype=torch.long)).backward()
+                counts[-1] = (counts[-1], sum(len(m._forward_hooks) for m in model.modules()))
+            if listener.last_guarded:
+                assert counts[-1] == (2, 2)  # the root's post hook and the user's
+        # batches 0-2 exact (K), 3-5 guarded, 6 exact (N=4: every 4th), 7 guarded, 8 exact
+        # registered with the recorder: as the window opens, or as a fast one turns exact
+        assert counts[:3] == [(4, 4)] * 3 and counts[6] == (4, 4) and counts[8] == (2, 4)
+        # the user's post hook ran after ours, which had left the module's scope
+        assert order == [""] * 3 + ["fast"] * 3 + ["", "fast", ""]
+    exact = _train(_Recurrent(), tmp_path / "e", mode="exact")
+    guarded = _train(_Recurrent(), tmp_path / "g2", guard_after=2, rerecord_every=3)
+    assert _rows(exact) == _rows(guarded) and guarded.unrecorded == 0
+    assert "GRU" in json.dumps([g.to_json() for g in guarded.graphs.values()])
+    assert sum(e.usage.guarded for e in guarded.entries.values()) > 0
+
+
+def test_a_parameter_replaced_on_a_submodule_added_later_leaves_the_fast_path(
+    tmp_path: Path,
+) -> None:
+    """The tree version follows modules added after the listener attached:
+    replacing a parameter of one is a change of the tree as on the others."""
+    model = _mlp()
+    x = torch.randn(6, 8)
+    with tracelog.Listener(model, tmp_path / "g", strict=True) as listener:
+        assert [_one_batch(listener, model, x) for _ in range(5)] == [False] * 3 + [True] * 2
+        model.append(nn.Linear(4, 4))  # a new submodule: recorded exactly, then trusted
+        assert [_one_batch(listener, model, x) for _ in range(5)] == [False] * 3 + [True] * 2
+        model[4].bias = nn.Parameter(torch.zeros(4))
+        assert not _one_batch(listener, model, x)
+        assert listener.log.unrecorded == 0

@@ -231,3 +231,29 @@ def test_real_models(tmp_path_factory: pytest.TempPathFactory, name: str, target
         real_models.train(real_models.BY_NAME[name], log_dir, strict=True)
     report = tracelog.check(log_dir, target)
     assert report.ok, report.table()
+
+
+def test_the_recurrent_scope_is_pushed_only_for_recurrent_layers(tmp_path: Path) -> None:
+    """Inside an exact window a recurrent layer's forward runs with the scope's
+    TorchFunctionMode on the stack; another leaf's (a Linear) runs without it,
+    its torch function calls never going through Python."""
+    model = nn.Sequential(nn.GRU(4, 8, batch_first=True), _Last(), nn.Linear(8, 2))
+    depth: dict[str, int] = {}
+
+    def note(name: str) -> Any:
+        def hook(module: nn.Module, args: Any, output: Any) -> None:
+            depth[name] = torch._C._len_torch_function_stack()
+
+        return hook
+
+    with tracelog.Listener(model, tmp_path / "log", mode="exact") as listener:
+        model[0].register_forward_pre_hook(lambda m, a: note("gru")(m, a, None))
+        model[2].register_forward_pre_hook(lambda m, a: note("linear")(m, a, None))
+        with listener.batch():
+            model(torch.randn(3, 5, 4)).sum().backward()
+    assert depth == {"gru": 1, "linear": 0}
+
+
+class _Last(nn.Module):
+    def forward(self, out: tuple[torch.Tensor, torch.Tensor]) -> torch.Tensor:
+        return out[0][:, -1]

@@ -50,7 +50,8 @@ class Rec:
     def key(self, batch: int | None) -> tuple[Any, ...]:
         args, kwargs = self.args, self.kwargs
         if self.tainted:
-            args, kwargs = symbolic_ints(args, batch), symbolic_ints(kwargs, batch)
+            args = symbolic_ints(args, batch)
+            kwargs = symbolic_ints(kwargs, batch) if kwargs else kwargs
         return (self.op, self.region, self.module, args, kwargs, self.outs)
 
     def tensor_args(self) -> list[TArg]:
@@ -102,11 +103,11 @@ class Tape:
 
     def fingerprint(self) -> tuple[Any, ...]:
         return (
-            tuple(r.key(self.batch_size) for r in self.recs),
+            tuple([r.key(self.batch_size) for r in self.recs]),
             tuple(self.inputs.items()),
             tuple(self.outputs),
             tuple(self.targets),
-            tuple(c.digest for c in self.consts),
+            tuple([c.digest for c in self.consts]),
             tuple(self.buffer_updates),
             self.loss,
             self.forward_loss,
@@ -117,20 +118,33 @@ def symbolic_shape(shape: Iterable[int], batch: int | None, tainted: bool) -> tu
     """Dims equal to the batch size of a value derived from the data become BATCH.
     A feature dim that happens to equal the batch size is marked too; the short
     last batch then makes a second, honestly counted entry."""
+    # list comprehensions, not generators: this runs for every tensor of every op
     if not tainted or batch is None or batch < 2:
-        return tuple(int(d) for d in shape)
-    return tuple(BATCH if d == batch else int(d) for d in shape)
+        return tuple([int(d) for d in shape])
+    return tuple([BATCH if d == batch else int(d) for d in shape])
 
 
 def symbolic_ints(obj: Any, batch: int | None) -> Any:
     """Ints equal to the batch size in the arguments of a data-derived op."""
     if batch is None or batch < 2:
         return obj
-    if type(obj) is int and obj == batch:
-        return BATCH
-    if isinstance(obj, tuple) and not isinstance(obj, TArg):
-        return tuple(symbolic_ints(x, batch) for x in obj)
-    return obj
+    kind = type(obj)
+    if kind is int:
+        return BATCH if obj == batch else obj
+    if kind is TArg or not isinstance(obj, tuple):
+        return obj
+    # a call only for a nested tuple: every tainted record's arguments (mostly
+    # TArgs and ints) go through here for the fingerprint
+    return tuple(
+        [
+            (
+                (BATCH if x == batch else x)
+                if type(x) is int
+                else symbolic_ints(x, batch) if type(x) is not TArg and isinstance(x, tuple) else x
+            )
+            for x in obj
+        ]
+    )
 
 
 def map_targs(tape: Tape, fn: Callable[[TArg], TArg]) -> Tape:

@@ -48,16 +48,21 @@ class Inlinable:
         used: set[str] = set()
         todo = [code]
         while todo:
-            text = todo.pop()
+            called = _called(todo.pop())
             for name, source in self.functions.items():
-                if name not in used and name not in self.inlined and _calls(text, name):
+                if name not in used and name not in self.inlined and name in called:
                     used.add(name)
                     todo.append(source)
         return [name for name in self.functions if name in used]
 
 
-def _calls(code: str, name: str) -> bool:
-    return re.search(rf"(?<![\w.]){re.escape(name)}\(", code) is not None
+# a name called as a function: not an attribute (x.name(...)), not the end of a longer name
+_CALL = re.compile(r"(?<![\w.])([^\W\d]\w*)\(")
+
+
+def _called(code: str) -> set[str]:
+    """The names `code` calls: one scan of it (a program's functions are long)."""
+    return set(_CALL.findall(code))
 
 
 def _is_type_checking(node: ast.stmt) -> bool:

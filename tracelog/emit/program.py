@@ -631,6 +631,7 @@ def _chunk_cuts(text: str, lines: list[str], chunk: int) -> list[int]:
     return cuts
 
 
+@functools.cache
 def _template() -> jinja2.Template:
     env = jinja2.Environment(
         loader=jinja2.PackageLoader("tracelog", "templates"),

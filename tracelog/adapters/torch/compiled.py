@@ -20,6 +20,7 @@ hooks, no dispatch mode in its windows.
 from __future__ import annotations
 
 import sys
+from collections.abc import Callable
 from typing import Any, cast
 
 import torch
@@ -39,9 +40,10 @@ MAYBE_COMPILED = (
 )
 
 
-def compiling() -> bool:
-    """Is Dynamo tracing this call (hooks then add nothing to the graph)?"""
-    return bool(torch.compiler.is_compiling())
+# Is Dynamo tracing this call (hooks then add nothing to the graph)? torch's own
+# function, not a wrapper: hooks call it on every module call of a fast window,
+# and Dynamo folds it to True by identity.
+compiling: Callable[[], bool] = torch.compiler.is_compiling
 
 
 def unwrap_compiled(model: torch.nn.Module) -> tuple[torch.nn.Module, bool]:

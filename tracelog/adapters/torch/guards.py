@@ -49,26 +49,44 @@ def _sig(a: Any) -> Any:
     if a is None or isinstance(a, _PLAIN):
         return a
     if isinstance(a, (list, tuple)):
-        return tuple(_sig(x) for x in a)
+        return tuple([_sig(x) for x in a])
+    return type(a)
+
+
+def _sigs(args: Any) -> tuple[Any, ...]:
+    """_sig of each argument; tensors and plain values without a call (every
+    torch function call after a fast window's forward reads these)."""
+    return tuple(
+        [
+            (
+                (a.shape, a.dtype)
+                if isinstance(a, torch.Tensor)
+                else a if a is None or isinstance(a, _PLAIN) else _sig(a)
+            )
+            for a in args
+        ]
+    )
+
+
+def _one_input(a: Any) -> Any:
+    if isinstance(a, torch.Tensor):
+        return (a.shape, a.dtype, a.device, a.requires_grad)
+    if a is None or isinstance(a, _PLAIN):
+        return a
+    if isinstance(a, (list, tuple)):
+        return (type(a), tuple([_one_input(x) for x in a]))
+    if isinstance(a, Mapping):
+        return (type(a), tuple([(k, _one_input(v)) for k, v in a.items()]))
     return type(a)
 
 
 def input_key(args: Any, kwargs: Any) -> Hashable:
     """What the root's forward receives: tensors by shape, dtype, device and
     ``requires_grad``, containers walked, plain values as they are."""
-
-    def one(a: Any) -> Any:
-        if isinstance(a, torch.Tensor):
-            return (a.shape, a.dtype, a.device, a.requires_grad)
-        if a is None or isinstance(a, _PLAIN):
-            return a
-        if isinstance(a, (list, tuple)):
-            return (type(a), tuple(one(x) for x in a))
-        if isinstance(a, Mapping):
-            return (type(a), tuple((k, one(v)) for k, v in a.items()))
-        return type(a)
-
-    return (one(args), one(kwargs))
+    # the same key as _one_input((args, kwargs)) gives, read with fewer calls
+    # for the usual forward (positional arguments only)
+    pos = (tuple, tuple([_one_input(a) for a in args]))
+    return (pos, _one_input(kwargs) if kwargs else (dict, ()))
 
 
 class Calls(TorchFunctionMode):
@@ -91,10 +109,15 @@ class Calls(TorchFunctionMode):
         args: tuple[Any, ...] = (),
         kwargs: dict[str, Any] | None = None,
     ) -> Any:
-        kwargs = kwargs or {}
+        if kwargs is None:
+            kwargs = {}
         if self.on and not self.listener.busy and not compiling():
             self.calls.append(
-                (func, tuple(_sig(a) for a in args), tuple((k, _sig(v)) for k, v in kwargs.items()))
+                (
+                    func,
+                    _sigs(args),
+                    tuple(zip(kwargs, _sigs(kwargs.values()), strict=True)) if kwargs else (),
+                )
             )
             out = func(*args, **kwargs)
             if func in _BACKWARD:
@@ -105,7 +128,7 @@ class Calls(TorchFunctionMode):
 
     def start(self) -> None:
         self.started = True
-        self.__enter__()
+        torch._C._push_on_torch_function_stack(self)  # what __enter__ does, less two frames
 
     def end(self) -> None:
         """Leave the stack if on top; else (a mode pushed after it and still
@@ -113,7 +136,7 @@ class Calls(TorchFunctionMode):
         self.on = False
         n = torch._C._len_torch_function_stack()
         if self.started and n and torch._C._get_function_stack_at(n - 1) is self:
-            self.__exit__(None, None, None)
+            torch._C._pop_torch_function_stack()  # __exit__'s work
 
 
 class FastWindow:

@@ -17,7 +17,7 @@ import os
 import platform
 import weakref
 from collections.abc import Callable, Iterator, Mapping
-from typing import Any
+from typing import Any, NamedTuple
 
 import numpy as np
 import torch
@@ -31,7 +31,7 @@ from torch.utils._python_dispatch import TorchDispatchMode
 from tracelog.adapters.base import ListenerBase, StateBefore, WindowBase, describe
 from tracelog.adapters.builder import NotSupported
 from tracelog.adapters.guards import GuardBook, GuardedCounting
-from tracelog.adapters.tape import Ref, Tape
+from tracelog.adapters.tape import Ref, Tape, TArg, symbolic_shape
 from tracelog.ir import Graph
 from tracelog.log import TraceLog
 
@@ -46,58 +46,58 @@ from .compiled import (
 )
 from .distributed import LocalGrads, Ranks, facts_for_log, placement, unwrap, world
 from .guards import Calls, FastWindow, input_key
-from .recurrent import InnerOps, scope_leaf_modules
+from .recurrent import InnerOps, RecurrentScopes
 from .reference import reference64
 from .rules import ATEN, VIEW_WRITE
-from .tensors import dtype_name, flatten_tensors, tensor_digest, to_array, to_numpy
+from .tensors import _DTYPES, dtype_name, flatten_tensors, tensor_digest, to_array, to_numpy
 
 logger = logging.getLogger("tracelog")
 
-_OP_NAMES: dict[Any, str] = {}
-_MUTATED: dict[Any, tuple[int, ...]] = {}
+_VIEW_OPS = {"aten.slice.Tensor", "aten.select.int"}
 
 
-def _op_name(func: Any) -> str:
-    name = _OP_NAMES.get(func)
-    if name is None:
-        name = _OP_NAMES[func] = f"aten.{func.__name__}" if func.namespace == "aten" else str(func)
-    return name
+class _OpInfo(NamedTuple):
+    """What the recorder reads of an op's schema, read once per op overload
+    (one dict lookup per op: an OpOverload's hash is a Python call)."""
+
+    name: str
+    mutated: tuple[int, ...]  # positional args it writes to without returning them
+    writes_self: bool  # it writes into its first argument (copy_, fill_, add_, ...)
 
 
-def _mutated_args(func: Any, args: tuple[Any, ...]) -> tuple[int, ...]:
+_OPS: dict[Any, _OpInfo] = {}
+
+
+def _op_info(func: Any) -> _OpInfo:
+    info = _OPS.get(func)
+    if info is None:
+        info = _OPS[func] = _read_op(func)
+    return info
+
+
+def _read_op(func: Any) -> _OpInfo:
+    name = f"aten.{func.__name__}" if func.namespace == "aten" else str(func)
+    schema = func._schema
+    returned = {
+        s for r in schema.returns if r.alias_info is not None for s in r.alias_info.after_set
+    }
+    found = []
+    for i, a in enumerate(schema.arguments):
+        alias = a.alias_info
+        if alias is not None and alias.is_write and not a.kwarg_only:
+            if not (set(alias.after_set) & returned):
+                found.append(i)
+    first = schema.arguments[0].alias_info if schema.arguments else None
+    return _OpInfo(name, tuple(found), bool(first is not None and first.is_write))
+
+
+def _mutated_args(func: Any, info: _OpInfo, args: tuple[Any, ...]) -> tuple[int, ...]:
     """Positional args an op writes to without returning them."""
-    idx = _MUTATED.get(func)
-    if idx is None:
-        schema = func._schema
-        returned = {
-            s for r in schema.returns if r.alias_info is not None for s in r.alias_info.after_set
-        }
-        found = []
-        for i, a in enumerate(schema.arguments):
-            info = a.alias_info
-            if info is not None and info.is_write and not a.kwarg_only:
-                if not (set(info.after_set) & returned):
-                    found.append(i)
-        idx = _MUTATED[func] = tuple(found)
     # native_batch_norm updates the running statistics in place, though its
     # schema does not say so.
     if func is torch.ops.aten.native_batch_norm.default and args[5] and args[3] is not None:
         return (3, 4)
-    return idx
-
-
-_VIEW_OPS = {"aten.slice.Tensor", "aten.select.int"}
-_WRITES_SELF: dict[Any, bool] = {}
-
-
-def _writes_self(func: Any) -> bool:
-    """Does the op write into its first argument (copy_, fill_, add_, ...)?"""
-    found = _WRITES_SELF.get(func)
-    if found is None:
-        args = func._schema.arguments
-        info = args[0].alias_info if args else None
-        found = _WRITES_SELF[func] = bool(info is not None and info.is_write)
-    return found
+    return info.mutated
 
 
 def _view_write_replay(base: torch.Tensor, *_: Any) -> torch.Tensor:
@@ -139,7 +139,9 @@ class _Mode(TorchDispatchMode):
         kwargs = kwargs or {}
         out = func(*args, **kwargs)
         w = self.window
-        if w is not None and not compiling():
+        if w is None or (w.saw_backward and w.call is None):
+            return out  # backward and after: in neither graph (on_op), no call made
+        if not compiling():  # read after: a call per op (Dynamo never traces this mode)
             w.guarded(w.on_op, func, args, kwargs, out)
         return out
 
@@ -231,6 +233,14 @@ class _Window(WindowBase):
             self.scalars_in_pred = True  # a float scalar from here on may be the loss
 
     # -- tensors ---------------------------------------------------------------------
+    def targ(self, t: torch.Tensor, ref: Ref, tainted: bool) -> TArg:
+        # WindowBase.targ with fewer calls: it runs for every tensor of every op
+        dtype = _DTYPES.get(t.dtype) or dtype_name(t.dtype)  # dtype_name raises for others
+        batch = self.tape.batch_size
+        if tainted and batch is not None and batch >= 2:
+            return TArg(ref, dtype, symbolic_shape(t.shape, batch, True))
+        return TArg(ref, dtype, tuple(t.shape))  # a torch.Size holds ints
+
     def dtype_of(self, t: torch.Tensor) -> str:
         return dtype_name(t.dtype)
 
@@ -249,7 +259,7 @@ class _Window(WindowBase):
             _flatten_tensors(args[0], "batch", flat_batch)
             return [(name.replace(".", "_"), t) for name, t in flat_batch]
         try:
-            bound = inspect.signature(self.listener.model.forward).bind(*args, **kwargs)
+            bound = self.listener._forward_signature().bind(*args, **kwargs)
             named = list(bound.arguments.items())
         except (TypeError, ValueError):
             named = [(f"input_{i}", a) for i, a in enumerate(args)] + list(kwargs.items())
@@ -296,35 +306,41 @@ class _Window(WindowBase):
                 targ = self.arg(a, region)
                 tainted = tainted or targ.ref in self.taint
                 return targ
-            if isinstance(a, (list, tuple)):
-                return tuple(norm(x) for x in a)
+            if isinstance(a, (list, tuple)):  # plain items kept without a call
+                return tuple([x if x is None or type(x) in _PLAIN_TYPES else norm(x) for x in a])
             if a is None or isinstance(a, _PLAIN):
                 return a
             return str(a)
 
         nargs = norm(args)
-        nkwargs = tuple((k, norm(v)) for k, v in sorted(kwargs.items()))
+        nkwargs = tuple([(k, norm(v)) for k, v in sorted(kwargs.items())]) if kwargs else ()
         outs: list[torch.Tensor] = []
         flatten_tensors(out, outs)
         n_returned = len(outs)
-        mutated = tuple(i for i in _mutated_args(func, args) if isinstance(args[i], torch.Tensor))
-        outs.extend(args[i] for i in mutated)
-        name = _op_name(func)
+        info = _op_info(func)
+        mutated = tuple(
+            [i for i in _mutated_args(func, info, args) if isinstance(args[i], torch.Tensor)]
+        )
+        outs.extend([args[i] for i in mutated])
+        name = info.name
         index = self.record(name, region, nargs, nkwargs, outs, n_returned, tainted, func, mutated)
-        self.track_views(name, func, args, outs, region, index)
+        self.track_views(name, info, args, outs, region, index)
+        if region == "post" and name == "aten.ones_like.default":
+            self.note_seed(args, kwargs, nargs)
+
+    def note_seed(self, args: tuple[Any, ...], kwargs: dict[str, Any], nargs: Any) -> None:
+        """ones_like of a 0-d tensor after the forward: autograd's seed for loss.backward()."""
         if (
-            region == "post"
-            and name == "aten.ones_like.default"
-            and kwargs.get("memory_format") is torch.preserve_format
+            kwargs.get("memory_format") is torch.preserve_format
             and isinstance(args[0], torch.Tensor)
             and args[0].dim() == 0
         ):
-            self.seed = nargs[0].ref  # autograd's seed for loss.backward()
+            self.seed = nargs[0].ref
 
     def track_views(
         self,
         name: str,
-        func: Any,
+        info: _OpInfo,
         args: tuple[Any, ...],
         outs: list[torch.Tensor],
         region: str,
@@ -333,7 +349,7 @@ class _Window(WindowBase):
         """Remember which record made each view; a write into one updates its base."""
         if name in _VIEW_OPS and outs:  # autograd sets _base only after dispatch returns
             self.views[id(outs[0])] = index
-        elif _writes_self(func) and isinstance(args[0], torch.Tensor) and args[0]._base is not None:
+        elif info.writes_self and isinstance(args[0], torch.Tensor) and args[0]._base is not None:
             self.write_through(args[0], region, index)
 
     def write_through(self, view: torch.Tensor, region: str, write: int) -> None:
@@ -489,12 +505,18 @@ class TorchListener(GuardedCounting, ListenerBase):
         self._tree_seen = -1
         self._params: list[torch.nn.Parameter] = []
         self._modules: list[torch.nn.Module] = []
+        self._named_modules: list[tuple[str, torch.nn.Module]] = []  # (path prefix, module)
         # was the last batch counted under guards (not recorded op by op)?
         self.last_guarded = False
         self._module_ids = {id(m) for m in model.modules()}
         self._dispatch_depth = 0
         self._warned_guards: set[str] = set()
         self.log.recording = self._book.to_json()
+        self._recurrent_scopes = RecurrentScopes()  # recurrent calls recorded whole (recurrent.py)
+        self._inner: list[tuple[torch.nn.Module, bool]] = []  # non-root: (module, recurrent)
+        self._scope_handles: list[Any] = []
+        self._scoped = False
+        self._signature: tuple[Any, inspect.Signature] | None = None
         if self.inert:
             return  # a rank that does not record: no hooks at all
         self._handles.append(register_module_module_registration_hook(self._tree_changed))
@@ -503,26 +525,44 @@ class TorchListener(GuardedCounting, ListenerBase):
         if compiled:  # nothing added to a compiled model: its batches are counted (compiled.py)
             logger.warning(COMPILED_WARNING)
             return
+        # Permanent: a pre hook on every module (the key's module calls, and a
+        # recorded scope in exact windows) and the root's post hook. The other
+        # modules' post hooks matter only while an exact window records: they
+        # are registered with its recorder and removed as a fast window begins
+        # (_scopes), since every hook a module has costs a fast window a call.
         for path, mod in model.named_modules():
             self._holds_params[path] = any(True for _ in mod.parameters())
             if _is_metric(mod):  # torchmetrics: never part of the graphs
                 self.quiet(mod, "update", "compute", "forward")
-            is_root = mod is model
+            # the recurrent scope: layers that make a torch._VF call (recurrent.py)
+            recurrent = isinstance(mod, torch.nn.RNNBase) and next(mod.children(), None) is None
             tname = type(mod).__name__
-            self._handles.append(
-                mod.register_forward_pre_hook(
-                    self._pre_hook(path, tname, is_root), with_kwargs=True
+            if mod is model:
+                self._handles.append(
+                    mod.register_forward_pre_hook(
+                        self._root_pre_hook(tname, recurrent), with_kwargs=True
+                    )
                 )
-            )
-            self._handles.append(
-                mod.register_forward_hook(
-                    self._post_hook(is_root), with_kwargs=True, always_call=True
+                self._handles.append(
+                    mod.register_forward_hook(
+                        self._root_post_hook(recurrent), with_kwargs=True, always_call=True
+                    )
                 )
-            )
-        # recurrent layers' calls, recorded whole (recurrent.py); a fast window records none
-        self._handles += scope_leaf_modules(
-            model, lambda: self._window if isinstance(self._window, _Window) else None
-        )
+            else:
+                self._handles.append(
+                    mod.register_forward_pre_hook(self._pre_hook(path, tname, recurrent))
+                )
+                self._inner.append((mod, recurrent))
+
+    def _forward_signature(self) -> inspect.Signature:
+        """The root's forward signature (named inputs), read once per forward
+        function: inspect.signature costs an exact window more than its ops."""
+        forward = self.model.forward
+        fn = getattr(forward, "__func__", forward)
+        cached = self._signature
+        if cached is None or cached[0] is not fn:
+            cached = self._signature = (fn, inspect.signature(forward))
+        return cached[1]
 
     # -- the window ------------------------------------------------------------------------
     def _new_window(self) -> _Window:
@@ -602,6 +642,7 @@ class TorchListener(GuardedCounting, ListenerBase):
             # the recorder is pushed only if the batch turns out to need it
             self._dispatch_depth = torch._C._len_torch_dispatch_stack()
             return _Watched(self, None)
+        self._scopes(True)
         self._mode = _Mode(w)
         return _Watched(self, self._mode)
 
@@ -614,6 +655,8 @@ class TorchListener(GuardedCounting, ListenerBase):
         if book.mode == "guarded" and not self._compiled and not sample_due:
             static = self._tree_key()
             if book.may_guard(static, self.epoch):
+                if self._scoped:
+                    self._scopes(False)
                 phase = "train" if self.model.training else "eval"
                 return FastWindow(self, phase, self.epoch, self._next_batch(phase), static)
         return super()._begin_window()
@@ -622,9 +665,7 @@ class TorchListener(GuardedCounting, ListenerBase):
         """The model's facts that decide a batch's graphs (guards.py), read as
         the window opens: the key's static part."""
         if self._tree_seen != self._tree_version:
-            self._params = list(self.model.parameters())
-            self._modules = list(self.model.modules())
-            self._tree_seen = self._tree_version
+            self._read_tree()
         return (
             tuple([m.training for m in self._modules]),  # the root's first: the phase
             tuple([p.requires_grad for p in self._params]),
@@ -697,6 +738,7 @@ class TorchListener(GuardedCounting, ListenerBase):
     def _push_recorder(self, w: _Window) -> None:
         """The recorder for ``w``, pushed in a window that began without it."""
         if self._mode is not None:
+            self._scopes(True)  # removed if a fast micro-batch came between
             self._mode.window = w
             return
         if torch._C._len_torch_dispatch_stack() != self._dispatch_depth:
@@ -704,6 +746,7 @@ class TorchListener(GuardedCounting, ListenerBase):
             # recorder cannot go below it, nor above it and be popped in order
             w.stop("another TorchDispatchMode was pushed inside the batch window")
             return
+        self._scopes(True)
         mode = self._mode = _Mode(w)
         mode.__enter__()
 
@@ -763,59 +806,138 @@ class TorchListener(GuardedCounting, ListenerBase):
             logger.warning("tracelog: optimizer step not counted: %s", describe(e))
 
     def _static_refs(self) -> dict[int, Ref]:
+        """Parameters and buffers by id, as named_parameters and named_buffers
+        name them (a shared one under its first name), read from the modules'
+        own tables: the module list is walked once per tree version."""
+        self._read_tree()
         refs: dict[int, Ref] = {}
-        for name, p in self.model.named_parameters():
-            refs[id(p)] = ("p", name)
-        for name, b in self.model.named_buffers():
-            refs[id(b)] = ("b", name)
+        for prefix, mod in self._named_modules:
+            for name, p in mod._parameters.items():
+                if p is not None and id(p) not in refs:
+                    refs[id(p)] = ("p", prefix + name)
+        for prefix, mod in self._named_modules:
+            for name, b in mod._buffers.items():
+                if b is not None and refs.get(id(b), ("p",))[0] == "p":
+                    refs[id(b)] = ("b", prefix + name)
         return refs
 
-    def _pre_hook(self, path: str, tname: str, is_root: bool) -> Callable[..., None]:
+    def _read_tree(self) -> None:
+        """The module tree's lists, read again when its version moved."""
+        if self._tree_seen != self._tree_version:
+            self._params = list(self.model.parameters())
+            self._named_modules = [
+                (f"{path}." if path else "", m) for path, m in self.model.named_modules()
+            ]
+            self._modules = [m for _, m in self._named_modules]
+            self._module_ids = {id(m) for m in self._modules}  # a new submodule's too
+            self._tree_seen = self._tree_version
+
+    def _root_pre_hook(self, tname: str, recurrent: bool) -> Callable[..., None]:
         def hook(module: torch.nn.Module, args: Any, kwargs: Any) -> None:
             if compiling():
                 return  # traced by Dynamo: adds nothing to the compiled graph
-            w = self._window
-            if w is None and is_root and self.eval_windows and not module.training:
-                w = self._open_auto_window()
+            w = self._root_window(module, args, kwargs)
             if w is None:
+                if recurrent:
+                    self._recurrent_scopes.enter(None)  # the post hook always runs: balanced
                 return
-            if is_root and w.root_depth == 0:
-                if w.root_done and w.saw_backward:
-                    self._next_micro_batch(w)
-                    if self._window is None:
-                        return
-                    w = self._window
-                if w.root_calls == 0 and not w.key_started:
-                    w = self._forward_starts(w, args, kwargs)
             calls = w.calls
             if calls is not None and calls.on:
-                calls.calls.append(path)  # the key's module calls
+                calls.calls.append("")  # the key's module calls
             if isinstance(w, FastWindow):  # no tape: only the root's calls are followed
-                if is_root:
-                    w.enter_root()
+                w.enter_root()
+                if recurrent:
+                    self._recurrent_scopes.enter(None)
                 return
-            w.guarded(w.enter_module, path, tname, is_root, args, kwargs)
+            w.guarded(w.enter_module, "", tname, True, args, kwargs)
+            if recurrent:
+                self._recurrent_scopes.enter(w)
 
         return hook
 
-    def _post_hook(self, is_root: bool) -> Callable[..., None]:
+    def _root_window(self, module: torch.nn.Module, args: Any, kwargs: Any) -> Any:
+        """The window the root's call is in: an eval window opened for it, the
+        next micro-batch's, one turned exact as its forward starts, or None."""
+        w = self._window
+        if w is None and self.eval_windows and not module.training:
+            w = self._open_auto_window()
+        if w is not None and w.root_depth == 0:
+            if w.root_done and w.saw_backward:
+                self._next_micro_batch(w)
+                w = self._window
+            if w is not None and w.root_calls == 0 and not w.key_started:
+                w = self._forward_starts(w, args, kwargs)
+        return w
+
+    def _pre_hook(self, path: str, tname: str, recurrent: bool) -> Callable[..., None]:
+        def hook(module: torch.nn.Module, args: Any) -> None:
+            if compiling():  # first: Dynamo would guard on what it read before
+                return
+            w = self._window
+            if w is None:
+                return
+            calls = w.calls
+            if calls is not None and calls.on:
+                calls.calls.append(path)  # the key's module calls
+            if self._scoped and type(w) is _Window:  # its post hook is there
+                w.guarded(w.enter_module, path, tname, False, args, {})
+                if recurrent:
+                    self._recurrent_scopes.enter(w)
+
+        return hook
+
+    def _root_post_hook(self, recurrent: bool) -> Callable[..., None]:
         def hook(module: torch.nn.Module, args: Any, kwargs: Any, output: Any) -> None:
             if compiling():
                 return
             w = self._window
             if w is not None:
                 if isinstance(w, FastWindow):
-                    if not is_root:
-                        return
                     w.exit_root()
                 else:
-                    w.guarded(w.exit_module, is_root, output)
-                if is_root:
-                    self._forward_ended(w)
-                if is_root and self._auto and w.root_depth == 0:
+                    w.guarded(w.exit_module, True, output)
+            if recurrent:
+                self._recurrent_scopes.exit()
+            if w is not None:
+                self._forward_ended(w)
+                if self._auto and w.root_depth == 0:
                     self.close_batch(self._auto.pop())
 
         return hook
+
+    def _post_hook(self, recurrent: bool) -> Callable[..., None]:
+        """A non-root module's post hook, there while exact windows record (_scopes)."""
+
+        def hook(module: torch.nn.Module, args: Any, output: Any) -> None:
+            if compiling():
+                return
+            w = self._window
+            if type(w) is _Window:
+                w.guarded(w.exit_module, False, output)
+            if recurrent:
+                self._recurrent_scopes.exit()
+
+        return hook
+
+    def _scopes(self, on: bool) -> None:
+        """Register (an exact window records) or remove (a fast window begins)
+        the non-root modules' post hooks. Both happen between module calls: as
+        a window opens, or in the root's pre hook. Prepended: they run before
+        the user's post hooks, as when they were registered with the listener."""
+        if on == self._scoped:
+            return
+        if on:
+            self._scope_handles = [
+                mod.register_forward_hook(
+                    self._post_hook(recurrent), always_call=True, prepend=True
+                )
+                for mod, recurrent in self._inner
+            ]
+        else:
+            for h in self._scope_handles:
+                h.remove()
+            self._scope_handles = []
+        self._scoped = on
 
     # -- the graphs ------------------------------------------------------------------------
     def _close_tape(self, w: _Window) -> None:
@@ -829,10 +951,16 @@ class TorchListener(GuardedCounting, ListenerBase):
             tape.loss = loss if _is_post(w, loss) or w.step else None
             if tape.loss is not None and not w.step:
                 w.drop_loss_output(tape.loss)
-        for name, buf in self.model.named_buffers():
-            ref = w.refs.get(id(buf))
-            if ref is not None and ref != ("b", name):
-                tape.buffer_updates.append((name, ref))
+        self._read_tree()
+        seen: set[int] = set()  # named_buffers' order and names, from the modules' tables
+        for prefix, mod in self._named_modules:
+            for name, buf in mod._buffers.items():
+                if buf is None or id(buf) in seen:
+                    continue
+                seen.add(id(buf))
+                ref = w.refs.get(id(buf))
+                if ref is not None and ref != ("b", prefix + name):
+                    tape.buffer_updates.append((prefix + name, ref))
 
     def _trainable(self) -> dict[str, bool]:
         return {n: p.requires_grad for n, p in self.model.named_parameters()}
@@ -935,6 +1063,7 @@ class TorchListener(GuardedCounting, ListenerBase):
     # -- closing ---------------------------------------------------------------------------
     def _detach(self) -> None:
         self._count_unresolved()
+        self._scopes(False)
         for h in self._handles:
             h.remove()
         self._handles.clear()
@@ -961,6 +1090,7 @@ class TorchListener(GuardedCounting, ListenerBase):
 
 
 _PLAIN = (bool, int, float, str, torch.dtype, torch.device, torch.layout, torch.memory_format)
+_PLAIN_TYPES = frozenset(_PLAIN)  # exactly these types (a subclass goes through isinstance)
 
 
 def _tensors_in(obj: Any) -> list[torch.Tensor]:

@@ -12,10 +12,10 @@ keeps for the sample: one ``MASK_OP`` record per mask after the call's record.
 
 A TorchFunctionMode on the mode stack changes what some modules run: the fast paths of
 nn.MultiheadAttention and nn.TransformerEncoderLayer (inference) are refused when
-``has_torch_function`` is true. So the mode is pushed only while a *leaf* module's forward
-runs (one without children, as nn.LSTM, nn.GRU and nn.RNN are); the modules with such
-fast paths all have children. A recurrent call made directly from a module with children
-is seen op by op, as before.
+``has_torch_function`` is true, and it costs every torch function call a trip through
+Python. So the mode is pushed only while a recurrent layer's forward runs (nn.RNNBase:
+nn.LSTM, nn.GRU, nn.RNN; leaves, without such fast paths). A recurrent call made from
+another module is seen op by op, as before.
 
 Nothing here perturbs training: the call runs as it would (same arguments, same RNG
 draws); the record is taken from its arguments and results.
@@ -23,12 +23,10 @@ draws); the record is taken from its arguments and results.
 
 from __future__ import annotations
 
-from collections.abc import Callable
 from typing import Any
 
 import torch
 from torch.overrides import TorchFunctionMode
-from torch.utils.hooks import RemovableHandle
 
 from tracelog.adapters.tape import TArg
 
@@ -156,33 +154,24 @@ def _mask_replay(y: torch.Tensor, batch_first: bool, keep: float) -> torch.Tenso
     return torch.empty_like(y.transpose(0, 1) if batch_first else y)
 
 
-def scope_leaf_modules(
-    model: torch.nn.Module, window_of: Callable[[], Any]
-) -> list[RemovableHandle]:
-    """Hooks that push a RecurrentCalls for the current window while each leaf module's
-    forward runs (its post hook always runs, so the mode stack stays balanced)."""
-    pushed: list[RecurrentCalls | None] = []
+class RecurrentScopes:
+    """A RecurrentCalls pushed for the current exact window while each recurrent
+    layer's forward runs. The listener's module hooks call ``enter`` and ``exit`` (one pre and
+    one post hook per module, not two more of each: a hook's call is most of what a
+    fast window costs); the post hook always runs, so the mode stack stays balanced."""
 
-    def pre(module: torch.nn.Module, args: Any) -> None:
-        if torch.compiler.is_compiling():
-            return  # traced by Dynamo (its post hook returns alike): nothing added
-        pushed.append(None)
-        w = window_of()
+    def __init__(self) -> None:
+        self.pushed: list[RecurrentCalls | None] = []
+
+    def enter(self, w: Any) -> None:
+        """A recurrent layer's forward starts; ``w``: the exact window, else None."""
+        mode = None
         if w is not None and w.recording:
             mode = RecurrentCalls(w)
             mode.__enter__()
-            pushed[-1] = mode
+        self.pushed.append(mode)
 
-    def post(module: torch.nn.Module, args: Any, output: Any) -> None:
-        if torch.compiler.is_compiling():
-            return
-        mode = pushed.pop() if pushed else None
+    def exit(self) -> None:
+        mode = self.pushed.pop() if self.pushed else None
         if mode is not None:
             mode.__exit__(None, None, None)
-
-    handles = []
-    for mod in model.modules():
-        if next(mod.children(), None) is None:
-            handles.append(mod.register_forward_pre_hook(pre))
-            handles.append(mod.register_forward_hook(post, always_call=True))
-    return handles
