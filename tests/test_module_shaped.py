@@ -15,8 +15,12 @@ import torch
 
 import tracelog
 from tracelog.emit import get_target
-from tracelog.emit.program import build_program
+from tracelog.emit.common import Namespace
+from tracelog.emit.program import build_program, emit_function, emit_kind_function
+from tracelog.emit.shaped import kind_functions, prefix_of
+from tracelog.ir import Graph, Node, Output, TensorType, Value
 from tracelog.log import TraceLog
+from tracelog.passes.modules import module_calls
 
 transformers = pytest.importorskip("transformers", reason="the GPT-2 case needs transformers")
 
@@ -105,3 +109,70 @@ def test_kind_functions_name_values_under_their_module(gpt2_logs: dict[int, Path
     assert 'params[prefix + "ln_1.weight"]' in body
     assert 'prefix + "attn."' in body  # GPT2Attention: a kind of its own, called from here
     assert "transformer_h_0" not in body and "transformer.h.0" not in body
+
+
+def _chain(modules: list[tuple[str, str]]) -> Graph:
+    """x through (module, weight) blocks of Gemm + Relu, then a one-op Tanh
+    module "s" twice: a hand-built graph for the kind rules."""
+    f32 = TensorType("float32", ("batch", 4))
+    values = {"x": Value("x", f32, "input")}
+    nodes, prev = [], "x"
+    steps: list[tuple[str, str, str | None]] = []
+    for module, weight in modules:
+        steps += [("Gemm", module, weight), ("Relu", module, None)]
+    steps += [("Tanh", "s", None), ("Relu", "", None), ("Tanh", "s", None)]
+    for k, (op, module, weight) in enumerate(steps):
+        out = f"v{k}"
+        values[out] = Value(out, f32, "node")
+        inputs = [prev]
+        if weight:
+            values.setdefault(weight, Value(weight, TensorType("float32", (4, 4)), "param", True))
+            inputs.append(weight)
+        attrs = {"transB": 1} if op == "Gemm" else {}
+        nodes.append(Node(op, inputs, [out], attrs, "", module, "Block" if weight else "Act"))
+        prev = out
+    return Graph("prediction", values, nodes, [Output(prev, "prediction")])
+
+
+def test_which_kinds_become_functions() -> None:
+    """Called twice with two ops or more, parameters under its own path: a
+    function; a one-op module, or one reading a weight from elsewhere (tied),
+    stays inline."""
+    graph = _chain(
+        [("a.0", "a.0.weight"), ("a.1", "a.1.weight"), ("t.0", "w.weight"), ("t.1", "w.weight")]
+    )
+    kinds = kind_functions([graph], Namespace())
+    written = {kf.call.path: kf for kf in kinds.values()}
+    assert set(written) == {"a.0"}  # "a.1" is a call of the same kind
+    kf = written["a.0"]
+    assert kf.name == "block" and kf.needs_params and kf.needs_prefix and not kf.random
+    assert prefix_of(kf.call) == "a.0."
+    root = module_calls(graph)
+    tied = [c for c in root.walk() if c.path.startswith("t.")]
+    assert len({c.kind for c in tied}) == 1 and prefix_of(tied[0]) is None
+
+
+def test_module_shaped_hand_built_program_runs() -> None:
+    """The kind function and its calls, emitted for the hand-built graph, give
+    the flat program's values (JAX target, numpy inputs)."""
+    pytest.importorskip("jax", reason="the JAX target needs jax installed")
+    import numpy as np
+
+    graph = _chain([("a.0", "a.0.weight"), ("a.1", "a.1.weight")])
+    target = get_target("jax")
+    program = Namespace(target.reserved)
+    kinds = kind_functions([graph], program)
+    texts = [emit_kind_function(target, kf, kinds, {}, program) for kf in kinds.values()]
+    shaped = emit_function(target, graph, "f", [], "0" * 64, {}, program=program, kinds=kinds)
+    flat = emit_function(target, graph, "g", [], "0" * 64, {}, program=Namespace(target.reserved))
+    assert "= block(params, " in shaped and "block(" not in flat
+    scope: dict[str, object] = {}
+    exec("import jax.numpy as jnp\nimport jax\n" + "\n\n".join([*texts, shaped, flat]), scope)
+    rng = np.random.default_rng(0)
+    params = {
+        n: rng.standard_normal((4, 4)).astype("float32") for n in ("a.0.weight", "a.1.weight")
+    }
+    x = rng.standard_normal((3, 4)).astype("float32")
+    got = scope["f"](params, x)["prediction"]
+    want = scope["g"](params, x)["prediction"]
+    assert np.array_equal(np.asarray(got), np.asarray(want))

@@ -101,7 +101,8 @@ def kind_functions(graphs: list[Graph], program: Namespace) -> dict[str, KindFun
         for call in root.walk()[1:]:
             counts[call.kind] += 1
             first.setdefault(call.kind, (graph, call))
-            ok = call.size >= MIN_NODES and prefix_of(call) is not None
+            # a call whose values nothing reads after it has nothing to return
+            ok = call.size >= MIN_NODES and bool(call.outputs) and prefix_of(call) is not None
             eligible[call.kind] = eligible.get(call.kind, True) and ok
     found: dict[str, KindFunction] = {}
     for kind, (graph, call) in first.items():
