@@ -133,3 +133,20 @@ def test_a_module_called_twice_is_two_calls_of_one_kind() -> None:
     assert lin[0].inputs == ["x"] and lin[0].outputs == ["v0"]
     assert lin[1].inputs == ["v1"] and lin[1].outputs == ["v2"]
     assert root.outputs == ["v3"] and root.params == ["lin.weight"]
+
+
+@pytest.mark.parametrize("path", ["/", "//", "a./b", "a//b", ".", "a."])
+def test_paths_with_empty_segments_end(path: str) -> None:
+    """A module path with an empty segment (any text can name a module) is
+    split where it has segments and kept whole where it has none."""
+    values = {"x": Value("x", TensorType("float32", ("batch", 4)), "input")}
+    nodes = []
+    prev = "x"
+    for k, module in enumerate([path, "", path]):
+        out = f"v{k}"
+        values[out] = Value(out, TensorType("float32", ("batch", 4)), "node")
+        nodes.append(Node("Relu", [prev], [out], {}, "", module, "Act"))
+        prev = out
+    root = module_calls(Graph("prediction", values, nodes, [Output(prev, "prediction")]))
+    covered = sorted(i for c in root.walk() if not c.children for i in range(c.start, c.end))
+    assert set(covered) <= {0, 1, 2} and root.start == 0 and root.end == 3

@@ -87,6 +87,8 @@ def _child(path: str, prefix: str) -> str | None:
         return None
     rest = relative(path, prefix)
     cut = min((i for i in (rest.find(s) for s in SEPARATORS) if i >= 0), default=len(rest))
+    if not rest[:cut]:  # an empty segment ("/", "a./b"): no module to split off there
+        return None
     return rest[:cut] if not prefix else f"{prefix}{path[len(prefix)]}{rest[:cut]}"
 
 
