@@ -59,7 +59,7 @@ class Report:
         width = max([len(c.name) for c in self.comparisons] + [6])
         calibrated = any(c.source_err is not None for c in self.comparisons)
         if calibrated:
-            head = f"{'output':<{width}}  {'max abs err':>12}  {'source f32 err':>14}  {'ratio':>7}  ok"
+            head = f"{'output':<{width}}  {'max abs err':>12}  {'source err':>14}  {'ratio':>7}  ok"
         else:
             head = f"{'output':<{width}}  {'max abs err':>12}  {'max rel err':>12}  ok"
         lines = [self.title, head]

@@ -762,7 +762,7 @@ def print_table(rows: list[Row]) -> None:
     the ratio of this program's error against it to that."""
     width = max(len(r[0]) for r in rows)
     print(
-        f"{'output':<{width}}  {'max abs err':>12}  {'source f32 err':>14}  {'ratio':>7}  ok"
+        f"{'output':<{width}}  {'max abs err':>12}  {'source err':>14}  {'ratio':>7}  ok"
     )
     for name, err, _rel, ok, own, ratio in rows:
         own_text = "-" if own is None else f"{own:.3e}"

@@ -420,7 +420,7 @@ def print_table(rows: list[Row]) -> None:
     there is a float64 reference the source's own float32 error against it and
     the ratio of this program's error against it to that."""
     width = max(len(r[0]) for r in rows)
-    print(f"{'output':<{width}}  {'max abs err':>12}  {'source f32 err':>14}  {'ratio':>7}  ok")
+    print(f"{'output':<{width}}  {'max abs err':>12}  {'source err':>14}  {'ratio':>7}  ok")
     for name, err, _rel, ok, own, ratio in rows:
         own_text = "-" if own is None else f"{own:.3e}"
         ratio_text = "-" if ratio is None else f"{ratio:.2f}"
