@@ -106,7 +106,10 @@ def test_kind_functions_name_values_under_their_module(gpt2_logs: dict[int, Path
     parameters are read by the call's prefix."""
     text = build_program(TraceLog.load(gpt2_logs[2]), get_target("jax"))
     body = text.split("\ndef gpt2_block(", 1)[1].split("\n\n\n", 1)[0]
-    assert 'params[prefix + "ln_1.weight"]' in body
+    # LayerNorm: a one-op kind with parameters, called under the block's prefix
+    assert 'layer_norm(params, prefix + "ln_1.", x)' in body
+    layer_norm = text.split("\ndef layer_norm(", 1)[1].split("\n\n\n", 1)[0]
+    assert 'params[prefix + "weight"]' in layer_norm
     assert 'prefix + "attn."' in body  # GPT2Attention: a kind of its own, called from here
     assert "transformer_h_0" not in body and "transformer.h.0" not in body
 

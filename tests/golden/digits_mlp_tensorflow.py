@@ -239,31 +239,31 @@ def _nll_loss(
     return tf.reduce_sum(losses) / tf.reduce_sum(w)
 
 
+# Linear (d68216d6d7d7): 1 ops, 1 output; written from fc1
+def linear(params, prefix, x):
+    weight = params[prefix + "weight"]
+    bias = params[prefix + "bias"]
+    # (Linear): Gemm -> [batch, ?]
+    gemm = tf.linalg.matmul(x, weight, transpose_b=True) + bias
+    return gemm
+
+
 # prediction graph 33830b15e0d4, 7 ops. train: 23 batches, epoch 0, first 0:0, last 0:22
 def predict_train(params, x, rng=None):
     """Returns {role: tensor}: predictions and buffer updates."""
-    fc1_weight = params["fc1.weight"]
-    fc1_bias = params["fc1.bias"]
-    fc2_weight = params["fc2.weight"]
-    fc2_bias = params["fc2.bias"]
-    out_weight = params["out.weight"]
-    out_bias = params["out.bias"]
     # <root> (MLP): Reshape -> [batch, 64]
     reshape = tf.reshape(x, [-1, 64])
-    # fc1 (Linear): Gemm -> [batch, 128]
-    fc1 = tf.linalg.matmul(reshape, fc1_weight, transpose_b=True) + fc1_bias
+    fc1 = linear(params, "fc1.", reshape)
     # <root> (MLP): Relu -> [batch, 128]
     relu = tf.nn.relu(fc1)
-    # fc2 (Linear): Gemm -> [batch, 64]
-    fc2 = tf.linalg.matmul(relu, fc2_weight, transpose_b=True) + fc2_bias
+    fc2 = linear(params, "fc2.", relu)
     # <root> (MLP): Relu -> [batch, 64]
     relu_1 = tf.nn.relu(fc2)
     # drop (Dropout): Dropout -> [batch, 64]
     drop, drop_mask = _dropout(
         relu_1, tf.constant(0.09999999999999998, tf.float32), rng, "mask.0"
     )
-    # out (Linear): Gemm -> [batch, 10]
-    out = tf.linalg.matmul(drop, out_weight, transpose_b=True) + out_bias
+    out = linear(params, "out.", drop)
     return {"prediction": out}
 
 
@@ -279,24 +279,15 @@ def loss_train(params, prediction, target):
 # prediction graph 3946eb37e7a3, 6 ops. eval: 1 batch, epoch 0, first 0:0, last 0:0
 def predict_eval(params, x, rng=None):
     """Returns {role: tensor}: predictions and buffer updates."""
-    fc1_weight = params["fc1.weight"]
-    fc1_bias = params["fc1.bias"]
-    fc2_weight = params["fc2.weight"]
-    fc2_bias = params["fc2.bias"]
-    out_weight = params["out.weight"]
-    out_bias = params["out.bias"]
     # <root> (MLP): Reshape -> [batch, 64]
     reshape = tf.reshape(x, [-1, 64])
-    # fc1 (Linear): Gemm -> [batch, 128]
-    fc1 = tf.linalg.matmul(reshape, fc1_weight, transpose_b=True) + fc1_bias
+    fc1 = linear(params, "fc1.", reshape)
     # <root> (MLP): Relu -> [batch, 128]
     relu = tf.nn.relu(fc1)
-    # fc2 (Linear): Gemm -> [batch, 64]
-    fc2 = tf.linalg.matmul(relu, fc2_weight, transpose_b=True) + fc2_bias
+    fc2 = linear(params, "fc2.", relu)
     # <root> (MLP): Relu -> [batch, 64]
     relu_1 = tf.nn.relu(fc2)
-    # out (Linear): Gemm -> [batch, 10]
-    out = tf.linalg.matmul(relu_1, out_weight, transpose_b=True) + out_bias
+    out = linear(params, "out.", relu_1)
     return {"prediction": out}
 
 

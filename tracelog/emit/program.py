@@ -15,6 +15,7 @@ import dataclasses
 import functools
 import itertools
 import os
+import re
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from functools import cached_property
@@ -34,7 +35,6 @@ from tracelog.emit.common import (
     format_source,
     identifier,
     literal,
-    shape_text,
     usage_comment,
 )
 from tracelog.emit.inline import Inlinable, import_block, inlinable, used_names
@@ -44,8 +44,10 @@ from tracelog.emit.rules import RuleCtx, Spellings, write
 from tracelog.emit.shaped import (
     KindFunction,
     ParameterRows,
+    distinct,
     kind_functions,
     kind_word,
+    merged_shape,
     parameter_rows,
     prefix_of,
     random_count,
@@ -108,7 +110,11 @@ PARITY_RUNTIME = "tracelog.emit.runtime.parity"
 ENTRY_POINT = 'if __name__ == "__main__":\n    sys.exit(main())'
 
 # names the generated part of a program defines at module level
-PROGRAM_NAMES = ("PARAMETERS", "PREDICT", "sample_step", "params", "rng", "_trace", "_traces")
+PROGRAM_NAMES = (
+    *("PARAMETERS", "PREDICT", "sample_step", "params", "rng", "_trace", "_traces"),
+    # a kind function's arguments
+    *("prefix", "updates", "mask_base"),
+)
 
 
 def _function_names(log: TraceLog, ns: Namespace | None = None) -> dict[str, str]:
@@ -180,7 +186,9 @@ def emit_function(
         lines += body.node_lines(0, len(graph.nodes))
     else:
         lines = body.value_lines(body.written(root)) + body.call_lines(root)
-    ret, sig = _return_and_signature(graph, body.names, args, trace)
+        if body.sent:  # the buffer updates that calls of kind functions write
+            lines.insert(0, "updates = {}")
+    ret, sig = _return_and_signature(graph, body.names, args, trace, body.sent)
     lines.append(ret)
     header = [
         comment_text(
@@ -207,13 +215,20 @@ def emit_kind_function(
     read as params[prefix + their path under the module], its values named
     relative to the module, its dropout masks keyed from mask_base."""
     call, graph = kf.call, kf.graph
-    body = _Body(target, graph, constants, program, False, kinds, call)
+    body = _Body(target, graph, constants, program, False, kinds, call, kf.also)
     args = [body.bind(v, "x") for v in call.inputs]
     lines = body.value_lines(body.written(call, inline=True)) + body.call_lines(call, inline=True)
-    outs = [body.names[o] for o in call.outputs]
-    lines.append("return " + ", ".join(outs))
+    returned = []
+    for o, path in zip(call.outputs, kf.updates or [None] * len(call.outputs), strict=True):
+        if path is None:
+            returned.append(body.names[o])
+        elif o not in body.sent:  # (a call of an inner kind wrote it)
+            lines.append(f'updates["update:" + prefix + {literal(path)}] = {body.names[o]}')
+    if returned:
+        lines.append("return " + ", ".join(returned))
     sig = [*(["params"] if kf.needs_params else []), *(["prefix"] if kf.needs_prefix else [])]
-    sig += args + (["rng=None", "mask_base=0"] if kf.random else [])
+    sig += args + (["updates"] if any(kf.updates) else [])
+    sig += ["rng=None", "mask_base=0"] if kf.random else []
     n_calls = f"{len(call.outputs)} output{'s' if len(call.outputs) != 1 else ''}"
     header = [
         comment_text(
@@ -223,6 +238,19 @@ def emit_kind_function(
         f"def {kf.name}({', '.join(sig)}):",
     ]
     return "\n".join(header + ["    " + line for line in lines])
+
+
+# a module comment's shape, left out of the text kinds are compared by
+_SHAPE_COMMENT = re.compile(r" -> \[[^\]\n]*\]$", re.MULTILINE)
+
+
+def _kind_code(target: Target, constants: dict[str, np.ndarray], kf: KindFunction) -> str:
+    """What a kind computes, as the text of its function with everything
+    inlined and no header, its comments' shapes left out: kinds with the same
+    text are one function (tracelog.emit.shaped)."""
+    probe = dataclasses.replace(kf, name="kind", needs_params=True, also=[])
+    text = emit_kind_function(target, probe, {}, constants, Namespace(target.reserved))
+    return _SHAPE_COMMENT.sub("", text.split("\n", 1)[1])
 
 
 @dataclass
@@ -238,7 +266,11 @@ class _Body:
     trace: bool = False
     kinds: Mapping[str, KindFunction] = field(default_factory=dict)
     at: ModuleCall | None = None  # a kind function's call; None for a graph function
+    # a kind function's calls of other shapes (first call each): its comments' dims
+    also: list[tuple[Graph, ModuleCall]] = field(default_factory=list)
     names: dict[str, str] = field(default_factory=lambda: {"": "None"})
+    # values calls of kind functions wrote into `updates` (named nowhere here)
+    sent: set[str] = field(default_factory=set)
 
     def __post_init__(self) -> None:
         self.ns = self.program.child()
@@ -328,13 +360,18 @@ class _Body:
                 args.insert(0, f"prefix + {literal(prefix[len(prefix_of(self.at) or ''):])}")
         if kf.needs_params:
             args.insert(0, "params")
+        if any(kf.updates):
+            args.append("updates")
         if kf.random:
             base = self._random_before(call.start)
             args += ["rng=rng", f"mask_base={base}"]
-        outs = [self.bind(o) for o in call.outputs]
+        paths = kf.updates or (None,) * len(call.outputs)
+        self.sent.update(o for o, path in zip(call.outputs, paths, strict=True) if path)
+        outs = [self.bind(o) for o, path in zip(call.outputs, paths, strict=True) if path is None]
         # no comment: the call names its module by its prefix, and the kind's
         # definition says what it computes
-        return [f"{', '.join(outs)} = {kf.name}({', '.join(args)})"]
+        text = f"{kf.name}({', '.join(args)})"
+        return [f"{', '.join(outs)} = {text}" if outs else text]
 
     def _random_before(self, index: int) -> str:
         """The key base of the random nodes from `index` on: how many come
@@ -352,7 +389,16 @@ class _Body:
         while stop < end and nodes[stop].module == nodes[index].module:
             stop += 1
         base = self.at.path if self.at is not None else None
-        return module_comment(self.graph, nodes[index:stop], base)
+        shape = None
+        if self.at is not None and self.also:  # the node's output in every call
+            offset, out = stop - 1 - self.at.start, nodes[stop - 1].outputs
+            j = next((j for j, o in enumerate(out) if o), None)
+            if j is not None:
+                calls = [(self.graph, self.at), *self.also]
+                shape = merged_shape(
+                    g.values[g.nodes[c.start + offset].outputs[j]].type.shape for g, c in calls
+                )
+        return module_comment(self.graph, nodes[index:stop], base, shape)
 
     def node_lines(self, start: int, end: int) -> list[str]:
         """Per node of graph.nodes[start:end] its statement, with trace the
@@ -397,8 +443,11 @@ def _const_text(target: Target, v: Value, constants: dict[str, np.ndarray]) -> s
 COMMENT_OPS = 4
 
 
-def module_comment(graph: Graph, nodes: list[Node], base: str | None = None) -> str:
-    """# module (module type): its ops -> the shape of its last value. In a
+def module_comment(
+    graph: Graph, nodes: list[Node], base: str | None = None, shape: tuple[Any, ...] | None = None
+) -> str:
+    """# module (module type): its ops -> the shape of its last value (or
+    `shape`: a kind function's, over its calls of several shapes). In a
     module kind's function (`base`: its first call's path) the module is
     named relative to it; the loss graph's nodes have no module."""
     node = nodes[-1]
@@ -409,19 +458,26 @@ def module_comment(graph: Graph, nodes: list[Node], base: str | None = None) -> 
     kinds = list(dict.fromkeys(n.qualified_op for n in nodes))
     ops = ", ".join(kinds) if len(kinds) <= COMMENT_OPS else f"{len(nodes)} ops"
     out = next((o for o in node.outputs if o), "")
-    shape = f" -> {shape_text(graph.values[out].type)}" if out else ""
-    return comment_text(f"# {where}: {ops}{shape}")
+    dims = shape if shape is not None else graph.values[out].type.shape if out else None
+    arrow = f" -> [{', '.join(str(d) for d in dims)}]" if out and dims is not None else ""
+    return comment_text(f"# {where}: {ops}{arrow}")
 
 
 def _return_and_signature(
-    graph: Graph, names: dict[str, str], args: list[str], trace: bool
+    graph: Graph, names: dict[str, str], args: list[str], trace: bool, sent: set[str]
 ) -> tuple[str, str]:
     """The return statement and the parameter list: a prediction graph returns
-    {role: tensor} and takes rng; a loss graph returns the loss."""
+    {role: tensor} (the updates kind functions wrote as ``**updates``, where
+    the first of them was) and takes rng; a loss graph returns the loss."""
     traced = ["_trace=None"] if trace else []
     if graph.kind == "prediction":
-        ret = ", ".join(f"{literal(o.role)}: {names[o.name]}" for o in graph.outputs)
-        return f"return {{{ret}}}", ", ".join(["params", *args, "rng=None", *traced])
+        items: list[str] = []
+        for o in graph.outputs:
+            if o.name not in sent:
+                items.append(f"{literal(o.role)}: {names[o.name]}")
+            elif "**updates" not in items:
+                items.append("**updates")
+        return f"return {{{', '.join(items)}}}", ", ".join(["params", *args, "rng=None", *traced])
     return f"return {names[graph.output('loss').name]}", ", ".join(["params", *args, *traced])
 
 
@@ -452,8 +508,13 @@ def build_program(
     lowered = {d: _lowered(target, log.graphs[d], f, layout_lines) for d, f in fnames.items()}
     # module-shaped: each repeated module kind once, as a function (the
     # tracing program stays flat: one line per IR node)
-    kinds = {} if trace else kind_functions(list(lowered.values()), program)
-    functions = [emit_kind_function(target, kf, kinds, constants, program) for kf in kinds.values()]
+    kinds = {}
+    if not trace:
+        same_code = functools.partial(_kind_code, target, constants)
+        kinds = kind_functions(list(lowered.values()), program, same_code)
+    functions = [
+        emit_kind_function(target, kf, kinds, constants, program) for kf in distinct(kinds)
+    ]
     for digest, fname in fnames.items():
         entries = [e for e in log.entries_sorted() if e.hash == digest]
         functions.append(

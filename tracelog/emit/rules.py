@@ -214,7 +214,26 @@ OPS.add("Min", OpRule(_no_fields, fold=True))
 @OPS.op("Clip")
 def _clip(c: RuleCtx) -> dict[str, Any]:
     # min and max are optional inputs (clamp(min=0) has no max): None where absent
-    return {"lo": c.i(1), "hi": c.i(2)}
+    return {"lo": _scalar_bound(c, 1), "hi": _scalar_bound(c, 2)}
+
+
+def _scalar_bound(c: RuleCtx, k: int) -> str:
+    """A bound that is a finite one-value constant of x's dtype (float32 or
+    float64) as a number literal, which torch.clamp and jnp.clip take in x's
+    dtype as they take the constant (ReLU6's ``clamp(x, 0.0, 6.0)`` in one
+    line, not three); any other bound by its name."""
+    value = c.const(k)
+    dtype = c.in_type(0).dtype
+    if (
+        value is not None
+        and np.size(value) == 1
+        and dtype in ("float32", "float64")
+        and c.in_type(k).dtype == dtype
+        and c.out_type().shape == c.in_type(0).shape  # the bound broadcasts nothing
+        and np.isfinite(value).all()
+    ):
+        return literal(float(np.asarray(value).reshape(-1)[0]))
+    return c.i(k)
 
 
 @OPS.op("Gelu")

@@ -3,11 +3,18 @@ programs): the kinds of tracelog.passes.modules that are called more than
 once, each written once, from its first call, and called wherever it occurs.
 
 A kind becomes a function when
-- it is called at least twice in the program (its graphs together: a block
-  of the same structure in the training and the evaluation graph is one
-  definition),
-- it has at least MIN_NODES nodes (a one-op module is clearer as its
-  statement than as a call of a one-statement function), and
+- it is called at least twice in the program, its graphs together (a block of
+  the same structure in the training and the evaluation graph is one
+  definition), and kinds whose code is the same text count as one: a module
+  kind digests its shapes, but a batch norm's or a convolution's code does not
+  depend on its width, so MobileNetV2's 52 batch norms of 15 widths are one
+  function (``same_code``: the inlined function's text, its comments' shapes
+  left out; the function's comments then give the dims the calls share and
+  ``?`` for the others);
+- it has at least MIN_NODES nodes, or reads parameters (a one-op module
+  without parameters is clearer as its statement than as a call of a
+  one-statement function; one with parameters is a call in one line instead
+  of a line per parameter and its statement); and
 - every call reads its parameters and buffers under its own module path, one
   separator after it (``transformer.h.3.`` + ``attn.c_attn.weight``): the
   function reads ``params[prefix + relative path]``, so a call that reads a
@@ -20,6 +27,7 @@ from __future__ import annotations
 
 import re
 from collections import Counter
+from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -29,7 +37,7 @@ from tracelog.ir import Graph
 from tracelog.ops import is_random
 from tracelog.passes.modules import SEPARATORS, ModuleCall, module_calls
 
-# the fewest nodes a kind needs to be written as a function
+# the fewest nodes a kind without parameters needs to be written as a function
 MIN_NODES = 2
 # the fewest lines a kind's parameter list needs to be declared apart (a
 # one-row list says less than its row)
@@ -47,6 +55,11 @@ class KindFunction:
     needs_params: bool  # reads parameters, buffers or stored constants
     needs_prefix: bool  # reads parameters or buffers by path
     random: bool  # draws dropout masks: takes rng and mask_base
+    # per output: the buffer path under the module it is the new value of,
+    # written into `updates` (update_paths); None for the outputs returned
+    updates: tuple[str | None, ...] = ()
+    # the first call of each other kind (other shapes) this function computes
+    also: list[tuple[Graph, ModuleCall]] = field(default_factory=list)
 
 
 def prefix_of(call: ModuleCall) -> str | None:
@@ -89,36 +102,109 @@ def _stored_const(graph: Graph, call: ModuleCall) -> bool:
     )
 
 
-def kind_functions(graphs: list[Graph], program: Namespace) -> dict[str, KindFunction]:
+def kind_functions(
+    graphs: list[Graph],
+    program: Namespace,
+    same_code: Callable[[KindFunction], str] | None = None,
+) -> dict[str, KindFunction]:
     """The kinds written as functions, by kind, in the order of their first
     call (graph by graph, outer modules before inner), each named in the
-    program namespace after its module type (``GPT2Block`` -> ``gpt2_block``)."""
-    roots = [(g, module_calls(g)) for g in graphs]
+    program namespace after its module type (``GPT2Block`` -> ``gpt2_block``).
+    With `same_code` (a kind's code, written from its first call), kinds with
+    the same code share one function: they map to the same KindFunction."""
     counts: Counter[str] = Counter()
     eligible: dict[str, bool] = {}
-    first: dict[str, tuple[Graph, ModuleCall]] = {}
-    for graph, root in roots:
-        for call in root.walk()[1:]:
+    first: dict[str, KindFunction] = {}
+    for graph in graphs:
+        reads = node_reads(graph)
+        for call in module_calls(graph).walk()[1:]:
             counts[call.kind] += 1
-            first.setdefault(call.kind, (graph, call))
+            updates = update_paths(graph, call, reads)
+            if call.kind not in first:
+                first[call.kind] = KindFunction(
+                    call.kind,
+                    "",
+                    graph,
+                    call,
+                    needs_params=bool(call.params) or _stored_const(graph, call),
+                    needs_prefix=bool(call.params),
+                    random=random_count(graph, call.start, call.end) > 0,
+                    updates=updates,
+                )
             # a call whose values nothing reads after it has nothing to return
-            ok = call.size >= MIN_NODES and bool(call.outputs) and prefix_of(call) is not None
+            ok = (
+                (call.size >= MIN_NODES or bool(call.params))
+                and bool(call.outputs)
+                and prefix_of(call) is not None
+                and updates == first[call.kind].updates
+            )
             eligible[call.kind] = eligible.get(call.kind, True) and ok
+    lead: dict[str, str] = {}  # kind -> the first kind with its code
+    by_code: dict[str, str] = {}
+    for kind, kf in first.items():
+        if eligible[kind]:
+            lead[kind] = by_code.setdefault(same_code(kf), kind) if same_code else kind
+    calls: Counter[str] = Counter()
+    for kind, head in lead.items():
+        calls[head] += counts[kind]
     found: dict[str, KindFunction] = {}
-    for kind, (graph, call) in first.items():
-        if counts[kind] < 2 or not eligible[kind]:
+    for kind, head in lead.items():
+        if calls[head] < 2:
             continue
-        name = program.name(kind_word(call), ("kind", kind))
-        found[kind] = KindFunction(
-            kind,
-            name,
-            graph,
-            call,
-            needs_params=bool(call.params) or _stored_const(graph, call),
-            needs_prefix=bool(call.params),
-            random=random_count(graph, call.start, call.end) > 0,
-        )
+        if head in found:
+            found[head].also.append((first[kind].graph, first[kind].call))
+            found[kind] = found[head]
+            continue
+        kf = found[kind] = first[kind]
+        kf.name = program.name(kind_word(kf.call), ("kind", kind))
     return found
+
+
+def node_reads(graph: Graph) -> dict[str, int]:
+    """Each value's last reading node's index (graph outputs not counted)."""
+    last: dict[str, int] = {}
+    for k, n in enumerate(graph.nodes):
+        for i in n.inputs:
+            if i:
+                last[i] = k
+    return last
+
+
+def update_paths(graph: Graph, call: ModuleCall, reads: dict[str, int]) -> tuple[str | None, ...]:
+    """Per output of the call: where it leaves the call only as a buffer's new
+    value (its one role is ``update:`` + a buffer the call reads under its
+    prefix, and no node after the call reads it), the buffer's path under the
+    prefix; else None. A kind's function writes these into the graph
+    function's `updates` dict, so a batch norm's call is one line and the
+    prediction function's return does not list every running statistic."""
+    prefix = prefix_of(call)
+    roles: dict[str, list[str]] = {}
+    for out in graph.outputs:
+        roles.setdefault(out.name, []).append(out.role)
+    paths: list[str | None] = []
+    for o in call.outputs:
+        path = None
+        held = roles.get(o, [])
+        if prefix and len(held) == 1 and held[0].startswith("update:"):
+            buffer = held[0][len("update:") :]
+            if buffer.startswith(prefix) and buffer in call.params and reads.get(o, -1) < call.end:
+                path = buffer[len(prefix) :]
+        paths.append(path)
+    return tuple(paths)
+
+
+def distinct(kinds: dict[str, KindFunction]) -> list[KindFunction]:
+    """Each function once, in the order of its first kind."""
+    return list({id(kf): kf for kf in kinds.values()}.values())
+
+
+def merged_shape(shapes: Iterable[tuple[Any, ...]]) -> tuple[Any, ...] | None:
+    """The dims calls of different shapes share, ``?`` for the others; None
+    where their ranks differ."""
+    shapes = list(shapes)
+    if len({len(s) for s in shapes}) != 1:
+        return None
+    return tuple(dims[0] if len(set(dims)) == 1 else "?" for dims in zip(*shapes, strict=True))
 
 
 def top_calls(call: ModuleCall, kinds: dict[str, KindFunction]) -> list[ModuleCall]:
