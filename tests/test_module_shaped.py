@@ -17,7 +17,7 @@ import tracelog
 from tracelog.emit import get_target
 from tracelog.emit.common import Namespace
 from tracelog.emit.program import build_program, emit_function, emit_kind_function
-from tracelog.emit.shaped import kind_functions, prefix_of
+from tracelog.emit.shaped import distinct, kind_functions, prefix_of
 from tracelog.ir import Graph, Node, Output, TensorType, Value
 from tracelog.log import TraceLog
 from tracelog.passes.modules import module_calls
@@ -155,26 +155,58 @@ def test_which_kinds_become_functions() -> None:
     assert len({c.kind for c in tied}) == 1 and prefix_of(tied[0]) is None
 
 
-def test_module_shaped_hand_built_program_runs() -> None:
+def _nested(inner: str) -> Graph:
+    """Two blocks a.0, a.1, each a Gemm in its child `inner` and a Gemm and a
+    Relu of its own: kinds nested in kinds."""
+    f32 = TensorType("float32", ("batch", 4))
+    values = {"x": Value("x", f32, "input")}
+    nodes, prev = [], "x"
+    for k in range(2):
+        for module, op, weight in [
+            (f"a.{k}.{inner}", "Gemm", f"a.{k}.{inner}.weight"),
+            (f"a.{k}", "Gemm", f"a.{k}.weight"),
+            (f"a.{k}", "Relu", None),
+        ]:
+            out = f"v{len(nodes)}"
+            values[out] = Value(out, f32, "node")
+            inputs = [prev]
+            if weight:
+                values[weight] = Value(weight, TensorType("float32", (4, 4)), "param", True)
+                inputs.append(weight)
+            attrs = {"transB": 1} if op == "Gemm" else {}
+            mtype = "Linear" if module.endswith(inner) else "Block"
+            nodes.append(Node(op, inputs, [out], attrs, "", module, mtype))
+            prev = out
+    return Graph("prediction", values, nodes, [Output(prev, "prediction")])
+
+
+@pytest.mark.parametrize("inner", ["", "prefix", "updates", "mask_base"])
+def test_module_shaped_hand_built_program_runs(inner: str) -> None:
     """The kind function and its calls, emitted for the hand-built graph, give
-    the flat program's values (JAX target, numpy inputs)."""
+    the flat program's values (JAX target, numpy inputs); a submodule named
+    like a kind function's argument does not take its name."""
     pytest.importorskip("jax", reason="the JAX target needs jax installed")
     import numpy as np
 
-    graph = _chain([("a.0", "a.0.weight"), ("a.1", "a.1.weight")])
+    if inner:
+        graph = _nested(inner)
+        weights = [n for n, v in graph.values.items() if v.kind == "param"]
+    else:
+        weights = ["a.0.weight", "a.1.weight"]
+        graph = _chain([("a.0", weights[0]), ("a.1", weights[1])])
     target = get_target("jax")
     program = Namespace(target.reserved)
     kinds = kind_functions([graph], program)
-    texts = [emit_kind_function(target, kf, kinds, {}, program) for kf in kinds.values()]
+    texts = [emit_kind_function(target, kf, kinds, {}, program) for kf in distinct(kinds)]
     shaped = emit_function(target, graph, "f", [], "0" * 64, {}, program=program, kinds=kinds)
     flat = emit_function(target, graph, "g", [], "0" * 64, {}, program=Namespace(target.reserved))
     assert "= block(params, " in shaped and "block(" not in flat
+    if inner:  # the child's output, named after it, would be `prefix = linear(...)`
+        assert f"{inner}_1 = linear(params, prefix + {inner + '.'!r}, x)" in texts[0]
     scope: dict[str, object] = {}
     exec("import jax.numpy as jnp\nimport jax\n" + "\n\n".join([*texts, shaped, flat]), scope)
     rng = np.random.default_rng(0)
-    params = {
-        n: rng.standard_normal((4, 4)).astype("float32") for n in ("a.0.weight", "a.1.weight")
-    }
+    params = {n: rng.standard_normal((4, 4)).astype("float32") for n in weights}
     x = rng.standard_normal((3, 4)).astype("float32")
     got = scope["f"](params, x)["prediction"]
     want = scope["g"](params, x)["prediction"]
