@@ -211,3 +211,25 @@ def test_module_shaped_hand_built_program_runs(inner: str) -> None:
     got = scope["f"](params, x)["prediction"]
     want = scope["g"](params, x)["prediction"]
     assert np.array_equal(np.asarray(got), np.asarray(want))
+
+
+def test_onnx_model_defines_each_kind_once(gpt2_logs: dict[int, Path]) -> None:
+    """The ONNX target's idiom: each repeated module kind is one local function
+    (domain tracelog.modules), called by one node a layer; the model passes
+    the checker and its parity check (float64 translation rows included)."""
+    onnx = pytest.importorskip("onnx", reason="the ONNX target needs onnx installed")
+    from tracelog.emit.onnx_model import GRAPHS_DOMAIN, MODULES_DOMAIN, build_model
+
+    for n, log_dir in gpt2_logs.items():
+        model = build_model(TraceLog.load(log_dir))
+        onnx.checker.check_model(model)
+        kinds = [f.name for f in model.functions if f.domain == MODULES_DOMAIN]
+        assert kinds.count("gpt2_block") == 1
+        # an inner kind is defined before the kinds that call it
+        assert kinds.index("gpt2_attention") < kinds.index("gpt2_block")
+        predict = next(
+            f for f in model.functions if f.domain == GRAPHS_DOMAIN and f.name == "predict_train"
+        )
+        assert [node.op_type for node in predict.node].count("gpt2_block") == n
+    report = tracelog.check(gpt2_logs[4], "onnx")
+    assert report.ok, report.table()

@@ -149,22 +149,32 @@ def graph_to_onnx(
     return model
 
 
-def _graph_nodes(graph: Graph, replay_masks: bool) -> tuple[list[Any], dict[str, Any], list[Any]]:
-    """NodeProtos for a graph's nodes, the FunctionProtos of the tracelog ops
-    they use, and (with replay_masks) the value infos of the mask inputs."""
+def _graph_nodes(
+    graph: Graph,
+    replay_masks: bool,
+    start: int = 0,
+    end: int | None = None,
+    mask_base: int = 0,
+) -> tuple[list[Any], dict[str, Any], list[Any]]:
+    """NodeProtos for a graph's nodes (graph.nodes[start:end]), the
+    FunctionProtos of the tracelog ops they use, and (with replay_masks) the
+    value infos of the mask inputs, numbered from mask_base."""
     onnx = _onnx()
     helper = onnx.helper
     nodes: list[Any] = []
     functions: dict[str, Any] = {}
     masks: list[Any] = []
-    mask_types = iter(mask_inputs(graph))
-    for i, node in enumerate(graph.nodes):
+    k = mask_base
+    for i in range(start, len(graph.nodes) if end is None else end):
+        node = graph.nodes[i]
         node_name = f"{node.module or 'root'}/{node.op}_{i}"
         doc_string = (
             f"{node.module} ({node.module_type}) <- {node.source}" if node.module else node.source
         )
         if replay_masks and is_random(node):
-            mask_name, mask_type = next(mask_types)
+            mask_name = f"mask.{k}"
+            mask_type = TensorType("bool", graph.values[node.outputs[0]].type.shape)
+            k += 1
             masks.append(value_info(mask_name, mask_type))
             nodes.extend(_replayed_dropout(node, mask_name, graph, node_name))
             continue

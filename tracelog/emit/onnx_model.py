@@ -17,12 +17,14 @@ from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
-from tracelog.emit.common import check_supported, usage_comment
+from tracelog.emit.common import Namespace, check_supported, usage_comment
 from tracelog.emit.onnx import _graph_nodes, _onnx, const_array, mask_inputs, value_info
+from tracelog.emit.shaped import KindFunction, kind_functions, kind_word
 from tracelog.errors import LogError
-from tracelog.ir import Graph
+from tracelog.ir import Graph, TensorType, Value
 from tracelog.log import TraceLog
-from tracelog.ops import ONNX_IR_VERSION, ONNX_OPSET, TRACELOG_DOMAIN, TRACELOG_OPSET
+from tracelog.ops import ONNX_IR_VERSION, ONNX_OPSET, TRACELOG_DOMAIN, TRACELOG_OPSET, is_random
+from tracelog.passes.modules import ModuleCall, module_calls
 from tracelog.registry import Table
 from tracelog.sample import LOSS_KEY, output_key, update_key
 
@@ -30,6 +32,8 @@ if TYPE_CHECKING:
     from tracelog.verify import Comparison, Report
 
 GRAPHS_DOMAIN = "tracelog.graphs"
+# each module kind called twice or more: a function, called once per call
+MODULES_DOMAIN = "tracelog.modules"
 
 # The ONNX "table": every vocabulary op serialises as itself; tracelog ops as
 # the ONNX functions their schemas give. Kept as a table so that the shared
@@ -50,37 +54,132 @@ def _fill_table() -> None:
 _fill_table()
 
 
-def _function(
-    graph: Graph, name: str, doc: str, replay_masks: bool, constants: dict[str, np.ndarray]
-) -> tuple[Any, dict[str, Any], list[str]]:
+class _Modules:
+    """Module-shaped functions (issue 15): each module kind called twice or
+    more (tracelog.emit.shaped, by kind digest: ONNX functions carry no
+    shapes, but a kind's constants and attributes are its own) is one local
+    function in domain MODULES_DOMAIN, written from its first call, taking
+    the call's data inputs, then its parameters and buffers, then its masks;
+    every call is one node. The model's functions list holds them inner
+    kinds first."""
+
+    def __init__(self, kinds: dict[str, KindFunction], replay_masks: bool, constants: Any) -> None:
+        self.kinds = kinds
+        self.replay_masks = replay_masks
+        self.constants = constants
+        self.functions: dict[str, Any] = {}  # kind function name -> FunctionProto
+        self.op_functions: dict[str, Any] = {}
+
+    def nodes(self, graph: Graph, call: ModuleCall, mask_base: int) -> tuple[list[Any], list[Any]]:
+        """The NodeProtos of the call's nodes (its children of a kind written
+        as a function: one node each) and the mask inputs they read."""
+        out: list[Any] = []
+        masks: list[Any] = []
+        at, k = call.start, mask_base
+        for child in call.children:
+            made, read = self._range(graph, at, child.start, k)
+            out += made
+            masks += read
+            k += len(read)
+            if child.kind in self.kinds:
+                made, read = [self._call(graph, child, k)], self._masks(graph, child, k)
+            else:
+                made, read = self.nodes(graph, child, k)
+            out += made
+            masks += read
+            k += len(read)
+            at = child.end
+        made, read = self._range(graph, at, call.end, k)
+        return out + made, masks + read
+
+    def _range(self, graph: Graph, start: int, end: int, k: int) -> tuple[list[Any], list[Any]]:
+        nodes, ops, masks = _graph_nodes(graph, self.replay_masks, start, end, k)
+        self.op_functions.update(ops)
+        return nodes, masks
+
+    def _masks(self, graph: Graph, call: ModuleCall, k: int) -> list[Any]:
+        if not self.replay_masks:
+            return []
+        random = [node for node in graph.nodes[call.start : call.end] if is_random(node)]
+        return [
+            value_info(f"mask.{k + j}", TensorType("bool", graph.values[r.outputs[0]].type.shape))
+            for j, r in enumerate(random)
+        ]
+
+    def _call(self, graph: Graph, call: ModuleCall, k: int) -> Any:
+        kf = self.kinds[call.kind]
+        self._define(kf)
+        masks = [m.name for m in self._masks(graph, call, k)]
+        return _onnx().helper.make_node(
+            kf.name,
+            [*call.inputs, *call.params, *masks],
+            call.outputs,
+            domain=MODULES_DOMAIN,
+            name=f"{call.path}/{kf.name}",
+            doc_string=f"{call.path} ({call.module_type})",
+        )
+
+    def _define(self, kf: KindFunction) -> None:
+        if kf.name in self.functions:
+            return
+        onnx = _onnx()
+        graph, call = kf.graph, kf.call
+        body, masks = self.nodes(graph, call, 0)
+        read = {i for n in body for i in n.input}
+        consts = [graph.values[c] for c in call.consts if c in read]
+        self.functions[kf.name] = onnx.helper.make_function(
+            MODULES_DOMAIN,
+            kf.name,
+            [*call.inputs, *call.params, *(m.name for m in masks)],
+            list(call.outputs),
+            _const_nodes(consts, self.constants) + body,
+            opset_imports=_OPSETS(),
+            doc_string=(
+                f"{call.module_type or kind_word(call)} ({kf.kind}): {call.size} ops; "
+                f"written from {call.path}"
+            ),
+        )
+
+
+def _OPSETS() -> list[Any]:
+    helper = _onnx().helper
+    return [
+        helper.make_opsetid("", ONNX_OPSET),
+        helper.make_opsetid(TRACELOG_DOMAIN, TRACELOG_OPSET),
+        helper.make_opsetid(MODULES_DOMAIN, 1),
+    ]
+
+
+def _const_nodes(values: list[Value], constants: Any) -> list[Any]:
     onnx = _onnx()
-    helper = onnx.helper
-    nodes, op_functions, masks = _graph_nodes(graph, replay_masks)
-    const_nodes = [
-        helper.make_node(
+    return [
+        onnx.helper.make_node(
             "Constant",
             [],
             [v.name],
             name=f"const/{v.name}",
             value=onnx.numpy_helper.from_array(const_array(v, constants), v.name),
         )
-        for v in graph.constants
+        for v in values
     ]
+
+
+def _function(graph: Graph, name: str, doc: str, modules: _Modules) -> tuple[Any, list[str]]:
+    nodes, masks = modules.nodes(graph, module_calls(graph), 0)
+    read = {i for n in nodes for i in n.input}
+    const_nodes = _const_nodes([v for v in graph.constants if v.name in read], modules.constants)
     inputs = [v.name for v in graph.values.values() if v.kind in ("input", "param", "buffer")]
     mask_names = [m.name for m in masks]
-    fn = helper.make_function(
+    fn = _onnx().helper.make_function(
         GRAPHS_DOMAIN,
         name,
         inputs + mask_names,
         [o.name for o in graph.outputs],
         const_nodes + nodes,
-        opset_imports=[
-            helper.make_opsetid("", ONNX_OPSET),
-            helper.make_opsetid(TRACELOG_DOMAIN, TRACELOG_OPSET),
-        ],
+        opset_imports=_OPSETS(),
         doc_string=doc,
     )
-    return fn, op_functions, mask_names
+    return fn, mask_names
 
 
 def build_model(
@@ -112,16 +211,17 @@ def build_model(
         graphs = {digest: promoted_float64(g) for digest, g in graphs.items()}
     fnames = _function_names(log)
     functions: list[Any] = []
-    op_functions: dict[str, Any] = {}
     masks_of: dict[str, list[str]] = {}
+    kinds = kind_functions([graphs[d] for d in fnames], Namespace([*fnames.values()]))
+    modules = _Modules(kinds, replay_masks, weights)
     for digest, fname in fnames.items():
         entries = [e for e in log.entries_sorted() if e.hash == digest]
         graph = graphs[digest]
         doc = f"{graph.kind} graph {digest[:12]}, {len(graph.nodes)} ops. {usage_comment(entries)}"
-        fn, ops, masks = _function(graph, fname, doc, replay_masks, weights)
+        fn, masks = _function(graph, fname, doc, modules)
         functions.append(fn)
-        op_functions.update(ops)
         masks_of[digest] = masks
+    op_functions = modules.op_functions
 
     log.graph(info["prediction"]), log.graph(info["loss"])  # a LogError where one is missing
     pred, loss = graphs[info["prediction"]], graphs[info["loss"]]
@@ -180,8 +280,11 @@ def build_model(
             helper.make_opsetid("", ONNX_OPSET),
             helper.make_opsetid(TRACELOG_DOMAIN, TRACELOG_OPSET),
             helper.make_opsetid(GRAPHS_DOMAIN, 1),
+            helper.make_opsetid(MODULES_DOMAIN, 1),
         ],
-        functions=[op_functions[k] for k in sorted(op_functions)] + functions,
+        functions=[op_functions[k] for k in sorted(op_functions)]
+        + list(modules.functions.values())
+        + functions,
         ir_version=ONNX_IR_VERSION,
         producer_name="tracelog",
     )
