@@ -476,3 +476,30 @@ def test_a_parameter_replaced_on_a_submodule_added_later_leaves_the_fast_path(
         model[4].bias = nn.Parameter(torch.zeros(4))
         assert not _one_batch(listener, model, x)
         assert listener.log.unrecorded == 0
+
+
+def test_the_key_calls_mode_leaves_at_the_optimizer_step(tmp_path: Path) -> None:
+    """The key reads function calls from the forward's end to the first
+    backward; its mode leaves the stack as the optimizer steps, so the step's
+    tensor reads and updates do not pass through it (exact windows and fast
+    ones alike), and a step before any backward leaves it on."""
+    model = _mlp()
+    opt = torch.optim.SGD(model.parameters(), lr=0.01)
+    seen: list[tuple[int, int]] = []
+    guarded: list[bool] = []
+
+    def depth() -> int:
+        return torch._C._len_torch_function_stack()
+
+    with tracelog.Listener(model, tmp_path / "g", strict=True, guard_after=2) as listener:
+        for x, y in _batches(6):
+            with listener.batch():
+                loss = F.cross_entropy(model(x), y)
+                before = depth()
+                loss.backward()
+                opt.step()
+                seen.append((before, depth()))
+                opt.zero_grad()
+            guarded.append(listener.last_guarded)
+    assert seen == [(1, 0)] * 6  # on for the loss, off after the step
+    assert guarded == [False, False, True, True, True, True]

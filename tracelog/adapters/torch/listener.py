@@ -25,7 +25,10 @@ from torch.nn.modules.module import (
     register_module_module_registration_hook,
     register_module_parameter_registration_hook,
 )
-from torch.optim.optimizer import register_optimizer_step_post_hook
+from torch.optim.optimizer import (
+    register_optimizer_step_post_hook,
+    register_optimizer_step_pre_hook,
+)
 from torch.utils._python_dispatch import TorchDispatchMode
 
 from tracelog.adapters.base import ListenerBase, StateBefore, WindowBase, describe
@@ -522,6 +525,7 @@ class TorchListener(GuardedCounting, ListenerBase):
         self._handles.append(register_module_module_registration_hook(self._tree_changed))
         self._handles.append(register_module_parameter_registration_hook(self._tree_changed))
         self._handles.append(register_optimizer_step_post_hook(self._optimizer_stepped))
+        self._handles.append(register_optimizer_step_pre_hook(self._optimizer_steps))
         if compiled:  # nothing added to a compiled model: its batches are counted (compiled.py)
             logger.warning(COMPILED_WARNING)
             return
@@ -791,6 +795,16 @@ class TorchListener(GuardedCounting, ListenerBase):
         if cm is not None:
             self._auto.append(cm)
         return self._window
+
+    def _optimizer_steps(self, optimizer: Any, args: Any, kwargs: Any) -> None:
+        """A global optimizer step pre hook: the key's function calls ended
+        with the first backward, so their mode leaves the stack here, where
+        it can (not inside its own handler, where backward ran): the step's
+        tensor reads and updates (36 Python calls a step for an MLP's SGD)
+        no longer pass through it."""
+        calls = getattr(self._window, "calls", None)
+        if calls is not None and calls.started and not calls.on:
+            calls.end()
 
     def _optimizer_stepped(self, optimizer: Any, args: Any, kwargs: Any) -> None:
         """A global optimizer step hook: count the steps of this model's optimizers."""
