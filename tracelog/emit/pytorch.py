@@ -152,11 +152,14 @@ def _conv(c: RuleCtx) -> str:
     if padding is None:
         x = f"F.pad({x}, {last_dim_first(c.f['pads'])})"
         padding = [0] * n
-    bias = c.i(2) if c.has(2) else "None"
-    return (
-        f"F.conv{n}d({x}, {c.i(1)}, {bias}, stride={c.f['strides']}, padding={padding}, "
-        f"dilation={c.f['dilations']}, groups={c.f['group']})"
-    )
+    # as PyTorch code writes it: the arguments at their defaults left out
+    args = [x, c.i(1), *([c.i(2)] if c.has(2) else [])]
+    strides, dilations, group = c.f["strides"], c.f["dilations"], c.f["group"]
+    args += [f"stride={strides}"] if any(s != 1 for s in strides) else []
+    args += [f"padding={padding}"] if any(padding) else []
+    args += [f"dilation={dilations}"] if any(d != 1 for d in dilations) else []
+    args += [f"groups={group}"] if group != 1 else []
+    return f"F.conv{n}d({', '.join(args)})"
 
 
 @TORCH.register("MaxPool")
