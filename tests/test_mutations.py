@@ -189,14 +189,31 @@ class Edit:
     module: str  # where the first divergent node must be: its module path, or <loss>
     pattern: Callable[[str], tuple[str, str]]  # target -> (regex, replacement)
     graph: GraphEdit  # the same edit in the graphs model.onnx is built from
+    # where the module is a call of a kind function (module-shaped programs: fc
+    # and head share `linear`), the same edit made at that call only
+    call: Callable[[str], tuple[str, str]] | None = None
 
     def apply(self, target: str, text: str) -> str:
         """The edit made once, in the graph functions (after the inlined runtime)."""
         head, sep, body = text.partition("\ndef predict_train(")
         pattern, replacement = self.pattern(target)
         edited, n = re.subn(pattern, replacement, body, count=1)
+        if n == 0 and self.call is not None:
+            pattern, replacement = self.call(target)
+            edited, n = re.subn(pattern, replacement, body, count=1)
         assert n == 1, f"{self.name}: {pattern!r} not found in the {target} program"
         return head + sep + edited
+
+
+def _at_call(module: str, param: str, change: str) -> tuple[str, str]:
+    """A kind function's call for `module` given params with `param` changed
+    (`change`: a replacement template reading it as \\1)."""
+    read = f'params["{module}.{param}"]'
+    value = change.replace("\\1", read)
+    return (
+        rf'(\w+)\(\s*params,\s*"{re.escape(module)}\.",',
+        rf'\1({{**params, "{module}.{param}": {value}}}, "{module}.",',
+    )
 
 
 EDITS = [
@@ -213,6 +230,7 @@ EDITS = [
         "fc",
         lambda t: (r'(params\["fc\.weight"\])', _TRANSPOSED[t]),
         _set_attr("Gemm", "transB", 0, "fc"),
+        lambda t: _at_call("fc", "weight", _TRANSPOSED[t]),
     ),
     Edit(
         "bias_dropped",
@@ -220,6 +238,7 @@ EDITS = [
         "conv2",
         lambda t: (r'(params\["conv2\.bias"\])', r"\1 * 0"),
         _drop_input("Conv", "conv2", 2),
+        lambda t: _at_call("conv2", "bias", r"\1 * 0"),
     ),
     Edit(
         "label_smoothing_changed",
