@@ -50,7 +50,8 @@ from tracelog.emit.shaped import (
     merged_shape,
     parameter_rows,
     prefix_of,
-    random_count,
+    random_prefix,
+    root_of,
 )
 from tracelog.errors import LogError, UnsupportedOpError
 from tracelog.ir import Graph, Node, Value
@@ -173,12 +174,13 @@ def emit_function(
     trace: bool = False,
     program: Namespace | None = None,
     kinds: Mapping[str, KindFunction] | None = None,
+    roots: Mapping[int, ModuleCall] | None = None,
 ) -> str:
     """One graph's function. With `kinds` (module-shaped, tracelog.emit.shaped),
     a call of a kind written as a function is one line; without, and always
     when tracing, every node is written out."""
     book = {} if trace or kinds is None else kinds
-    root = module_calls(graph) if book else None
+    root = root_of(graph, roots) if book else None
     body = _Body(target, graph, constants, program or Namespace(target.reserved), trace, book)
     args = [body.bind(v.name) for v in graph.inputs]
     if root is None:
@@ -274,6 +276,10 @@ class _Body:
 
     def __post_init__(self) -> None:
         self.ns = self.program.child()
+        if self.at is None:
+            self.random = random_prefix(self.graph)
+        else:
+            self.random = random_prefix(self.graph, self.at.start, self.at.end)
         base = self.at.path if self.at is not None else ""
         nodes = self.graph.nodes
         if self.at is not None:  # names relative to the module: a one-module diff
@@ -377,7 +383,7 @@ class _Body:
         """The key base of the random nodes from `index` on: how many come
         before it in this function (after mask_base, in a kind function)."""
         start = self.at.start if self.at is not None else 0
-        k = random_count(self.graph, start, index)
+        k = self.random[index - start]
         if self.at is None:
             return str(k)
         return f"mask_base + {k}" if k else "mask_base"
@@ -509,9 +515,10 @@ def build_program(
     # module-shaped: each repeated module kind once, as a function (the
     # tracing program stays flat: one line per IR node)
     kinds = {}
+    roots = {} if trace else {id(g): module_calls(g) for g in lowered.values()}
     if not trace:
         same_code = functools.partial(_kind_code, target, constants)
-        kinds = kind_functions(list(lowered.values()), program, same_code)
+        kinds = kind_functions(list(lowered.values()), program, same_code, roots)
     functions = [
         emit_kind_function(target, kf, kinds, constants, program) for kf in distinct(kinds)
     ]
@@ -519,12 +526,21 @@ def build_program(
         entries = [e for e in log.entries_sorted() if e.hash == digest]
         functions.append(
             emit_function(
-                target, lowered[digest], fname, entries, digest, constants, trace, program, kinds
+                target,
+                lowered[digest],
+                fname,
+                entries,
+                digest,
+                constants,
+                trace,
+                program,
+                kinds,
+                roots,
             )
         )
     parameters = [_row(p, bool(p["trainable"])) for p in log.model.get("params", [])]
     parameters += [_row(b, False) for b in log.model.get("buffers", [])]
-    declared = parameter_rows(parameters, list(lowered.values()), kinds, program)
+    declared = parameter_rows(parameters, list(lowered.values()), kinds, program, roots)
     pred, loss = log.graph(info["prediction"]), log.graph(info["loss"])
     runtime, parity = target.pieces
     helpers = runtime.helpers_used("\n".join(functions))

@@ -27,7 +27,7 @@ from __future__ import annotations
 
 import re
 from collections import Counter
-from collections.abc import Callable, Iterable
+from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -96,6 +96,16 @@ def random_count(graph: Graph, start: int, end: int) -> int:
     return sum(1 for n in graph.nodes[start:end] if is_random(n))
 
 
+def random_prefix(graph: Graph, start: int = 0, end: int | None = None) -> list[int]:
+    """prefix[k]: the random nodes among graph.nodes[start:start + k], so
+    that a count from `start` is a lookup (one per dropout, not a scan: a
+    deep graph's dropouts would otherwise cost its length each)."""
+    prefix = [0]
+    for n in graph.nodes[start:end]:
+        prefix.append(prefix[-1] + is_random(n))
+    return prefix
+
+
 def _stored_const(graph: Graph, call: ModuleCall) -> bool:
     return any(
         (c := graph.values[name].const) is not None and c.digest is not None for name in call.consts
@@ -106,6 +116,7 @@ def kind_functions(
     graphs: list[Graph],
     program: Namespace,
     same_code: Callable[[KindFunction], str] | None = None,
+    roots: Mapping[int, ModuleCall] | None = None,
 ) -> dict[str, KindFunction]:
     """The kinds written as functions, by kind, in the order of their first
     call (graph by graph, outer modules before inner), each named in the
@@ -117,7 +128,7 @@ def kind_functions(
     first: dict[str, KindFunction] = {}
     for graph in graphs:
         reads = node_reads(graph)
-        for call in module_calls(graph).walk()[1:]:
+        for call in root_of(graph, roots).walk()[1:]:
             counts[call.kind] += 1
             updates = update_paths(graph, call, reads)
             if call.kind not in first:
@@ -193,6 +204,14 @@ def update_paths(graph: Graph, call: ModuleCall, reads: dict[str, int]) -> tuple
     return tuple(paths)
 
 
+def root_of(graph: Graph, roots: Mapping[int, ModuleCall] | None) -> ModuleCall:
+    """The graph's module calls: from `roots` (by id(graph)) where found
+    there, else found now (module_calls digests every call: a program
+    finds them once per graph, not once per use)."""
+    found = roots.get(id(graph)) if roots is not None else None
+    return found if found is not None else module_calls(graph)
+
+
 def distinct(kinds: dict[str, KindFunction]) -> list[KindFunction]:
     """Each function once, in the order of its first kind."""
     return list({id(kf): kf for kf in kinds.values()}.values())
@@ -235,6 +254,7 @@ def parameter_rows(
     graphs: list[Graph],
     kinds: dict[str, KindFunction],
     program: Namespace,
+    roots: Mapping[int, ModuleCall] | None = None,
 ) -> ParameterRows:
     """The log's rows, those of each call of a kind written as a function said
     by one line. A call is said so only when its rows are exactly its kind's
@@ -244,7 +264,7 @@ def parameter_rows(
     book = _Declarations({row[0]: row for row in rows}, kinds, program)
     claimed: dict[str, tuple[str, str]] = {}
     for graph in graphs:
-        for call in top_calls(module_calls(graph), kinds):
+        for call in top_calls(root_of(graph, roots), kinds):
             prefix = prefix_of(call) or ""
             own = book.kind_list(kinds[call.kind])
             if own is None or any(p in claimed for p in call.params):
