@@ -133,7 +133,7 @@ class _Modules:
             [*call.inputs, *call.params, *(m.name for m in masks)],
             list(call.outputs),
             _const_nodes(consts, self.constants) + body,
-            opset_imports=_OPSETS(),
+            opset_imports=_opsets(),
             doc_string=(
                 f"{call.module_type or kind_word(call)} ({kf.kind}): {call.size} ops; "
                 f"written from {call.path}"
@@ -141,7 +141,7 @@ class _Modules:
         )
 
 
-def _OPSETS() -> list[Any]:
+def _opsets() -> list[Any]:
     helper = _onnx().helper
     return [
         helper.make_opsetid("", ONNX_OPSET),
@@ -176,7 +176,7 @@ def _function(graph: Graph, name: str, doc: str, modules: _Modules) -> tuple[Any
         inputs + mask_names,
         [o.name for o in graph.outputs],
         const_nodes + nodes,
-        opset_imports=_OPSETS(),
+        opset_imports=_opsets(),
         doc_string=doc,
     )
     return fn, mask_names

@@ -122,7 +122,8 @@ def kind_functions(
     call (graph by graph, outer modules before inner), each named in the
     program namespace after its module type (``GPT2Block`` -> ``gpt2_block``).
     With `same_code` (a kind's code, written from its first call), kinds with
-    the same code share one function: they map to the same KindFunction."""
+    the same code share one function: they map to the same KindFunction.
+    `roots`: the graphs' module calls already found, by id(graph)."""
     counts: Counter[str] = Counter()
     eligible: dict[str, bool] = {}
     first: dict[str, KindFunction] = {}
