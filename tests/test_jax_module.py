@@ -21,7 +21,7 @@ from tracelog.emit import get_target
 from tracelog.emit.program import build_program
 from tracelog.log import TraceLog
 
-jax = pytest.importorskip("jax")
+jax = pytest.importorskip("jax", reason="the JAX target needs jax installed")
 
 
 class Net(nn.Module):

@@ -23,7 +23,7 @@ from tracelog.emit.program import build_program
 from tracelog.log import TraceLog
 
 os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "3")
-tf = pytest.importorskip("tensorflow")
+tf = pytest.importorskip("tensorflow", reason="the TensorFlow target needs tensorflow-cpu")
 
 _MEAN = "body.1.running_mean"
 

@@ -9,7 +9,7 @@ from typing import Any
 import numpy as np
 
 from tracelog.errors import UnsupportedOpError
-from tracelog.ir import Graph, TensorType, Value
+from tracelog.ir import Graph, Node, TensorType, Value
 from tracelog.ops import (
     ONNX_IR_VERSION,
     ONNX_OPSET,
@@ -77,15 +77,17 @@ def unsupported_nodes(graph: Graph) -> list[tuple[str, int, list[str]]]:
     return [(k, c, m) for k, (c, m) in sorted(found.items())]
 
 
+def mask_type(graph: Graph, node: Node) -> TensorType:
+    """The recorded mask of a random node: bool, of its output's shape."""
+    return TensorType("bool", graph.values[node.outputs[0]].type.shape)
+
+
 def mask_inputs(graph: Graph) -> list[tuple[str, TensorType]]:
     """The mask inputs of a graph replayed with its recorded masks: "mask.<k>"
     for the k-th random node (Dropout) in node order, a bool tensor of that
     node's output shape. Every place that declares the masks reads them here."""
     random = [n for n in graph.nodes if is_random(n)]
-    return [
-        (f"mask.{k}", TensorType("bool", graph.values[n.outputs[0]].type.shape))
-        for k, n in enumerate(random)
-    ]
+    return [(f"mask.{k}", mask_type(graph, n)) for k, n in enumerate(random)]
 
 
 def graph_to_onnx(
@@ -173,9 +175,8 @@ def _graph_nodes(
         )
         if replay_masks and is_random(node):
             mask_name = f"mask.{k}"
-            mask_type = TensorType("bool", graph.values[node.outputs[0]].type.shape)
             k += 1
-            masks.append(value_info(mask_name, mask_type))
+            masks.append(value_info(mask_name, mask_type(graph, node)))
             nodes.extend(_replayed_dropout(node, mask_name, graph, node_name))
             continue
         given = schema_for(node.domain, node.op).explicit_attrs(node.attrs) if node.domain else {}

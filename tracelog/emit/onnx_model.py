@@ -18,10 +18,17 @@ from typing import TYPE_CHECKING, Any
 import numpy as np
 
 from tracelog.emit.common import Namespace, check_supported, usage_comment
-from tracelog.emit.onnx import _graph_nodes, _onnx, const_array, mask_inputs, value_info
+from tracelog.emit.onnx import (
+    _graph_nodes,
+    _onnx,
+    const_array,
+    mask_inputs,
+    mask_type,
+    value_info,
+)
 from tracelog.emit.shaped import KindFunction, kind_functions, kind_word
 from tracelog.errors import LogError
-from tracelog.ir import Graph, TensorType, Value
+from tracelog.ir import Graph, Value
 from tracelog.log import TraceLog
 from tracelog.ops import ONNX_IR_VERSION, ONNX_OPSET, TRACELOG_DOMAIN, TRACELOG_OPSET, is_random
 from tracelog.passes.modules import ModuleCall, module_calls
@@ -101,10 +108,7 @@ class _Modules:
         if not self.replay_masks:
             return []
         random = [node for node in graph.nodes[call.start : call.end] if is_random(node)]
-        return [
-            value_info(f"mask.{k + j}", TensorType("bool", graph.values[r.outputs[0]].type.shape))
-            for j, r in enumerate(random)
-        ]
+        return [value_info(f"mask.{k + j}", mask_type(graph, r)) for j, r in enumerate(random)]
 
     def _call(self, graph: Graph, call: ModuleCall, k: int) -> Any:
         kf = self.kinds[call.kind]

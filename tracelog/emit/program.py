@@ -514,9 +514,10 @@ def build_program(
     lowered = {d: _lowered(target, log.graphs[d], f, layout_lines) for d, f in fnames.items()}
     # module-shaped: each repeated module kind once, as a function (the
     # tracing program stays flat: one line per IR node)
-    kinds = {}
-    roots = {} if trace else {id(g): module_calls(g) for g in lowered.values()}
+    kinds: dict[str, KindFunction] = {}
+    roots: dict[int, ModuleCall] = {}
     if not trace:
+        roots = {id(g): module_calls(g) for g in lowered.values()}
         same_code = functools.partial(_kind_code, target, constants)
         kinds = kind_functions(list(lowered.values()), program, same_code, roots)
     functions = [

@@ -35,7 +35,7 @@ from tracelog.emit.common import Namespace
 from tracelog.emit.names import role
 from tracelog.ir import Graph
 from tracelog.ops import is_random
-from tracelog.passes.modules import SEPARATORS, ModuleCall, module_calls
+from tracelog.passes.modules import SEPARATORS, ModuleCall, last_reads, module_calls
 
 # the fewest nodes a kind without parameters needs to be written as a function
 MIN_NODES = 2
@@ -128,10 +128,13 @@ def kind_functions(
     eligible: dict[str, bool] = {}
     first: dict[str, KindFunction] = {}
     for graph in graphs:
-        reads = node_reads(graph)
+        reads = last_reads(graph, outputs=False)
+        roles: dict[str, list[str]] = {}
+        for out in graph.outputs:
+            roles.setdefault(out.name, []).append(out.role)
         for call in root_of(graph, roots).walk()[1:]:
             counts[call.kind] += 1
-            updates = update_paths(graph, call, reads)
+            updates = update_paths(call, reads, roles)
             if call.kind not in first:
                 first[call.kind] = KindFunction(
                     call.kind,
@@ -172,27 +175,18 @@ def kind_functions(
     return found
 
 
-def node_reads(graph: Graph) -> dict[str, int]:
-    """Each value's last reading node's index (graph outputs not counted)."""
-    last: dict[str, int] = {}
-    for k, n in enumerate(graph.nodes):
-        for i in n.inputs:
-            if i:
-                last[i] = k
-    return last
-
-
-def update_paths(graph: Graph, call: ModuleCall, reads: dict[str, int]) -> tuple[str | None, ...]:
+def update_paths(
+    call: ModuleCall, reads: dict[str, int], roles: dict[str, list[str]]
+) -> tuple[str | None, ...]:
     """Per output of the call: where it leaves the call only as a buffer's new
     value (its one role is ``update:`` + a buffer the call reads under its
     prefix, and no node after the call reads it), the buffer's path under the
     prefix; else None. A kind's function writes these into the graph
     function's `updates` dict, so a batch norm's call is one line and the
-    prediction function's return does not list every running statistic."""
+    prediction function's return does not list every running statistic.
+    `reads`: each value's last reading node (last_reads(graph, outputs=False));
+    `roles`: each value's roles among the graph's outputs."""
     prefix = prefix_of(call)
-    roles: dict[str, list[str]] = {}
-    for out in graph.outputs:
-        roles.setdefault(out.name, []).append(out.role)
     paths: list[str | None] = []
     for o in call.outputs:
         path = None

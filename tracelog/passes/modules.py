@@ -95,7 +95,7 @@ def _child(path: str, prefix: str) -> str | None:
 def module_calls(graph: Graph) -> ModuleCall:
     """The root call (every node) with the calls under it, each with its
     inputs, outputs and kind."""
-    readers = _last_reads(graph)
+    readers = last_reads(graph)
     root = _calls(graph, "", 0, len(graph.nodes))
     for call in root.walk():
         _interface(graph, call, readers)
@@ -121,15 +121,17 @@ def _calls(graph: Graph, path: str, start: int, end: int) -> ModuleCall:
     return call
 
 
-def _last_reads(graph: Graph) -> dict[str, int]:
-    """Each value's last reader's node index (len(nodes) for a graph output)."""
+def last_reads(graph: Graph, outputs: bool = True) -> dict[str, int]:
+    """Each value's last reader's node index (len(nodes) for a graph output,
+    unless `outputs` is False: then only nodes count as readers)."""
     last: dict[str, int] = {}
     for k, n in enumerate(graph.nodes):
         for i in n.inputs:
             if i:
                 last[i] = k
-    for out in graph.outputs:
-        last[out.name] = len(graph.nodes)
+    if outputs:
+        for out in graph.outputs:
+            last[out.name] = len(graph.nodes)
     return last
 
 

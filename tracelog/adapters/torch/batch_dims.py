@@ -23,20 +23,7 @@ from tracelog.adapters.symbols import Fixed, Shapes, Sources, with_symbols
 from tracelog.adapters.tape import Ref, Tape, TArg, concrete_shape, map_targs
 from tracelog.ir import BATCH, batch_dim, batch_factor, is_symbolic
 
-from .tensors import flatten_tensors
-
-_TORCH_DTYPES = {
-    "float32": torch.float32,
-    "float64": torch.float64,
-    "float16": torch.float16,
-    "bfloat16": torch.bfloat16,
-    "int64": torch.int64,
-    "int32": torch.int32,
-    "int16": torch.int16,
-    "int8": torch.int8,
-    "uint8": torch.uint8,
-    "bool": torch.bool,
-}
+from .tensors import TORCH_DTYPES, flatten_tensors
 
 # Random ops keep their input's shape; replaying them would still be shape-only,
 # but they are skipped so no generator is ever touched.
@@ -149,7 +136,7 @@ class _MetaReplay:
                 for ref, axis in places:
                     if ref == a.ref and symbol in self.sizes:
                         shape[axis] = self.sizes[symbol]
-            t = torch.empty(shape, dtype=_TORCH_DTYPES[a.dtype], device="meta")
+            t = torch.empty(shape, dtype=TORCH_DTYPES[a.dtype], device="meta")
             self.metas[a.ref] = t
         return t
 

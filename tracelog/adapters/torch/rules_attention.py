@@ -34,21 +34,9 @@ from tracelog.adapters.torch.rules import (
     _unary_rule,
     _where,
 )
-from tracelog.adapters.torch.tensors import dtype_name
+from tracelog.adapters.torch.tensors import TORCH_DTYPES, dtype_name
 from tracelog.ir import BATCH, Dim, TensorType, dim_mul, is_symbolic, parse_dim
 
-_TORCH_DTYPES = {
-    "float32": torch.float32,
-    "float64": torch.float64,
-    "float16": torch.float16,
-    "bfloat16": torch.bfloat16,
-    "int64": torch.int64,
-    "int32": torch.int32,
-    "int16": torch.int16,
-    "int8": torch.int8,
-    "uint8": torch.uint8,
-    "bool": torch.bool,
-}
 _NEG_INF = float("-inf")
 
 
@@ -61,7 +49,7 @@ def _promoted(a: Any, b: Any) -> str:
     def proto(x: Any) -> Any:
         if isinstance(x, TArg):
             shape = [1] * len(x.shape)
-            return torch.empty(shape, dtype=_TORCH_DTYPES[x.dtype], device="meta")
+            return torch.empty(shape, dtype=TORCH_DTYPES[x.dtype], device="meta")
         if isinstance(x, (bool, int, float)):
             return x
         raise NotSupported(f"an operand of type {type(x).__name__}")

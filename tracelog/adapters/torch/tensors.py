@@ -23,6 +23,9 @@ _DTYPES = {
     torch.bool: "bool",
 }
 
+# by name: the tape's dtypes as torch dtypes (meta replays build tensors of them)
+TORCH_DTYPES = {name: dtype for dtype, name in _DTYPES.items()}
+
 
 def dtype_name(dtype: torch.dtype) -> str:
     try:
