@@ -18,6 +18,7 @@ from helpers import record
 from torch import nn
 
 from tracelog.emit import get_target
+from tracelog.emit.harness import attach
 from tracelog.emit.program import build_program
 from tracelog.log import TraceLog
 
@@ -51,6 +52,7 @@ def program(log_dir: Path) -> ModuleType:
     text = build_program(TraceLog.load(log_dir), get_target("jax"))
     module = ModuleType("tracelog_jax_module")
     exec(compile(text, "<program>", "exec"), module.__dict__)
+    attach(module.__dict__, "jax")  # the parity check, as its __main__ runs it
     return module
 
 

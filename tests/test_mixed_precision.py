@@ -141,7 +141,7 @@ def test_bfloat16_weights_load_as_bfloat16(bf16_model: Path, target: str) -> Non
     from tracelog.emit.program import write_program
     from tracelog.parity import _import_path
 
-    module = _import_path(write_program(bf16_model, get_target(target)))
+    module = _import_path(write_program(bf16_model, get_target(target)), target)
     for params in (
         module.load_params(str(bf16_model / "weights.safetensors")),
         module.sample_params(str(bf16_model)),

@@ -16,6 +16,7 @@ import torch
 import tracelog
 from tracelog.emit import get_target
 from tracelog.emit.common import Namespace
+from tracelog.emit.harness import attach
 from tracelog.emit.program import build_program, emit_function, emit_kind_function
 from tracelog.emit.shaped import distinct, kind_functions, prefix_of
 from tracelog.ir import Graph, Node, Output, TensorType, Value
@@ -87,6 +88,7 @@ def test_module_shaped_program_passes_parity(gpt2_logs: dict[int, Path], target:
     assert spec is not None
     module = importlib.util.module_from_spec(spec)
     exec(compile(text, "<program>", "exec"), module.__dict__)
+    attach(module.__dict__, target)  # the parity check, as its __main__ runs it
     rows = module.check_parity(str(log_dir))
     assert any(r[0].endswith("[float64]") for r in rows)
     assert all(r[3] for r in rows), [r for r in rows if not r[3]]

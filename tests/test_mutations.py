@@ -288,15 +288,15 @@ EDITS = [
 ]
 
 
-def _rows(log_dir: Path, text: str) -> list[tuple]:
-    module = _module_from_text(text, "tracelog_mutation")
+def _rows(log_dir: Path, text: str, target: str) -> list[tuple]:
+    module = _module_from_text(text, "tracelog_mutation", target)
     return module.check_parity(str(log_dir))
 
 
 @pytest.mark.parametrize("target", PROGRAM_TARGETS)
 @pytest.mark.parametrize("model", list(MODELS))
 def test_unedited_programs_pass_both_checks(logs, model: str, target: str) -> None:
-    rows = _rows(logs[model], build_program(TraceLog.load(logs[model]), get_target(target)))
+    rows = _rows(logs[model], build_program(TraceLog.load(logs[model]), get_target(target)), target)
     assert any(r[0].endswith("[float64]") for r in rows)
     assert all(r[3] for r in rows), [r for r in rows if not r[3]]
 
@@ -308,7 +308,7 @@ def test_each_wrong_edit_fails_the_translation_check_at_its_node(
 ) -> None:
     log_dir = logs[edit.model]
     log, tgt = TraceLog.load(log_dir), get_target(target)
-    rows = _rows(log_dir, edit.apply(target, build_program(log, tgt)))
+    rows = _rows(log_dir, edit.apply(target, build_program(log, tgt)), target)
     failed = [r[0] for r in rows if r[0].endswith("[float64]") and not r[3]]
     assert failed, f"{edit.name} passed the translation check on {target}"
     divergence = first_divergence(

@@ -14,12 +14,12 @@ import pytest
 from tracelog import sample as sample_format
 from tracelog.emit import PROGRAM_TARGETS, get_target
 from tracelog.emit.inline import import_block, inlinable, used_names
-from tracelog.emit.runtime import parity
+from tracelog.emit.runtime import parity, weights
 
 
 def _parity_with(params: dict[str, bool], runs: object) -> types.SimpleNamespace:
     """parity's functions bound to a NumPy 'target', as a program binds them."""
-    names = dict(vars(parity))
+    names = dict(vars(parity)) | {name: getattr(weights, name) for name in weights.INLINED}
     names.update(
         PARAMETERS=list(params.items()),
         _as_param=lambda a, trainable: np.array(a),
@@ -405,7 +405,7 @@ def test_load_reads_every_stored_dtype_and_widens_bfloat16_exactly(tmp_path) -> 
     }
     path = tmp_path / "t.safetensors"
     path.write_bytes(sample_format.encode_tensors(arrays))
-    loaded = parity._load(str(path))
+    loaded = weights._load(str(path))
     assert set(loaded) == set(arrays)
     for name, array in arrays.items():
         got = loaded[name]

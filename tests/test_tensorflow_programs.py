@@ -79,18 +79,65 @@ def test_emission_is_byte_identical_across_processes(mlp_log: Path, tmp_path: Pa
     assert outs[0] == outs[1]
 
 
-def test_program_runs_alone_in_a_fresh_process(mlp_log: Path) -> None:
-    program = tracelog.emit(mlp_log, target="tensorflow")
+# any attempt to import tracelog inside the program fails loudly
+_NO_TRACELOG = (
+    "import runpy, sys; sys.modules['tracelog'] = None; sys.argv = sys.argv[1:]; "
+    "runpy.run_path(sys.argv[0], run_name='__main__')"
+)
+
+
+def test_standalone_program_runs_alone_in_a_fresh_process(mlp_log: Path, tmp_path: Path) -> None:
+    """--standalone: the program carries the parity check; it runs with no tracelog."""
+    program = tracelog.emit(
+        mlp_log, target="tensorflow", out=str(tmp_path / "alone.py"), standalone=True
+    )
     text = program.read_text()
     assert "tracelog" not in "".join(line for line in text.splitlines() if "import" in line)
-    # any attempt to import tracelog inside the program fails loudly
-    code = "import runpy, sys; sys.modules['tracelog'] = None; sys.argv = [sys.argv[1]]; runpy.run_path(sys.argv[0], run_name='__main__')"
     r = subprocess.run(
-        [sys.executable, "-c", code, str(program)], capture_output=True, text=True, cwd=mlp_log
+        [sys.executable, "-c", _NO_TRACELOG, str(program), str(mlp_log)],
+        capture_output=True,
+        text=True,
+        cwd=mlp_log,
     )
     assert r.returncode == 0, r.stdout + r.stderr
     assert "parity: ok" in r.stdout
     assert "grad fc1.weight" in r.stdout
+
+
+@pytest.mark.parametrize("target", ["tensorflow", "torch"])
+def test_program_model_needs_no_tracelog_and_its_check_is_tracelogs(
+    mlp_log: Path, tmp_path: Path, target: str
+) -> None:
+    """A default program: its model, weights loader and graph functions import
+    and run with no tracelog; as a script, it runs tracelog's parity check,
+    and says in one line, exit 1, where tracelog is missing."""
+    program = tracelog.emit(mlp_log, target=target, out=str(tmp_path / "p.py"))
+    text = program.read_text()
+    imports = [line for line in text.splitlines() if "import" in line and "tracelog" in line]
+    assert imports == ["        from tracelog.emit.harness import main"]  # inside __main__ only
+    assert "def check_parity" not in text and "def load_params" in text
+    use = (
+        "import sys; sys.modules['tracelog'] = None; import runpy; "
+        f"m = runpy.run_path({str(program)!r}); "
+        f"p = m['load_params']({str(mlp_log / 'weights.safetensors')!r}); "
+        "print(sorted(m['PREDICT']), len(p) > 0)"
+    )
+    r = subprocess.run([sys.executable, "-c", use], capture_output=True, text=True)
+    assert r.returncode == 0, r.stderr
+    assert r.stdout.strip() == "['eval', 'train'] True"
+    r = subprocess.run([sys.executable, str(program), str(mlp_log)], capture_output=True, text=True)
+    assert r.returncode == 0, r.stdout + r.stderr
+    assert "parity: ok" in r.stdout
+    r = subprocess.run(
+        [sys.executable, "-c", _NO_TRACELOG, str(program), str(mlp_log)],
+        capture_output=True,
+        text=True,
+    )
+    assert r.returncode == 1
+    assert r.stderr.strip().splitlines()[-1] == (  # after TensorFlow's own start-up lines
+        "the parity check needs tracelog (pip install tracelog);"
+        " emit with --standalone for a program that carries it"
+    )
 
 
 def test_emit_cli_line_length(mlp_log: Path, tmp_path: Path) -> None:

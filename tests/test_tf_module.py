@@ -19,6 +19,7 @@ from helpers import record
 from torch import nn
 
 from tracelog.emit import get_target
+from tracelog.emit.harness import attach
 from tracelog.emit.program import build_program
 from tracelog.log import TraceLog
 
@@ -54,6 +55,7 @@ def program(log_dir: Path) -> ModuleType:
     text = build_program(TraceLog.load(log_dir), get_target("tensorflow"))
     module = ModuleType("tracelog_tf_module")
     exec(compile(text, "<program>", "exec"), module.__dict__)
+    attach(module.__dict__, "tensorflow")  # the parity check, as its __main__ runs it
     return module
 
 

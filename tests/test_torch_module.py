@@ -18,6 +18,7 @@ import torch
 
 import tracelog
 from tracelog.emit import get_target
+from tracelog.emit.harness import attach
 from tracelog.emit.program import build_program
 from tracelog.log import TraceLog
 
@@ -71,6 +72,7 @@ def program(keras_log: Path) -> ModuleType:
     text = build_program(TraceLog.load(keras_log), get_target("torch"))
     module = ModuleType("tracelog_torch_module")
     exec(compile(text, "<program>", "exec"), module.__dict__)
+    attach(module.__dict__, "torch")  # the parity check, as its __main__ runs it
     return module
 
 

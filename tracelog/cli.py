@@ -224,7 +224,13 @@ def _cmd_emit(args: argparse.Namespace) -> int:
                 f"cannot create {parent} for --out: {e.strerror or e} ({e.filename or parent})"
             ) from None
     with _working(args, f"emitting {args.target} from {args.log_dir}"):
-        path = emit(args.log_dir, args.target, args.out, line_length=args.line_length)
+        path = emit(
+            args.log_dir,
+            args.target,
+            args.out,
+            line_length=args.line_length,
+            standalone=args.standalone,
+        )
     print(path)
     return 0
 
@@ -352,6 +358,12 @@ def build_parser() -> argparse.ArgumentParser:
         type=_line_length,
         default=LINE_LENGTH,
         help=f"black's line length for the program (default: {LINE_LENGTH}, black's own)",
+    )
+    p.add_argument(
+        "--standalone",
+        action="store_true",
+        help="carry the parity check in the program, so that running it as a script "
+        "needs no tracelog (by default it runs tracelog's; the model part never needs it)",
     )
     p.set_defaults(func=_cmd_emit)
     p = _log_and_target(

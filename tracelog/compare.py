@@ -1012,7 +1012,8 @@ def _program(log: TraceLog) -> types.ModuleType:
     from tracelog.emit.program import build_program
     from tracelog.parity import _module_from_text
 
-    return _module_from_text(build_program(log, targets.get("jax").program), "tracelog_compare")
+    program = build_program(log, targets.get("jax").program, standalone=True)
+    return _module_from_text(program, "tracelog_compare")
 
 
 def _run(

@@ -15,6 +15,7 @@ from typing import Any
 import numpy as np
 
 from tracelog.emit import targets
+from tracelog.emit.harness import attach
 from tracelog.emit.program import Target, build_program, write_program
 from tracelog.emit.runtime.parity import FLOAT32_FACTOR, TRANSLATION_RTOL
 from tracelog.ir import Node
@@ -25,19 +26,25 @@ from tracelog.sample import input_key, sample_feeds
 from tracelog.verify import Comparison, Report, all_values, compare
 
 
-def _import_path(path: Path) -> types.ModuleType:
+def _import_path(path: Path, target: str | None = None) -> types.ModuleType:
+    """The program at `path` as a module; with its `target`, with the parity
+    check attached (tracelog.emit.harness: what its __main__ runs)."""
     spec = importlib.util.spec_from_file_location(f"tracelog_program_{path.stem}", path)
     assert spec is not None and spec.loader is not None
     module = importlib.util.module_from_spec(spec)
     spec.loader.exec_module(module)
+    if target is not None:
+        attach(module.__dict__, target)
     return module
 
 
-def _module_from_text(text: str, name: str) -> types.ModuleType:
+def _module_from_text(text: str, name: str, target: str | None = None) -> types.ModuleType:
     # Text that tracelog itself generated from a validated log (names sanitised,
     # literals through repr): running it is running the emitted program.
     module = types.ModuleType(name)
     exec(compile(text, f"<{name}>", "exec"), module.__dict__)
+    if target is not None:
+        attach(module.__dict__, target)
     return module
 
 
@@ -69,7 +76,7 @@ def check_program(
     stage(f"writing {tgt.name}'s program")
     path = write_program(log_dir, tgt)
     stage(f"importing {path.name} and its framework")
-    module = _import_path(path)
+    module = _import_path(path, tgt.name)
     stage(f"running {path.name} on the recorded batch")
     rows = module.check_parity(str(log_dir), atol, rtol, grad_atol)
     comparisons = [Comparison(*row) for row in rows]

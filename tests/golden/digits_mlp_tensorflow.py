@@ -4,14 +4,13 @@ Emitted by tracelog from a training log (24 batches recorded):
 3 unique graphs, one function each, with their usage counts.
 
 Run it as a script beside weights.safetensors and sample.safetensors (or pass
-the log directory) to replay the recorded batch and print the parity table.
+the log directory) to replay the recorded batch and print the parity table
+(the check is tracelog's; `tracelog emit --standalone` inlines it).
 """
 
-import contextlib
-import os
 import re
 import sys
-from collections.abc import Callable, Iterator
+from collections.abc import Callable
 from typing import Any
 
 import numpy as np
@@ -107,16 +106,6 @@ class Model(tf.Module):
         }
 
 
-Row = tuple[str, float, float, bool, float | None, float | None]
-
-FLOAT32_FACTOR = 4.0
-
-FLOOR_ULPS = 4.0
-
-TRANSLATION_RTOL = 1e-9
-
-NEAR_ZERO = 1e-5
-
 STORED_DTYPES = {
     "F64": "<f8",
     "F32": "<f4",
@@ -131,19 +120,6 @@ STORED_DTYPES = {
     "U8": "u1",
     "BOOL": "?",
 }
-
-_NARROW_FLOATS = ("float32", "bfloat16", "float16")
-
-
-class _Float64View:
-    """A framework module as the translation check's run sees it: the same
-    module, with float32 (and the half types casts name) meaning float64."""
-
-    def __init__(self, module: Any) -> None:
-        self._module = module
-
-    def __getattr__(self, name: str) -> Any:
-        return getattr(self._module, "float64" if name in _NARROW_FLOATS else name)
 
 
 # Parameters and buffers by module path: whether each one trains, its shape and dtype.
@@ -168,24 +144,6 @@ def _as_const(array: np.ndarray) -> tf.Tensor:
 def _bfloat16(bits: np.ndarray) -> np.ndarray:
     """bfloat16 bit patterns (uint16) as the bfloat16 numpy dtype TF ships."""
     return bits.view(tf.bfloat16.as_numpy_dtype)
-
-
-def _numpy(x: Any) -> np.ndarray:
-    return np.asarray(x)
-
-
-def _value_and_grads(step: Step, params: dict[str, Any], trainable: list[str]) -> tuple:
-    """step(params) under a GradientTape; gradients of its loss for the
-    trainable variables, in order."""
-    with tf.GradientTape() as tape:
-        outputs, loss = step(params)
-    grads = tape.gradient(loss, [params[name] for name in trainable])
-    # an embedding's gradient arrives as IndexedSlices
-    return (
-        outputs,
-        loss,
-        [None if g is None else tf.convert_to_tensor(g) for g in grads],
-    )
 
 
 def module_attr(segment: str) -> str:
@@ -305,55 +263,9 @@ def target_key(name: str) -> str:
     return "target/" + name
 
 
-def mask_key(k: int) -> str:
-    """The mask the k-th dropout node drew, in recording order."""
-    return f"mask/{k}"
-
-
 def rng_key(k: int) -> str:
     """The key under which a program's rng dict holds the k-th mask."""
     return f"mask.{k}"
-
-
-def output_key(role: str) -> str:
-    """A prediction output, by its role (``prediction``, ``prediction_1``)."""
-    return "output/" + role
-
-
-def update_key(name: str) -> str:
-    """A buffer's value after the batch (batch-norm running statistics)."""
-    return "update/" + name
-
-
-def grad_key(name: str) -> str:
-    """The gradient of the loss with respect to a trainable parameter."""
-    return "grad/" + name
-
-
-def param_key(name: str) -> str:
-    """A parameter as it was when the batch ran (before the optimizer step)."""
-    return "param/" + name
-
-
-def buffer_key(name: str) -> str:
-    """A buffer as it was when the batch ran."""
-    return "buffer/" + name
-
-
-def reference_key(key: str) -> str:
-    """The float64 reference of a sample entry (``ref64/loss``, ``ref64/grad/w``):
-    the batch replayed through the source framework's own kernels in float64."""
-    return "ref64/" + key
-
-
-def scale_key(key: str) -> str:
-    """The scale a sample entry is judged at, where the reference gives one
-    (``scale64/loss``): for the loss, sum |p * dloss/dp| over the predictions p,
-    in float64: what rounding every prediction by one relative unit moves the
-    loss by. A loss that is a small difference of larger terms (a mean of
-    cosine similarities of either sign) is that sensitive to its input, however
-    small its value: its own value would understate the rounding it carries."""
-    return "scale64/" + key
 
 
 def masks_as_rng(sample: dict[str, Any]) -> dict[str, Any]:
@@ -402,19 +314,6 @@ def _load(path: str, narrow: bool = False) -> dict[str, Any]:
     return arrays
 
 
-def _terms(source: np.ndarray, ref: np.ndarray, median: float) -> float:
-    """The size of the terms an output sums, as the source's own rounding shows
-    it (its error over its dtype's epsilon), up to the `median` scale of its
-    kind: an output that cancels to near zero (a gradient zero in exact
-    arithmetic: a bias before a batch norm) carries rounding of that size."""
-    if source.dtype.kind != "f":
-        return 0.0
-    own = _error(
-        np.asarray(source, dtype=np.float64), np.asarray(ref, dtype=np.float64)
-    )
-    return min(own / float(np.finfo(source.dtype).eps), median)
-
-
 def load_params(path: str) -> dict[str, Any]:
     """Read weights.safetensors: parameters as trainable objects of this
     framework, buffers as plain tensors, large constants by key, each in the
@@ -427,352 +326,12 @@ def load_params(path: str) -> dict[str, Any]:
     return params
 
 
-def _compare(name: str, got: Any, want: np.ndarray, atol: float, rtol: float) -> Row:
-    got = np.asarray(_numpy(got), dtype=np.float64)
-    want = np.asarray(want, dtype=np.float64)
-    if got.shape != want.shape:
-        return name, float("inf"), float("inf"), False, None, None
-    err = np.abs(got - want)
-    rel = err / np.maximum(np.abs(want), 1e-12)
-    ok = bool(np.all(err <= atol + rtol * np.abs(want)))
-    return (
-        name,
-        float(err.max(initial=0.0)),
-        float(rel.max(initial=0.0)),
-        ok,
-        None,
-        None,
-    )
-
-
-def _error(got: np.ndarray, ref: np.ndarray) -> float:
-    """The largest |got - ref|; equal values (the same infinity) agree, NaN is inf."""
-    with np.errstate(invalid="ignore"):
-        err = np.where(got == ref, 0.0, np.abs(got - ref))
-    return float(np.nan_to_num(err, nan=np.inf).max(initial=0.0))
-
-
-def _calibrated(
-    name: str,
-    got: Any,
-    source: np.ndarray,
-    ref: np.ndarray,
-    typical: float,
-    floor: float,
-    median: float = 0.0,
-) -> Row:
-    """The program's result against the float64 reference, judged by the source
-    framework's own error against the same reference: (name, error, relative
-    error, within FLOAT32_FACTOR, the source's error, ratio). The unit is the
-    larger of the source's error on this output, and FLOOR_ULPS ulps (of the
-    recorded dtype) or the source's `typical` relative error on outputs of its
-    kind (_typical_error), whichever is larger, of the output's largest value (for an output near
-    zero, below `floor` (_floor), of the larger of that and the size of the
-    terms it sums: _terms): one output's error
-    is one draw of rounding noise (a sum that happens to round well), the
-    typical one of its kind a steadier measure of what float32 costs on this
-    model."""
-    got = np.asarray(_numpy(got), dtype=np.float64)
-    ref = np.asarray(ref, dtype=np.float64)
-    if got.shape != ref.shape:
-        return name, float("inf"), float("inf"), False, None, None
-    err = _error(got, ref)
-    own = _error(np.asarray(source, dtype=np.float64), ref)
-    eps = float(np.finfo(source.dtype).eps) if source.dtype.kind == "f" else 0.0
-    scale = float(np.abs(ref[np.isfinite(ref)]).max(initial=0.0))
-    if scale < floor:
-        scale = max(floor, _terms(source, ref, median))
-    unit = max(own, max(FLOOR_ULPS * eps, typical) * scale, np.finfo(np.float64).tiny)
-    rel = err / max(scale, 1e-300)
-    return name, err, rel, err <= FLOAT32_FACTOR * unit, own, err / unit
-
-
-def _kind(key: str) -> str:
-    """The kind of output a sample key holds, for its typical float32 error
-    (_typical_error): "grad", "update" (a running statistic: decay times its
-    stored value plus momentum times the batch's, whose error is the batch
-    statistic's diluted by the momentum, 100x in Keras) or "forward" (the
-    predictions and the loss computed from them)."""
-    if key.startswith(grad_key("")):
-        return "grad"
-    return "update" if key.startswith(update_key("")) else "forward"
-
-
-def _typical_error(
-    sample: dict[str, np.ndarray], medians: dict[bool, float]
-) -> dict[str, float]:
-    """What float32 costs the source on this model, per kind of output
-    (_kind): the 90th percentile, over the outputs of that kind with a
-    reference that do not cancel to near zero (at or above _floor), of the
-    source's own float32 error relative to the output's largest value. (An
-    output near zero has a relative error of no meaning: a gradient zero in
-    exact arithmetic reads as 1e9; its own rounding is judged through _terms.)
-    The loss is a forward output: a scalar whose error is its inputs' summed
-    with signs, so its own is one draw that may cancel (MobileNetV2 at batch
-    4: 6e-7 from per-row errors of 4e-4), and a running statistic's is the
-    momentum's share of its batch statistic's, 100x smaller than what float32
-    costs the predictions the loss is computed from."""
-    found: dict[str, list[float]] = {"grad": [], "update": [], "forward": []}
-    for key, value in sample.items():
-        ref = sample.get(reference_key(key))
-        if ref is None or value.dtype.kind != "f":
-            continue
-        is_grad = key.startswith(grad_key(""))
-        scale = float(np.abs(ref[np.isfinite(ref)]).max(initial=0.0))
-        if scale > 0 and scale >= _floor(sample, key, medians, is_grad):
-            own = _error(value.astype(np.float64), ref.astype(np.float64))
-            found[_kind(key)].append(own / scale)
-    return {
-        kind: float(np.quantile(errs, 0.9)) if errs else 0.0
-        for kind, errs in found.items()
-    }
-
-
-def _promoted(arrays: dict[str, np.ndarray]) -> dict[str, np.ndarray]:
-    """Every floating array in float64 (the translation check's inputs)."""
-    return {
-        k: a.astype(np.float64) if a.dtype.kind == "f" else a for k, a in arrays.items()
-    }
-
-
-def sample_params(log_dir: str, float64: bool = False) -> dict[str, Any]:
-    """The parameters and buffers as they were when the sample batch ran, in
-    their recorded dtypes (in float64 for the translation check)."""
-    sample = _load(os.path.join(log_dir, "sample.safetensors"), narrow=not float64)
-    weights = _load(os.path.join(log_dir, "weights.safetensors"), narrow=not float64)
-    if float64:
-        sample, weights = _promoted(sample), _promoted(weights)
-    params = {}
-    for name, trainable, *_ in PARAMETERS:
-        key = param_key(name) if param_key(name) in sample else buffer_key(name)
-        params[name] = _as_param(sample[key], trainable)
-    params.update(
-        {k: _as_const(v) for k, v in weights.items() if k.startswith("const/")}
-    )
-    return params
-
-
-@contextlib.contextmanager
-def _in_float64() -> Iterator[None]:
-    """Run this program's own code with every float32 it names read as float64."""
-    names = globals()
-    saved = {name: names[name] for name in FLOAT_MODULES}
-    names.update({name: _Float64View(module) for name, module in saved.items()})
-    try:
-        yield
-    finally:
-        names.update(saved)
-
-
-def _translated(
-    name: str,
-    got: Any,
-    ref: np.ndarray,
-    floor: float,
-    source: np.ndarray,
-    median: float,
-) -> Row:
-    """The float64 run's result against the float64 reference: within
-    TRANSLATION_RTOL of the output's scale. The scale is its largest value, or
-    `floor` (_floor) where that is larger, or the size of the terms the output
-    sums (_terms): a gradient that is zero in exact arithmetic is float64
-    noise of the size of those terms."""
-    got = np.asarray(_numpy(got), dtype=np.float64)
-    ref = np.asarray(ref, dtype=np.float64)
-    if got.shape != ref.shape:
-        return name, float("inf"), float("inf"), False, None, None
-    err = _error(got, ref)
-    terms = _terms(source, ref, median)
-    scale = max(float(np.abs(ref[np.isfinite(ref)]).max(initial=0.0)), floor, terms)
-    rel = err / max(scale, 1e-300)
-    return name, err, rel, err <= TRANSLATION_RTOL * scale, None, None
-
-
-def _typical_scales(sample: dict[str, np.ndarray]) -> dict[bool, float]:
-    """The median largest |value| of the reference's outputs of each kind:
-    gradients (True) and the others (False)."""
-    scales: dict[bool, list[float]] = {True: [], False: []}
-    for key, ref in sample.items():
-        if key.startswith(reference_key("")):
-            finite = (
-                np.abs(ref[np.isfinite(ref)]) if ref.dtype.kind == "f" else np.abs(ref)
-            )
-            scales[key.startswith(reference_key(grad_key("")))].append(
-                float(finite.max(initial=0.0))
-            )
-    return {
-        kind: float(np.median(found)) if found else 0.0
-        for kind, found in scales.items()
-    }
-
-
-def _floor(
-    sample: dict[str, np.ndarray], key: str, medians: dict[bool, float], is_grad: bool
-) -> float:
-    """The scale below which an output is judged at a larger one: NEAR_ZERO of
-    the median scale of its kind (_typical_scales), or for the loss, where the
-    sample has it, its sensitivity to its input's rounding (scale_key) if larger."""
-    found = sample.get(scale_key(key))
-    return max(NEAR_ZERO * medians[is_grad], float(found) if found is not None else 0.0)
-
-
-def _translation(
-    log_dir: str, sample: dict[str, np.ndarray], trainable: list[str]
-) -> list[Row]:
-    """The translation check: this program in float64 against the reference
-    (rows "... [float64]"); one row saying why where it cannot run."""
-    wide = _promoted(sample)
-    medians = _typical_scales(sample)
-
-    def step64(p: dict[str, Any]) -> tuple[Any, Any]:
-        return sample_step(p, wide)
-
-    rows = []
-    try:
-        with _in_float64():
-            runs = _runs(step64, sample_params(log_dir, float64=True), trainable)
-            for label, run in runs:
-                for name, value, key, is_grad in _outputs(sample, trainable, run):
-                    if reference_key(key) in sample:
-                        ref, floor = sample[reference_key(key)], _floor(
-                            sample, key, medians, is_grad
-                        )
-                        row = f"{name}{label} [float64]"
-                        found = _translated(
-                            row, value, ref, floor, sample[key], medians[is_grad]
-                        )
-                        rows.append(found)
-    # a kernel this framework has in float32 only (MaxPool3D in TF)
-    except Exception as e:
-        reason = f"{type(e).__name__}: {str(e).splitlines()[0][:100] if str(e) else ''}"
-        rows = [
-            (
-                f"[float64] not run ({reason})",
-                float("nan"),
-                float("nan"),
-                True,
-                None,
-                None,
-            )
-        ]
-    return rows
-
-
-def _runs(
-    step: Callable[[dict[str, Any]], tuple[Any, Any]],
-    params: dict[str, Any],
-    trainable: list[str],
-) -> list[tuple[str, tuple[dict[str, Any], Any, list[Any]]]]:
-    """The runs the parity check compares with the recording: one, eager (a
-    target's runtime may define its own, as JAX does: jitted and op by op)."""
-    return [("", _value_and_grads(step, params, trainable))]
-
-
-def _outputs(
-    sample: dict[str, np.ndarray],
-    trainable: list[str],
-    run: tuple[dict[str, Any], Any, list[Any]],
-) -> list[tuple[str, Any, str, bool]]:
-    """(name, value, sample key, is a gradient) for each output a run computed
-    that the sample recorded."""
-    outputs, loss, grads = run
-    found = []
-    for role, value in outputs.items():
-        if role.startswith("prediction"):
-            found.append((role, value, output_key(role), False))
-        elif role.startswith("update:"):
-            found.append((role, value, update_key(role[len("update:") :]), False))
-    found.append(("loss", loss, "loss", False))
-    for name, grad in zip(trainable, grads, strict=True):
-        if grad_key(name) in sample:
-            got = np.zeros_like(sample[grad_key(name)]) if grad is None else grad
-            found.append(("grad " + name, got, grad_key(name), True))
-    return found
-
-
-def check_parity(
-    log_dir: str, atol: float = 1e-5, rtol: float = 1e-4, grad_atol: float = 1e-4
-) -> list[Row]:
-    """Replay the recorded batch with the parameters of that moment; compare
-    predictions, buffer updates, loss and parameter gradients.
-
-    Where the sample holds a float64 reference (ref64/ entries), two checks:
-    the translation (this program in float64 against the reference, rows
-    "... [float64]", within TRANSLATION_RTOL), the verdict on correctness; and
-    the recorded-dtype run (this program in the dtypes the source ran in:
-    float32, and bfloat16 or float16 where the source fed or cast to them)
-    against the reference, within FLOAT32_FACTOR of the source's own error in
-    those dtypes: _calibrated. Without a
-    reference (logs from before it, or a replay that failed): this program in
-    float32 against the recorded float32 values within atol/rtol (gradients:
-    grad_atol)."""
-    sample = _load(os.path.join(log_dir, "sample.safetensors"))
-    trainable = [name for name, flag, *_ in PARAMETERS if flag]
-    has_reference = any(reference_key(k) in sample for k in sample)
-    rows = _translation(log_dir, sample, trainable) if has_reference else []
-    if has_reference and np.asarray(sample["loss"]).dtype == np.float64:
-        return rows  # recorded in float64: the translation check is the whole check
-    params = sample_params(log_dir)
-    medians = _typical_scales(sample)
-    typical = _typical_error(sample, medians)
-    # fed as the source fed them: bfloat16 data stays bfloat16
-    feeds = _load(os.path.join(log_dir, "sample.safetensors"), narrow=True)
-
-    def step(p: dict[str, Any]) -> tuple[Any, Any]:
-        return sample_step(p, feeds)
-
-    runs = _runs(step, params, trainable)
-    if has_reference:
-        # float32 accuracy is the program's as it trains (JAX: jitted); that its
-        # other runs compute the same function, the translation check has shown
-        runs = runs[:1]
-    for label, run in runs:
-        for name, value, key, is_grad in _outputs(sample, trainable, run):
-            if reference_key(key) in sample:
-                ref = sample[reference_key(key)]
-                floor = _floor(sample, key, medians, is_grad)
-                found = _calibrated(
-                    name + label,
-                    value,
-                    sample[key],
-                    ref,
-                    typical[_kind(key)],
-                    floor,
-                    medians[is_grad],
-                )
-                rows.append(found)
-            else:
-                tol = grad_atol if is_grad else atol
-                rows.append(_compare(name + label, value, sample[key], tol, rtol))
-    return rows
-
-
-def print_table(rows: list[Row]) -> None:
-    """One line per output: its error against the recorded value, and where
-    there is a float64 reference the source's own float32 error against it and
-    the ratio of this program's error against it to that."""
-    width = max(len(r[0]) for r in rows)
-    print(
-        f"{'output':<{width}}  {'max abs err':>12}  {'source err':>14}  {'ratio':>7}  ok"
-    )
-    for name, err, _rel, ok, own, ratio in rows:
-        own_text = "-" if own is None else f"{own:.3e}"
-        ratio_text = "-" if ratio is None else f"{ratio:.2f}"
-        print(
-            f"{name:<{width}}  {err:>12.3e}  {own_text:>14}  {ratio_text:>7}  {'yes' if ok else 'NO'}"
-        )
-
-
-def main() -> int:
-    log_dir = (
-        sys.argv[1] if len(sys.argv) > 1 else os.path.dirname(os.path.abspath(__file__))
-    )
-    rows = check_parity(log_dir)
-    print_table(rows)
-    ok = all(r[3] for r in rows)
-    print("parity: ok" if ok else "parity: MISMATCH")
-    return 0 if ok else 1
-
-
 if __name__ == "__main__":
-    sys.exit(main())
+    try:  # the parity check on the recorded batch is tracelog's
+        from tracelog.emit.harness import main
+    except ImportError:
+        sys.exit(
+            "the parity check needs tracelog (pip install tracelog);"
+            " emit with --standalone for a program that carries it"
+        )
+    sys.exit(main(globals(), "tensorflow"))

@@ -32,12 +32,15 @@ def emit(
     out: str | None = None,
     *,
     line_length: int = LINE_LENGTH,
+    standalone: bool = False,
 ) -> Path:
     """Write the program for `target` (model.onnx for "onnx") into the log
     directory (or `out`); return its path. Programs are black-formatted at
-    `line_length` (black's default, 88, unless given).
+    `line_length` (black's default, 88, unless given). A program's __main__
+    runs tracelog's parity check on the recorded batch; a `standalone` one
+    carries that check, and runs with no tracelog installed.
     Raises tracelog.UnsupportedOpError, writing nothing, when an op has no rule."""
-    return targets.get(target).emit(log_dir, out, line_length)
+    return targets.get(target).emit(log_dir, out, line_length, standalone)
 
 
 class _CallableModule(types.ModuleType):
@@ -52,8 +55,9 @@ class _CallableModule(types.ModuleType):
         out: str | None = None,
         *,
         line_length: int = LINE_LENGTH,
+        standalone: bool = False,
     ) -> Path:
-        return emit(log_dir, target, out, line_length=line_length)
+        return emit(log_dir, target, out, line_length=line_length, standalone=standalone)
 
 
 sys.modules[__name__].__class__ = _CallableModule

@@ -7,7 +7,7 @@ such a module's source and hands the emitter its pieces: the import lines a
 program needs, its other module-level statements, and its functions by name,
 each copied as written (comments and docstrings kept). What exists only for
 the checker is left out: ``from __future__``, tracelog imports, ``if
-TYPE_CHECKING:`` blocks and the ``INLINED`` list itself.
+TYPE_CHECKING:`` blocks and the ``INLINED`` and ``CHECK`` lists themselves.
 """
 
 from __future__ import annotations
@@ -27,6 +27,7 @@ class Inlinable:
     statements: tuple[str, ...]  # other module-level statements, in order
     functions: dict[str, str] = field(default_factory=dict)  # name -> source, in order
     inlined: tuple[str, ...] = ()  # the functions every program takes (INLINED)
+    check: tuple[str, ...] = ()  # those only the parity check takes (CHECK)
 
     def defined_names(self) -> set[str]:
         """Every name the pieces bind at module level in a program."""
@@ -43,14 +44,15 @@ class Inlinable:
         return names
 
     def helpers_used(self, code: str) -> list[str]:
-        """The functions outside INLINED that `code` calls, with those they
-        call in turn, in module order."""
+        """The functions outside INLINED and CHECK that `code` calls, with
+        those they call in turn, in module order."""
         used: set[str] = set()
         todo = [code]
         while todo:
-            called = _called(todo.pop())
+            called = called_names(todo.pop())
             for name, source in self.functions.items():
-                if name not in used and name not in self.inlined and name in called:
+                listed = name in self.inlined or name in self.check
+                if name not in used and not listed and name in called:
                     used.add(name)
                     todo.append(source)
         return [name for name in self.functions if name in used]
@@ -60,7 +62,7 @@ class Inlinable:
 _CALL = re.compile(r"(?<![\w.])([^\W\d]\w*)\(")
 
 
-def _called(code: str) -> set[str]:
+def called_names(code: str) -> set[str]:
     """The names `code` calls: one scan of it (a program's functions are long)."""
     return set(_CALL.findall(code))
 
@@ -96,7 +98,7 @@ def inlinable(module: str) -> Inlinable:
     imports: list[ast.Import | ast.ImportFrom] = []
     statements: list[str] = []
     functions: dict[str, str] = {}
-    inlined: tuple[str, ...] = ()
+    lists: dict[str, tuple[str, ...]] = {"INLINED": (), "CHECK": ()}
     for i, node in enumerate(tree.body):
         if isinstance(node, ast.Import | ast.ImportFrom):
             kept = _keep_import(node)
@@ -114,15 +116,15 @@ def inlinable(module: str) -> Inlinable:
             isinstance(node, ast.Assign)
             and len(node.targets) == 1
             and isinstance(node.targets[0], ast.Name)
-            and node.targets[0].id == "INLINED"
+            and node.targets[0].id in lists
         ):
-            inlined = tuple(
+            lists[node.targets[0].id] = tuple(
                 str(e.value) if isinstance(e, ast.Constant) else ast.unparse(e)
                 for e in getattr(node.value, "elts", [])
             )
         else:
             statements.append(source)
-    return Inlinable(tuple(imports), tuple(statements), functions, inlined)
+    return Inlinable(tuple(imports), tuple(statements), functions, lists["INLINED"], lists["CHECK"])
 
 
 def import_block(modules: list[Inlinable], used: set[str] | None = None) -> str:

@@ -37,7 +37,7 @@ from tracelog.emit.common import (
     literal,
     usage_comment,
 )
-from tracelog.emit.inline import Inlinable, import_block, inlinable, used_names
+from tracelog.emit.inline import Inlinable, called_names, import_block, inlinable, used_names
 from tracelog.emit.names import value_candidates
 from tracelog.emit.onnx import const_array
 from tracelog.emit.rules import RuleCtx, Spellings, write
@@ -82,16 +82,48 @@ class Target:
     @cached_property
     def pieces(self) -> list[Inlinable]:
         """The modules a program takes imports, statements and functions
-        from: the target's runtime, then the parity check."""
-        return [inlinable(self.runtime), inlinable(PARITY_RUNTIME)]
+        from: the target's runtime, the weights loader, the parity check."""
+        return [inlinable(self.runtime), inlinable(WEIGHTS_RUNTIME), inlinable(PARITY_RUNTIME)]
+
+    @cached_property
+    def check(self) -> list[str]:
+        """The parity check's code: its constants, the target runtime's
+        CHECK functions and the helpers they call, the sample's key
+        functions, the check's own functions (a runtime's function of the
+        same name replaces the default: JAX's _runs). A standalone program
+        inlines it; tracelog.emit.harness runs it in any other program."""
+        runtime, _, parity = self.pieces
+        own = "\n".join(runtime.functions[n] for n in runtime.check)
+        names = [*runtime.check, *runtime.helpers_used(own)]
+        return [
+            *parity.statements,
+            *(runtime.functions[n] for n in names),
+            *self.keys,
+            *(parity.functions[n] for n in parity.inlined if n not in runtime.functions),
+        ]
 
     @cached_property
     def keys(self) -> list[str]:
-        """The sample key functions every program carries (tracelog.sample:
+        """The sample key functions the parity check carries (tracelog.sample:
         only these functions; the rest of that module is the package's)."""
         return [
             inlinable(sample_format.__name__).functions[f.__name__] for f in sample_format.INLINED
         ]
+
+    def keys_called(self, code: str) -> list[str]:
+        """The key functions `code` calls (sample_step's), with those they
+        call, in tracelog.sample's order: a program that leaves the check to
+        tracelog carries these only."""
+        texts = dict(zip((f.__name__ for f in sample_format.INLINED), self.keys, strict=True))
+        found: set[str] = set()
+        todo = [code]
+        while todo:
+            called = called_names(todo.pop())
+            for name in texts.keys() - found:
+                if name in called:
+                    found.add(name)
+                    todo.append(texts[name])
+        return [text for name, text in texts.items() if name in found]
 
     @cached_property
     def reserved(self) -> tuple[str, ...]:
@@ -106,9 +138,28 @@ class Target:
         return self.pieces[0]
 
 
+WEIGHTS_RUNTIME = "tracelog.emit.runtime.weights"
 PARITY_RUNTIME = "tracelog.emit.runtime.parity"
 
 ENTRY_POINT = 'if __name__ == "__main__":\n    sys.exit(main())'
+
+
+def entry_point(target: Target) -> str:
+    """The __main__ of a program that does not carry the parity check: the
+    check is tracelog's, run in the program's namespace (harness.main); a
+    machine without tracelog gets one line saying so."""
+    return (
+        'if __name__ == "__main__":\n'
+        "    try:  # the parity check on the recorded batch is tracelog's\n"
+        "        from tracelog.emit.harness import main\n"
+        "    except ImportError:\n"
+        "        sys.exit(\n"
+        '            "the parity check needs tracelog (pip install tracelog);"\n'
+        '            " emit with --standalone for a program that carries it"\n'
+        "        )\n"
+        f'    sys.exit(main(globals(), "{target.name}"))'  # a registered name: [a-z]+
+    )
+
 
 # names the generated part of a program defines at module level
 PROGRAM_NAMES = (
@@ -499,9 +550,19 @@ def _lowered(target: Target, graph: Graph, fname: str, notes: list[str]) -> Grap
 
 
 def build_program(
-    log: TraceLog, target: Target, trace: bool = False, line_length: int = LINE_LENGTH
+    log: TraceLog,
+    target: Target,
+    trace: bool = False,
+    line_length: int = LINE_LENGTH,
+    standalone: bool = False,
 ) -> str:
+    """The program's text. It carries its model, its weights loader and the
+    recorded batch's step; a `standalone` one (and the tracing program, which
+    tracelog runs itself) also carries the parity check, so that its
+    __main__ runs with no tracelog installed; any other program's __main__
+    runs tracelog's (tracelog.emit.harness)."""
     check_supported(log, target.table, target.name)
+    standalone = standalone or trace
     info = log.sample_info
     if not info:
         raise LogError("this log has no recorded sample batch, so no parity check can be emitted")
@@ -543,7 +604,7 @@ def build_program(
     parameters += [_row(b, False) for b in log.model.get("buffers", [])]
     declared = parameter_rows(parameters, list(lowered.values()), kinds, program, roots)
     pred, loss = log.graph(info["prediction"]), log.graph(info["loss"])
-    runtime, parity = target.pieces
+    runtime, weights, parity = target.pieces
     helpers = runtime.helpers_used("\n".join(functions))
     fw = log.framework
     model_class = literal(str(log.model.get("class", "a model")))
@@ -554,9 +615,15 @@ def build_program(
         f"Emitted by tracelog from a training log ({int(log.recorded)} batches recorded):\n"
         f"{len(log.graphs)} unique graphs, one function each, with their usage counts.\n\n"
         "Run it as a script beside weights.safetensors and sample.safetensors (or pass\n"
-        "the log directory) to replay the recorded batch and print the parity table."
-    )
+        "the log directory) to replay the recorded batch and print the parity table"
+        + (
+            ".\n"
+            if standalone
+            else "\n(the check is tracelog's; `tracelog emit --standalone` inlines it)."
+        )
+    ).rstrip("\n")
     fixed = [runtime.functions[n] for n in (*runtime.inlined, *helpers)]
+    check = [c for c in target.check if c not in fixed] if standalone else []
     step = _sample_step(
         program,
         pred,
@@ -565,13 +632,13 @@ def build_program(
         set(log.sample()),
         trace,
     )
-    # a target's runtime may replace a parity default (_runs: JAX runs twice)
-    tail = [_predict_table(log, fnames), *target.keys, step]
-    tail += [parity.functions[n] for n in parity.inlined if n not in runtime.functions]
-    prelude = [*runtime.statements, *parity.statements]
+    tail = [_predict_table(log, fnames), *([] if standalone else target.keys_called(step)), step]
+    tail += [weights.functions[n] for n in weights.inlined]
+    prelude = [*runtime.statements, *weights.statements]
+    entry = ENTRY_POINT if standalone else entry_point(target)
     # imports only for the names the program reads (pyflakes-clean)
     used: set[str] = set()
-    for code in (*prelude, *fixed, *functions, *tail, ENTRY_POINT):
+    for code in (*prelude, *fixed, *functions, *tail, *check, entry):
         used |= used_names(code)
     head = _template().render(
         title=f"{targets.get(target.name).title} program generated by tracelog.",
@@ -588,8 +655,8 @@ def build_program(
         kind_parameters=_kind_parameters(declared, kinds),
         parameters=_rows_text(declared.rows),
     )
-    blocks = [_formatted(text, line_length) for text in (*fixed, *functions, *tail)]
-    return _program_text(format_source(head, line_length), blocks)
+    blocks = [_formatted(text, line_length) for text in (*fixed, *functions, *tail, *check)]
+    return _program_text(format_source(head, line_length), blocks, entry)
 
 
 def _predict_table(log: TraceLog, fnames: dict[str, str]) -> str:
@@ -645,7 +712,7 @@ def _rows_text(lines: list[Any]) -> str:
     return "[\n" + "".join(text) + "]"
 
 
-def _program_text(head: str, blocks: list[str]) -> str:
+def _program_text(head: str, blocks: list[str], entry: str = ENTRY_POINT) -> str:
     """The program: its formatted head (docstring, imports, PARAMETERS), then
     each top-level function, formatted on its own, two blank lines apart as
     black sets them, then the script entry point. Black formats top-level
@@ -653,7 +720,7 @@ def _program_text(head: str, blocks: list[str]) -> str:
     (the tests check it on every program they emit), at a fraction of the cost:
     the inlined runtime, most of every program, is formatted once per process."""
     parts = [head.rstrip("\n"), *(block.rstrip("\n") for block in blocks)]
-    parts.append(ENTRY_POINT)
+    parts.append(entry)
     return "\n\n\n".join(parts) + "\n"
 
 
@@ -766,9 +833,10 @@ def write_program(
     target: Target,
     out: str | None = None,
     line_length: int = LINE_LENGTH,
+    standalone: bool = False,
 ) -> Path:
     log = TraceLog.load(log_dir)
-    text = build_program(log, target, line_length=line_length)
+    text = build_program(log, target, line_length=line_length, standalone=standalone)
     path = Path(out) if out else Path(log_dir) / targets.file_name(target.name)
     tmp = path.with_name(f".{path.name}.tmp{os.getpid()}")
     tmp.write_text(text, encoding="utf-8")

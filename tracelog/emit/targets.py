@@ -51,12 +51,14 @@ class TargetSpec:
         log_dir: str | os.PathLike[str],
         out: str | None = None,
         line_length: int = LINE_LENGTH,
+        standalone: bool = False,
     ) -> Path:
-        """Write the target's file; a program is black-formatted at `line_length`."""
+        """Write the target's file; a program is black-formatted at
+        `line_length`, and carries the parity check if `standalone`."""
         if self.kind == PROGRAM:
             from tracelog.emit.program import write_program
 
-            return write_program(log_dir, self.program, out, line_length)
+            return write_program(log_dir, self.program, out, line_length, standalone)
         return self.load().write_model(log_dir, out)
 
     def check(

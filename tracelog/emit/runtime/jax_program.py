@@ -536,13 +536,12 @@ INLINED = (
     "_as_param",
     "_as_const",
     "_bfloat16",
-    "_numpy",
-    "_value_and_grads",
     "params_tree",
     "flat_params",
     "partition",
     "combine",
     "apply",
     "init_from",
-    "_runs",
 )
+# The parity check's (tracelog.emit.harness): inlined into standalone programs only.
+CHECK = ("_numpy", "_value_and_grads", "_runs")

@@ -1,9 +1,11 @@
-"""The parity check every emitted program carries: load the weights and the
-recorded sample, replay the sample batch through the program's functions, and
-compare predictions, buffer updates, loss and gradients with the recording.
+"""The parity check of an emitted program: load the recorded sample, replay
+the sample batch through the program's functions, and compare predictions,
+buffer updates, loss and gradients with the recording.
 
-Inlined into each program (``tracelog.emit.inline``); the names below under
-TYPE_CHECKING are what the program defines around these functions.
+A standalone program inlines it (``tracelog.emit.inline``); any other program
+runs it from tracelog (``tracelog.emit.harness``: the same code, executed in
+the program's namespace). The names below under TYPE_CHECKING are what the
+program defines around these functions.
 """
 
 from __future__ import annotations
@@ -15,9 +17,9 @@ from collections.abc import Callable, Iterator
 from typing import TYPE_CHECKING, Any
 
 import numpy as np
-from safetensors import deserialize
 
 if TYPE_CHECKING:  # defined by the program: its target's runtime and its generated code
+    from tracelog.emit.runtime.weights import _load
     from tracelog.sample import (
         buffer_key,
         grad_key,
@@ -35,7 +37,6 @@ if TYPE_CHECKING:  # defined by the program: its target's runtime and its genera
 
     def _as_param(array: np.ndarray, trainable: bool) -> Any: ...
     def _as_const(array: np.ndarray) -> Any: ...
-    def _bfloat16(bits: np.ndarray) -> Any: ...
     def _numpy(x: Any) -> np.ndarray: ...
     def _value_and_grads(
         step: Callable[[dict[str, Any]], tuple[dict[str, Any], Any]],
@@ -61,54 +62,6 @@ FLOOR_ULPS = 4.0
 TRANSLATION_RTOL = 1e-9
 # an output below this times the median scale of its kind counts as zero
 NEAR_ZERO = 1e-5
-
-# safetensors' dtype names as numpy reads them; BF16, which numpy lacks, is read by _load
-STORED_DTYPES = {
-    "F64": "<f8",
-    "F32": "<f4",
-    "F16": "<f2",
-    "I64": "<i8",
-    "I32": "<i4",
-    "I16": "<i2",
-    "I8": "i1",
-    "U64": "<u8",
-    "U32": "<u4",
-    "U16": "<u2",
-    "U8": "u1",
-    "BOOL": "?",
-}
-
-
-def _load(path: str, narrow: bool = False) -> dict[str, Any]:
-    """A safetensors file's arrays. bfloat16 is widened to float32, which holds
-    it exactly (its bits are a float32's upper half), for comparisons and the
-    float64 run; with `narrow`, it stays bfloat16 (_bfloat16: the framework's
-    own), so the program runs in the dtypes the source ran in."""
-    with open(path, "rb") as f:
-        data = f.read()
-    arrays = {}
-    for name, view in deserialize(data):
-        if view["dtype"] == "BF16":
-            bits = np.frombuffer(view["data"], dtype="<u2").reshape(view["shape"])
-            if narrow:
-                arrays[name] = _bfloat16(bits.copy())
-                continue
-            # a string: np.float32 means float64 in _in_float64
-            array = (bits.astype(np.uint32) << 16).view("<f4")
-        else:
-            array = np.frombuffer(view["data"], dtype=STORED_DTYPES[view["dtype"]]).copy()
-        arrays[name] = array.reshape(view["shape"])
-    return arrays
-
-
-def load_params(path: str) -> dict[str, Any]:
-    """Read weights.safetensors: parameters as trainable objects of this
-    framework, buffers as plain tensors, large constants by key, each in the
-    dtype it was stored in."""
-    arrays = _load(path, narrow=True)
-    params = {name: _as_param(arrays[name], trains) for name, trains, *_ in PARAMETERS}
-    params.update({k: _as_const(v) for k, v in arrays.items() if k.startswith("const/")})
-    return params
 
 
 def _compare(name: str, got: Any, want: np.ndarray, atol: float, rtol: float) -> Row:
@@ -438,11 +391,9 @@ def main() -> int:
     return 0 if ok else 1
 
 
-# What every program inlines from this module, in this order.
+# What a standalone program inlines from this module, in this order (the check).
 INLINED = (
-    "_load",
     "_terms",
-    "load_params",
     "_compare",
     "_error",
     "_calibrated",

@@ -612,4 +612,6 @@ def _rnn(
     return _recurrent(activation, x, w, r, b, [h0], direction, lens)
 
 
-INLINED = ("_as_param", "_as_const", "_bfloat16", "_numpy", "_value_and_grads", "module_attr")
+INLINED = ("_as_param", "_as_const", "_bfloat16", "module_attr")
+# The parity check's (tracelog.emit.harness): inlined into standalone programs only.
+CHECK = ("_numpy", "_value_and_grads")

@@ -407,16 +407,9 @@ def state_dict_from(weights_path: str) -> dict[str, torch.Tensor]:
 
 
 # Inlined into every program; every other function here is a helper, inlined on use.
-INLINED = (
-    "_as_param",
-    "_as_const",
-    "_bfloat16",
-    "_numpy",
-    "_value_and_grads",
-    "state_key",
-    "_declare",
-    "state_dict_from",
-)
+INLINED = ("_as_param", "_as_const", "_bfloat16", "state_key", "_declare", "state_dict_from")
+# The parity check's (tracelog.emit.harness): inlined into standalone programs only.
+CHECK = ("_numpy", "_value_and_grads")
 
 
 def _resize_axes(
