@@ -13,6 +13,7 @@ float32 within 4x TensorFlow's own float32 error)."""
 from __future__ import annotations
 
 import os
+import re
 
 import numpy as np
 import pytest
@@ -71,3 +72,10 @@ def test_mobilenet_v2_float32_check_passes_gradients_included(tmp_path) -> None:
     assert len(translated) == len(float32) == 1 + 2 * 52 + 1 + 158
     assert max(c.max_rel for c in translated) < 1e-10
     assert max(c.ratio for c in float32 if c.ratio is not None) < 2
+    # module-shaped: the blocks its flat layer names show ("block_3_expand",
+    # "block_3_depthwise_BN", ...) are each one call, whatever their width
+    text = (tmp_path / "log" / "program_torch.py").read_text()
+    calls = re.findall(r'\(\s*params, "block_(\d+)_", ', text)
+    assert sorted(map(int, calls)) == list(range(1, 17))
+    assert text.count("groups=x.shape[1]") == 2  # the depthwise kinds: strides 1 and 2
+    assert len(text.splitlines()) < 800  # 1,490 lines before blocks and the harness

@@ -235,3 +235,41 @@ def test_onnx_model_defines_each_kind_once(gpt2_logs: dict[int, Path]) -> None:
         assert [node.op_type for node in predict.node].count("gpt2_block") == n
     report = tracelog.check(gpt2_logs[4], "onnx")
     assert report.ok, report.table()
+
+
+def test_flat_named_blocks_are_kind_functions() -> None:
+    """A Keras-style model's blocks, which only its flat layer names show
+    ("block_1_dense", "block_1_dense_relu", ...), are written once and called
+    with their name as the prefix; the program gives the flat program's values."""
+    pytest.importorskip("jax", reason="the JAX target needs jax installed")
+    import numpy as np
+    from test_module_structure import _flat
+
+    graph = _flat(
+        [
+            (f"block_{k}_dense{s}", op)
+            for k in (1, 2, 3)
+            for s, op in (("", "Gemm"), ("_relu", "Relu"))
+        ]
+    )
+    target = get_target("jax")
+    program = Namespace(target.reserved)
+    kinds = kind_functions([graph], program)
+    texts = [emit_kind_function(target, kf, kinds, {}, program) for kf in distinct(kinds)]
+    shaped = emit_function(target, graph, "f", [], "0" * 64, {}, program=program, kinds=kinds)
+    flat = emit_function(target, graph, "g", [], "0" * 64, {}, program=Namespace(target.reserved))
+    assert len(texts) == 1 and "params[prefix + '/kernel']" in texts[0]
+    assert [line.strip() for line in shaped.splitlines() if "= dense(" in line] == [
+        "block_1_dense_relu = dense(params, 'block_1_dense', x)",
+        "block_2_dense_relu = dense(params, 'block_2_dense', block_1_dense_relu)",
+        "block_3_dense_relu = dense(params, 'block_3_dense', block_2_dense_relu)",
+    ]
+    scope: dict[str, object] = {}
+    exec("import jax.numpy as jnp\nimport jax\n" + "\n\n".join([*texts, shaped, flat]), scope)
+    rng = np.random.default_rng(0)
+    weights = [n for n, v in graph.values.items() if v.kind == "param"]
+    params = {n: rng.standard_normal((4, 4)).astype("float32") for n in weights}
+    x = rng.standard_normal((3, 4)).astype("float32")
+    got = scope["f"](params, x)["prediction"]
+    want = scope["g"](params, x)["prediction"]
+    assert np.array_equal(np.asarray(got), np.asarray(want))

@@ -150,3 +150,68 @@ def test_paths_with_empty_segments_end(path: str) -> None:
     root = module_calls(Graph("prediction", values, nodes, [Output(prev, "prediction")]))
     covered = sorted(i for c in root.walk() if not c.children for i in range(c.start, c.end))
     assert set(covered) <= {0, 1, 2} and root.start == 0 and root.end == 3
+
+
+def _flat(modules: list[tuple[str, str]]) -> Graph:
+    """A Keras-style graph: layers named flat ("block_1_dense"), each a
+    (module, op) with a Gemm's kernel under the layer."""
+    f32 = TensorType("float32", ("batch", 4))
+    values = {"x": Value("x", f32, "input")}
+    nodes, prev = [], "x"
+    for module, op in modules:
+        out = f"v{len(nodes)}"
+        values[out] = Value(out, f32, "node")
+        inputs = [prev]
+        if op == "Gemm":
+            kernel = f"{module}/kernel"
+            values[kernel] = Value(kernel, TensorType("float32", (4, 4)), "param", True)
+            inputs.append(kernel)
+        nodes.append(Node(op, inputs, [out], {}, "", module, "Dense" if op == "Gemm" else "ReLU"))
+        prev = out
+    return Graph("prediction", values, nodes, [Output(prev, "prediction")])
+
+
+def test_flat_layer_names_give_their_blocks() -> None:
+    """Keras names a functional model's layers flat ("block_1_expand",
+    "block_1_expand_relu", "block_2_expand", ...): runs of siblings whose
+    names share leading words are the blocks, of one kind where they compute
+    the same, each holding its layers; a layer named as the run ("dense"
+    before "dense_1") is the block's own; names sharing nothing stay apart."""
+    graph = _flat(
+        [
+            ("stem", "Gemm"),
+            *[
+                (f"block_{k}_expand{s}", op)
+                for k in (1, 2)
+                for s, op in (("", "Gemm"), ("_relu", "Relu"))
+            ],
+            ("dense", "Gemm"),
+            ("dense_1", "Gemm"),
+            ("head", "Relu"),
+        ]
+    )
+    root = module_calls(graph)
+    assert [(c.path, c.virtual) for c in root.children] == [
+        ("stem", False),
+        ("block", True),
+        ("dense", True),
+        ("head", False),
+    ]
+    block = root.children[1]
+    # a block is named by all the words its layers share
+    assert [c.path for c in block.children] == ["block_1_expand", "block_2_expand"]
+    one, two = block.children
+    assert one.kind == two.kind and one.virtual and one.params == ["block_1_expand/kernel"]
+    # the layer named as the block gives it its own nodes
+    assert (one.start, one.end) == (1, 3) and [c.path for c in one.children] == [
+        "block_1_expand_relu"
+    ]
+    dense = root.children[2]
+    assert (dense.start, dense.end) == (5, 7) and [c.path for c in dense.children] == ["dense_1"]
+    # the calls still tile the graph in order
+    assert [(c.start, c.end) for c in root.children] == [(0, 1), (1, 5), (5, 7), (7, 8)]
+
+
+def test_torch_paths_keep_their_calls(resnets: dict[str, Graph]) -> None:
+    """Dotted paths with no shared flat words: no virtual block appears."""
+    assert not any(c.virtual for c in module_calls(resnets["same"]).walk())

@@ -129,6 +129,13 @@ def _gemm(c: RuleCtx) -> str:
     return scaled_gemm(c, product)
 
 
+def _groups(c: RuleCtx) -> str:
+    """A depthwise convolution's group count as its input's channels (the
+    same text for every width: layers of other widths share a function)."""
+    group = c.f["group"]
+    return f"{c.i(0)}.shape[1]" if group != 1 and c.in_type(0).shape[1] == group else str(group)
+
+
 @JAX.register("Conv")
 def _conv(c: RuleCtx) -> str:
     n = c.rank() - 2
@@ -143,7 +150,7 @@ def _conv(c: RuleCtx) -> str:
         f"padding={padding}, "
         f"rhs_dilation={tuple(c.f['dilations'])}, "
         f"dimension_numbers=('NC{spatial}', 'OI{spatial}', 'NC{spatial}'), "
-        f"feature_group_count={c.f['group']})"
+        f"feature_group_count={_groups(c)})"
     )
     bias_shape = ", ".join(["1", "-1"] + ["1"] * n)
     return f"{y} + {c.i(2)}.reshape({bias_shape})" if c.has(2) else y

@@ -158,8 +158,16 @@ def _conv(c: RuleCtx) -> str:
     args += [f"stride={strides}"] if any(s != 1 for s in strides) else []
     args += [f"padding={padding}"] if any(padding) else []
     args += [f"dilation={dilations}"] if any(d != 1 for d in dilations) else []
-    args += [f"groups={group}"] if group != 1 else []
+    if group != 1:
+        args.append(f"groups={_groups(c, group)}")
     return f"F.conv{n}d({', '.join(args)})"
+
+
+def _groups(c: RuleCtx, group: int) -> str:
+    """A depthwise convolution's groups as its input's channels (the same
+    number, and the same text for every width: layers of other widths share
+    a kind's function); any other group count as the number."""
+    return f"{c.i(0)}.shape[1]" if c.in_type(0).shape[1] == group else str(group)
 
 
 @TORCH.register("MaxPool")

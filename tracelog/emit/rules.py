@@ -410,9 +410,22 @@ def _ints_operand(c: RuleCtx) -> dict[str, Any]:
 
 def _reshape(c: RuleCtx) -> dict[str, Any]:
     fields = _ints_operand(c)
-    if fields["ints"] is not None and 0 in fields["ints"]:
+    ints = fields["ints"]
+    if ints is not None and 0 in ints:
         raise NotImplementedError("Reshape with 0 (copy) dims")
+    if ints is not None and -1 not in ints and _reads_weight(c) and max(ints, default=1) > 1:
+        # a weight's reshape (a depthwise kernel's [3, 3, 1, C]) with its
+        # largest dim as -1: the same number for this weight, and the same
+        # text for every width, so that layers of other widths share a kind's
+        # function (a weight is never empty, which -1 could not size)
+        k = len(ints) - 1 - ints[::-1].index(max(ints))
+        ints = [*ints[:k], -1, *ints[k + 1 :]]
+        fields = {"ints": ints, "ints_t": tuple(ints)}
     return fields
+
+
+def _reads_weight(c: RuleCtx) -> bool:
+    return c.has(0) and c.graph.values[c.node.inputs[0]].kind in ("param", "buffer")
 
 
 for _op, _bind in (("Reshape", _reshape), ("Expand", _ints_operand), ("Tile", _ints_operand)):

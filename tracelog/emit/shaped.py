@@ -35,7 +35,14 @@ from tracelog.emit.common import Namespace
 from tracelog.emit.names import role
 from tracelog.ir import Graph
 from tracelog.ops import is_random
-from tracelog.passes.modules import SEPARATORS, ModuleCall, last_reads, module_calls
+from tracelog.passes.modules import (
+    FLAT,
+    SEPARATORS,
+    ModuleCall,
+    last_reads,
+    module_calls,
+    relative,
+)
 
 # the fewest nodes a kind without parameters needs to be written as a function
 MIN_NODES = 2
@@ -75,9 +82,10 @@ def prefix_of(call: ModuleCall) -> str | None:
         if not (name.startswith(call.path) and len(name) > len(call.path) + 1):
             return None
         seps.add(name[len(call.path)])
-    if len(seps) != 1 or not seps <= set(SEPARATORS):
-        return None
-    return call.path + seps.pop()
+    if len(seps) == 1 and (call.virtual or seps <= set(SEPARATORS)):
+        return call.path + seps.pop()
+    # a virtual block with a member named as itself reads "/kernel" and "_BN/gamma"
+    return call.path if call.virtual else None
 
 
 def kind_word(call: ModuleCall) -> str:
@@ -86,9 +94,26 @@ def kind_word(call: ModuleCall) -> str:
     recorded), its path's last word (``transformer.h.0.mlp`` -> ``mlp``)."""
     if call.module_type:
         return role(call.module_type)
+    if call.virtual:
+        return _block_word(call)
     words = [w for w in re.split(f"[{re.escape(SEPARATORS)}]", call.path) if w]
     named = [w for w in words if not w.isdigit()]
     return named[-1] if named else "module"
+
+
+def _block_word(call: ModuleCall) -> str:
+    """A virtual block's name: its last word, digits off ("block_1" and
+    "conv2_block1" -> "block"); for a numbered unit ("conv2_block1_1"), its
+    members' words where they are few ("conv_bn_relu")."""
+    words = [w for w in re.split(f"[{re.escape(SEPARATORS + FLAT)}]", call.path) if w]
+    last = words[-1].rstrip("0123456789") if words else ""
+    if last:
+        return role(last)
+    members = [relative(c.path, call.path) for c in call.children]
+    if 0 < len(members) <= 3 and all(members):
+        return role("_".join(members))
+    named = [w.rstrip("0123456789") for w in words]
+    return role(next((w for w in reversed(named) if w), "block"))
 
 
 def random_count(graph: Graph, start: int, end: int) -> int:

@@ -51,6 +51,9 @@ class ModuleCall:
     outputs: list[str] = field(default_factory=list)  # values read after the call
     children: list[ModuleCall] = field(default_factory=list)
     kind: str = ""
+    # a block that only the names show (_flat_groups): "block_1" holding
+    # "block_1_expand", "block_1_expand_BN", ... of a flat Keras model
+    virtual: bool = False
 
     @property
     def size(self) -> int:
@@ -97,6 +100,7 @@ def module_calls(graph: Graph) -> ModuleCall:
     inputs, outputs and kind."""
     readers = last_reads(graph)
     root = _calls(graph, "", 0, len(graph.nodes))
+    _flat_groups(root)
     for call in root.walk():
         _interface(graph, call, readers)
         call.kind = _kind(graph, call)
@@ -119,6 +123,84 @@ def _calls(graph: Graph, path: str, start: int, end: int) -> ModuleCall:
         call.children.append(_calls(graph, child, i, j))
         i = j
     return call
+
+
+# the word separator of flat layer names (Keras' "block_1_expand_BN")
+FLAT = "_"
+
+
+def _flat_groups(call: ModuleCall) -> None:
+    """Blocks that only the names show, as calls: a Keras functional model's
+    layers are siblings named "block_1_expand", "block_1_expand_BN", ...,
+    "block_2_add", so its blocks are runs of consecutive sibling calls whose
+    names (under the parent) share leading "_"-words. Each such run of two
+    or more calls becomes a virtual call of the shared name ("block_1"),
+    grouped again inside by the next word; a run that would hold all of its
+    parent's children adds no level. A sibling named as the group itself
+    ("dense" among "dense_1", "dense_2") is the group's own nodes. Calls
+    whose names share nothing stay as they are, so a model without such
+    names keeps its calls."""
+    for child in call.children:
+        _flat_groups(child)
+    call.children = _grouped(call.children, call.path, 0)
+
+
+def _word_path(child: ModuleCall, parent: str) -> str | None:
+    """The child's name under its parent, where it is one flat name."""
+    rest = relative(child.path, parent)
+    return rest if rest and not any(s in rest for s in SEPARATORS) else None
+
+
+def _grouped(children: list[ModuleCall], parent: str, skip: int = 0) -> list[ModuleCall]:
+    """`children` (calls under `parent`) with each run of two or more that
+    share their first `skip` + 1 words grouped, under the words all of the
+    run share; where every child shares them, by the next word instead."""
+    split = [(w.split(FLAT) if (w := _word_path(c, parent)) else None) for c in children]
+    out: list[ModuleCall] = []
+    i = 0
+    while i < len(children):
+        head = split[i]
+        if head is None or len(head) <= skip:
+            out.append(children[i])
+            i += 1
+            continue
+        j = i + 1
+        while (
+            j < len(children) and (s := split[j]) is not None and s[: skip + 1] == head[: skip + 1]
+        ):
+            j += 1
+        if j - i == len(children):  # every child shares the stem: no level for it
+            longest = max(len(s or []) for s in split)
+            return _grouped(children, parent, skip + 1) if skip + 1 < longest else children
+        if j - i >= 2:
+            name = FLAT.join(_common_words([s for s in split[i:j] if s is not None]))
+            first = children[i].path
+            out.append(_group(children[i:j], first[: len(parent) + 1] + name if parent else name))
+        else:
+            out.append(children[i])
+        i = j
+    return out
+
+
+def _common_words(names: list[list[str]]) -> list[str]:
+    common = names[0]
+    for words in names[1:]:
+        k = 0
+        while k < min(len(common), len(words)) and common[k] == words[k]:
+            k += 1
+        common = common[:k]
+    return common
+
+
+def _group(run: list[ModuleCall], path: str) -> ModuleCall:
+    """The virtual call holding `run`: a member named as the group gives
+    the group its own nodes (its children become the group's)."""
+    children: list[ModuleCall] = []
+    for c in run:
+        children.extend(c.children if c.path == path else [c])
+    return ModuleCall(
+        path, "", run[0].start, run[-1].end, children=_grouped(children, path), virtual=True
+    )
 
 
 def last_reads(graph: Graph, outputs: bool = True) -> dict[str, int]:
@@ -166,7 +248,8 @@ def signature(graph: Graph, call: ModuleCall) -> dict[str, Any]:
     for k, name in enumerate(call.inputs):
         ref[name] = f"in{k}"
     for name in call.params:
-        ref[name] = "p:" + relative(name, call.path)
+        # a virtual block's members keep their separators ("/kernel", "_BN/gamma")
+        ref[name] = "p:" + (name[len(call.path) :] if call.virtual else relative(name, call.path))
     for k, name in enumerate(call.consts):
         ref[name] = f"c{k}"
     nodes = []
