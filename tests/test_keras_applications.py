@@ -78,4 +78,4 @@ def test_mobilenet_v2_float32_check_passes_gradients_included(tmp_path) -> None:
     calls = re.findall(r'\(\s*params, "block_(\d+)_", ', text)
     assert sorted(map(int, calls)) == list(range(1, 17))
     assert text.count("groups=x.shape[1]") == 2  # the depthwise kinds: strides 1 and 2
-    assert len(text.splitlines()) < 800  # 1,490 lines before blocks and the harness
+    assert len(text.splitlines()) <= 600  # 1,490 lines before blocks, the harness, shape-free rows

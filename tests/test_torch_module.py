@@ -79,12 +79,12 @@ def program(keras_log: Path) -> ModuleType:
 def test_state_dict_keys_are_the_source_names(keras_log: Path, program: ModuleType) -> None:
     log = tracelog.load(keras_log)
     names = [p["name"] for p in log.model["params"]] + [b["name"] for b in log.model["buffers"]]
-    model = program.Model()
+    weights = str(keras_log / "weights.safetensors")
+    model = program.Model(weights)  # declared in the stored shapes and dtypes, loaded
     assert sorted(model.state_dict()) == sorted(n.replace("/", ".") for n in names)
     assert _BN_MEAN in model.state_dict()  # a Keras non-trainable weight: a buffer
     trainable = {n.replace("/", ".") for n, t, *_ in program.PARAMETERS if t}
     assert {n for n, _ in model.named_parameters()} == trainable
-    weights = str(keras_log / "weights.safetensors")
     result = model.load_state_dict(program.state_dict_from(weights), strict=True)
     assert not result.missing_keys and not result.unexpected_keys
     loaded = program.Model(weights)
@@ -95,7 +95,7 @@ def test_state_dict_keys_are_the_source_names(keras_log: Path, program: ModuleTy
 def _sample_model(program: ModuleType, log_dir: Path) -> torch.nn.Module:
     """A Model holding the parameters and buffers as the sample batch saw them."""
     params = program.sample_params(str(log_dir))
-    model = program.Model()
+    model = program.Model(str(log_dir / "weights.safetensors"))
     state = {program.state_key(n): torch.as_tensor(v).detach() for n, v in params.items()}
     model.load_state_dict(state, strict=True)
     return model
@@ -160,9 +160,8 @@ def test_sgd_trains_a_step_through_the_module(keras_log: Path, program: ModuleTy
 
 
 def test_a_name_that_cannot_be_a_module_attribute_is_a_clear_error(program: ModuleType) -> None:
+    state = {key: torch.zeros(2) for key in ("training.kernel", "a.b")}
     with pytest.raises(ValueError, match="module name 'training' is taken"):
-        program._declare(torch.nn.Module(), [["training/kernel", True, [2], "float32"]])
+        program._declare(torch.nn.Module(), [["training/kernel", True]], state)
     with pytest.raises(ValueError, match="is taken"):
-        program._declare(
-            torch.nn.Module(), [["a/b", True, [1], "float32"], ["a.b", True, [1], "float32"]]
-        )
+        program._declare(torch.nn.Module(), [["a/b", True], ["a.b", True]], state)

@@ -37,12 +37,15 @@ class Model(tf.Module):
     PREDICT["eval"]; training defaults to False, as Keras layers do),
     assigns the buffer updates it returns (running statistics) to the buffer
     variables, as the source's layers do, and returns the predictions by
-    role. Model(weights_path) loads weights.safetensors and the stored
-    constants the graphs read; Model() holds zeros until load(weights_path)."""
+    role. Model(weights_path) declares each variable with the value, shape
+    and dtype weights.safetensors holds (PARAMETERS names them, the file
+    sizes them) and keeps the stored constants the graphs read;
+    load(weights_path) assigns a file's values again."""
 
-    def __init__(self, weights_path: str | None = None) -> None:
+    def __init__(self, weights_path: str) -> None:
         super().__init__(name="model")
-        for name, trains, shape, dtype in PARAMETERS:
+        arrays = _load(weights_path, narrow=True)
+        for name, trains in PARAMETERS:
             *path, leaf = re.split(r"[./]", name)
             owner: tf.Module = self
             for part in path:
@@ -55,15 +58,11 @@ class Model(tf.Module):
                     )
             if hasattr(owner, module_attr(leaf)):
                 raise ValueError(f"parameter {name!r}: its path is taken")
-            zeros = tf.zeros(shape, tf.dtypes.as_dtype(dtype))
-            setattr(
-                owner,
-                module_attr(leaf),
-                tf.Variable(zeros, trainable=trains, name=name),
-            )
-        self.constants: dict[str, tf.Tensor] = {}
-        if weights_path is not None:
-            self.load(weights_path)
+            value = tf.Variable(arrays[name], trainable=trains, name=name)
+            setattr(owner, module_attr(leaf), value)
+        self.constants = {
+            k: tf.constant(v) for k, v in arrays.items() if k.startswith("const/")
+        }
 
     def load(self, weights_path: str) -> None:
         """Assign weights.safetensors' values to the variables; keep its stored constants."""
@@ -71,10 +70,9 @@ class Model(tf.Module):
         variables = self.source_params()
         for name, *_ in PARAMETERS:
             variables[name].assign(arrays[name])
-        consts = {
+        self.constants = {
             k: tf.constant(v) for k, v in arrays.items() if k.startswith("const/")
         }
-        self.constants = consts
 
     def source_params(self) -> dict[str, Any]:
         """{source name: variable}, and the stored constants: what the graph
@@ -122,14 +120,15 @@ STORED_DTYPES = {
 }
 
 
-# Parameters and buffers by module path: whether each one trains, its shape and dtype.
+# Parameters and buffers by module path, and whether each one trains (their shapes
+# and dtypes are the stored weights').
 PARAMETERS = [
-    ["fc1.weight", True, [128, 64], "float32"],
-    ["fc1.bias", True, [128], "float32"],
-    ["fc2.weight", True, [64, 128], "float32"],
-    ["fc2.bias", True, [64], "float32"],
-    ["out.weight", True, [10, 64], "float32"],
-    ["out.bias", True, [10], "float32"],
+    ["fc1.weight", True],
+    ["fc1.bias", True],
+    ["fc2.weight", True],
+    ["fc2.bias", True],
+    ["out.weight", True],
+    ["out.bias", True],
 ]
 
 

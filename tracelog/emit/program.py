@@ -652,7 +652,7 @@ def build_program(
         prelude=prelude,
         # one row a line (black keeps a trailing comma's explosion); never a
         # textual edit of the literal, which may hold any text in its strings
-        kind_parameters=_kind_parameters(declared, kinds),
+        kind_parameters=_kind_parameters(declared, kinds, weights.functions["under"]),
         parameters=_rows_text(declared.rows),
     )
     blocks = [_formatted(text, line_length) for text in (*fixed, *functions, *tail, *check)]
@@ -675,16 +675,16 @@ def _predict_table(log: TraceLog, fnames: dict[str, str]) -> str:
 
 
 def _row(entry: dict[str, Any], trains: bool) -> list[Any]:
-    """A PARAMETERS row: [name, trains, shape, dtype] (the shape and dtype
-    declare the target's module before any weights are loaded)."""
-    shape = [int(d) for d in entry.get("shape", [])]
-    return [str(entry["name"]), trains, shape, str(entry.get("dtype", "float32"))]
+    """A PARAMETERS row: [name, trains]. Its shape and dtype are the stored
+    weights' (a target's module is declared from weights.safetensors), so a
+    kind's rows are the same at every width and its calls share them."""
+    return [str(entry["name"]), trains]
 
 
-def _kind_parameters(declared: ParameterRows, kinds: Mapping[str, KindFunction]) -> str:
+def _kind_parameters(declared: ParameterRows, kinds: Mapping[str, KindFunction], under: str) -> str:
     """Each module kind's parameter rows, by path under the module, inner
     kinds first: one line a row or a call of an inner kind (black keeps a
-    trailing comma's explosion)."""
+    trailing comma's explosion), after `under`, which the calls' lines call."""
     types = {
         kf.name.upper() + "_PARAMETERS": kf.call.module_type or kind_word(kf.call)
         for kf in kinds.values()
@@ -696,7 +696,7 @@ def _kind_parameters(declared: ParameterRows, kinds: Mapping[str, KindFunction])
             comment_text(f"# {kind}: parameters and buffers under the module.")
             + f"\n{name} = {_rows_text(lines)}\n\n"
         )
-    return "".join(blocks)
+    return "".join([f"{under}\n\n\n"] if blocks else []) + "".join(blocks)
 
 
 def _rows_text(lines: list[Any]) -> str:
@@ -706,7 +706,7 @@ def _rows_text(lines: list[Any]) -> str:
     for line in lines:
         if isinstance(line, tuple):
             prefix, name = line
-            text.append(f"    *[[{literal(prefix)} + name, *row] for name, *row in {name}],\n")
+            text.append(f"    *under({literal(prefix)}, {name}),\n")
         else:
             text.append(f"    {literal(list(line))},\n")
     return "[\n" + "".join(text) + "]"

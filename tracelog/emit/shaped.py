@@ -46,9 +46,9 @@ from tracelog.passes.modules import (
 
 # the fewest nodes a kind without parameters needs to be written as a function
 MIN_NODES = 2
-# the fewest lines a kind's parameter list needs to be declared apart (a
-# one-row list says less than its row)
-MIN_LIST_LINES = 3
+# the fewest parameters a kind needs for its list to be declared apart: a
+# call's one line then says three rows or more (a Linear's two stay rows)
+MIN_LIST_ROWS = 3
 
 
 @dataclass
@@ -253,7 +253,7 @@ def top_calls(call: ModuleCall, kinds: dict[str, KindFunction]) -> list[ModuleCa
     return [c for child in call.children for c in top_calls(child, kinds)]
 
 
-Row = list[Any]  # [name, trains, shape, dtype]
+Row = list[Any]  # [name, trains]
 Line = Row | tuple[str, str]  # a row, or (prefix, a kind's list name): its rows under prefix
 
 
@@ -319,6 +319,7 @@ class _Declarations:
     program: Namespace
     # kind -> (list name, its lines, its rows by relative name)
     lists: dict[str, tuple[str, list[Line], dict[str, Row]]] = field(default_factory=dict)
+    by_lines: dict[str, str] = field(default_factory=dict)  # repr(lines) -> list name
 
     def rows_of(self, call: ModuleCall, prefix: str) -> dict[str, Row] | None:
         if not call.params or any(p not in self.by_name for p in call.params):
@@ -342,9 +343,12 @@ class _Declarations:
                 inner.update((p, (child_prefix[len(prefix) :], sub[0])) for p in child.params)
         relative = [[p[len(prefix) :], *self.by_name[p][1:]] for p in call.params]
         lines = _said(relative, {p[len(prefix) :]: v for p, v in inner.items()})
-        if len(lines) < MIN_LIST_LINES:
+        if len(flat) < MIN_LIST_ROWS:
             return None
-        name = self.program.name(f"{kf.name}_parameters".upper(), ("p", kf.kind))
+        # kinds whose rows are the same (blocks of other code, same weights) share a list
+        same = self.by_lines.get(repr(lines))
+        name = same or self.program.name(f"{kf.name}_parameters".upper(), ("p", kf.kind))
+        self.by_lines.setdefault(repr(lines), name)
         self.lists[kf.kind] = (name, lines, flat)
         return self.lists[kf.kind]
 

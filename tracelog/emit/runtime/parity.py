@@ -30,7 +30,7 @@ if TYPE_CHECKING:  # defined by the program: its target's runtime and its genera
         update_key,
     )
 
-    # [name, trains, shape, dtype] (the shape and dtype declare the target's module)
+    # [name, trains]: the stored weights give each one's shape and dtype
     PARAMETERS: list[list[Any]] = []
     # the program's framework modules that name float32
     FLOAT_MODULES: tuple[str, ...] = ()

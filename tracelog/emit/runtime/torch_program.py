@@ -25,19 +25,6 @@ FLOAT_MODULES = ("torch",)
 
 Step = Callable[[dict[str, Any]], tuple[dict[str, Any], Any]]
 
-_TORCH_DTYPES = {
-    "float64": torch.float64,
-    "float32": torch.float32,
-    "float16": torch.float16,
-    "bfloat16": torch.bfloat16,
-    "int64": torch.int64,
-    "int32": torch.int32,
-    "int16": torch.int16,
-    "int8": torch.int8,
-    "uint8": torch.uint8,
-    "bool": torch.bool,
-}
-
 
 class Model(torch.nn.Module):
     """The recorded model as a torch.nn.Module, to keep training in PyTorch.
@@ -49,18 +36,19 @@ class Model(torch.nn.Module):
     (PREDICT["train"] or PREDICT["eval"]), writes the buffer updates that
     graph returns (running statistics) into the buffers, as the source's
     layers do, and returns the predictions by role. Model(weights_path)
-    loads weights.safetensors with load_state_dict(strict=True), and the
-    stored constants the graphs read (non-persistent buffers); Model() holds
-    zeros until loaded (state_dict_from(weights_path))."""
+    declares each parameter and buffer in the shape and dtype
+    weights.safetensors holds (PARAMETERS names them, the file sizes them),
+    loads them with load_state_dict(strict=True), and keeps the stored
+    constants the graphs read (non-persistent buffers)."""
 
-    def __init__(self, weights_path: str | None = None) -> None:
+    def __init__(self, weights_path: str) -> None:
         super().__init__()
-        _declare(self, PARAMETERS)
-        if weights_path is not None:
-            self.load_state_dict(state_dict_from(weights_path), strict=True)
-            for key, array in _load(weights_path, narrow=True).items():
-                if key.startswith("const/"):  # "/" is a legal buffer name; "." is not
-                    self.register_buffer(key, _as_const(array), persistent=False)
+        state = state_dict_from(weights_path)
+        _declare(self, PARAMETERS, state)
+        self.load_state_dict(state, strict=True)
+        for key, array in _load(weights_path, narrow=True).items():
+            if key.startswith("const/"):  # "/" is a legal buffer name; "." is not
+                self.register_buffer(key, _as_const(array), persistent=False)
 
     def source_params(self) -> dict[str, Any]:
         """{source name: tensor}: what the graph functions read from params."""
@@ -378,11 +366,13 @@ def state_key(name: str) -> str:
     return ".".join(part or "_" for part in re.split(r"[./]", name))
 
 
-def _declare(module: torch.nn.Module, rows: list[list[Any]]) -> None:
+def _declare(
+    module: torch.nn.Module, rows: list[list[Any]], state: dict[str, torch.Tensor]
+) -> None:
     """Declare PARAMETERS' rows in `module`: a child module per path segment,
     a Parameter for each trainable row and a buffer for the others, zeros of
-    their shape and dtype."""
-    for name, trains, shape, dtype in rows:
+    the shape and dtype `state` (state_dict_from) holds under its key."""
+    for name, trains in rows:
         *path, leaf = state_key(name).split(".")
         owner = module
         for part in path:
@@ -393,7 +383,7 @@ def _declare(module: torch.nn.Module, rows: list[list[Any]]) -> None:
             owner = owner._modules[part]  # type: ignore[assignment]
         if hasattr(owner, leaf):
             raise ValueError(f"parameter {name!r}: state_dict key {state_key(name)!r} is taken")
-        tensor = torch.zeros(shape, dtype=_TORCH_DTYPES[dtype])
+        tensor = torch.zeros_like(state[state_key(name)])
         if trains:
             owner.register_parameter(leaf, torch.nn.Parameter(tensor))
         else:

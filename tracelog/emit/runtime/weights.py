@@ -14,7 +14,7 @@ import numpy as np
 from safetensors import deserialize
 
 if TYPE_CHECKING:  # defined by the program: its target's runtime and its generated code
-    # [name, trains, shape, dtype] (the shape and dtype declare the target's module)
+    # [name, trains]: the stored weights give each one's shape and dtype
     PARAMETERS: list[list[Any]] = []
 
     def _as_param(array: np.ndarray, trainable: bool) -> Any: ...
@@ -71,5 +71,12 @@ def load_params(path: str) -> dict[str, Any]:
     return params
 
 
-# What every program inlines from this module, in this order.
+def under(prefix: str, rows: list[list[Any]]) -> list[list[Any]]:
+    """A module kind's parameter rows (``BATCH_NORM_PARAMETERS``, names under
+    the module) as one of its calls declares them: under the call's prefix."""
+    return [[prefix + name, *row] for name, *row in rows]
+
+
+# What every program inlines from this module, in this order (and `under`,
+# before PARAMETERS, where a call of a module kind declares its rows).
 INLINED = ("_load", "load_params")
