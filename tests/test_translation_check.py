@@ -83,6 +83,28 @@ def test_an_edit_below_float32_resolution_fails_only_the_translation(mlp_log: Pa
     assert all(not r[3] for r in float64 if r[0].startswith(("prediction", "loss")))
 
 
+# each target's module object handing the graph functions its parameters,
+# edited to hand them zeros: the check, which runs through it, must fail
+_MODULE_EDITS = {
+    "torch": (
+        "found = {row[0]: own[state_key(row[0])] for row in PARAMETERS}",
+        "found = {row[0]: own[state_key(row[0])] * 0 for row in PARAMETERS}",
+    ),
+    "tensorflow": ("found[name] = node", "found[name] = node * 0"),
+    "jax": ("flat[name] = node", "flat[name] = node * 0"),
+}
+
+
+@pytest.mark.parametrize("target", sorted(_MODULE_EDITS))
+def test_the_check_runs_through_the_module_object(mlp_log: Path, target: str) -> None:
+    """The parity check builds the target's module object (PyTorch's and
+    TensorFlow's Model, JAX's params_tree) from the recorded parameters and
+    runs the graph functions on what it holds: a module that hands them
+    anything else fails the check, translation and float32 alike."""
+    rows = _run_edited(mlp_log, target, *_MODULE_EDITS[target])
+    assert not any(r[3] for r in rows if r[0].startswith("prediction"))
+
+
 def test_the_sample_reference_is_float64_and_near_the_float32_run(mlp_log: Path) -> None:
     sample = tracelog.load(mlp_log).sample()
     for key in ("loss", "output/prediction", "grad/0.weight"):

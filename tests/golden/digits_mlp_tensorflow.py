@@ -37,14 +37,15 @@ class Model(tf.Module):
     PREDICT["eval"]; training defaults to False, as Keras layers do),
     assigns the buffer updates it returns (running statistics) to the buffer
     variables, as the source's layers do, and returns the predictions by
-    role. Model(weights_path) declares each variable with the value, shape
-    and dtype weights.safetensors holds (PARAMETERS names them, the file
-    sizes them) and keeps the stored constants the graphs read;
-    load(weights_path) assigns a file's values again."""
+    role. Model(weights) takes weights.safetensors' path (or {source name:
+    array}, as load_params gives) and declares each variable with the value,
+    shape and dtype it holds (PARAMETERS names them, the weights size them),
+    and keeps the stored constants the graphs read; load(weights_path)
+    assigns a file's values again."""
 
-    def __init__(self, weights_path: str) -> None:
+    def __init__(self, weights: str | dict[str, Any]) -> None:
         super().__init__(name="model")
-        arrays = _load(weights_path, narrow=True)
+        arrays = _load(weights, narrow=True) if isinstance(weights, str) else weights
         for name, trains in PARAMETERS:
             *path, leaf = re.split(r"[./]", name)
             owner: tf.Module = self

@@ -144,6 +144,17 @@ def init_from(weights_path: str) -> dict[str, Any]:
     return params_tree(load_params(weights_path))
 
 
+def _module_params(params: dict[str, Any]) -> dict[str, Any]:
+    """The check's parameters as apply hands them to the graph functions:
+    through params_tree and back (flat_params). Names no tree can hold (a
+    parameter "a" beside "a/b.weight": params_tree's ValueError) are checked
+    as given."""
+    try:
+        return flat_params(params_tree(params))
+    except ValueError:
+        return params
+
+
 def _runs(step: Step, params: dict[str, Any], trainable: list[str]) -> list:
     """The runs the parity check compares with the recording: jitted, as a
     training step runs, and op by op."""
@@ -544,4 +555,4 @@ INLINED = (
     "init_from",
 )
 # The parity check's (tracelog.emit.harness): inlined into standalone programs only.
-CHECK = ("_numpy", "_value_and_grads", "_runs")
+CHECK = ("_numpy", "_value_and_grads", "_runs", "_module_params")

@@ -184,6 +184,14 @@ def sample_params(log_dir: str, float64: bool = False) -> dict[str, Any]:
     return params
 
 
+def _module_params(params: dict[str, Any]) -> dict[str, Any]:
+    """The check's parameters as the target's module object holds them, so
+    that the check runs the graph functions on what a user trains (a target
+    runtime replaces this default: PyTorch's and TensorFlow's Model, JAX's
+    params_tree); as given here."""
+    return params
+
+
 # the float dtypes the translation check's run reads as float64: the reference
 # replays every float op in float64, autocast's casts to bfloat16 included
 _NARROW_FLOATS = ("float32", "bfloat16", "float16")
@@ -294,7 +302,8 @@ def _translation(log_dir: str, sample: dict[str, np.ndarray], trainable: list[st
     rows = []
     try:
         with _in_float64():
-            runs = _runs(step64, sample_params(log_dir, float64=True), trainable)
+            params = _module_params(sample_params(log_dir, float64=True))
+            runs = _runs(step64, params, trainable)
             for label, run in runs:
                 for name, value, key, is_grad in _outputs(sample, trainable, run):
                     if reference_key(key) in sample:
@@ -333,7 +342,7 @@ def check_parity(
     rows = _translation(log_dir, sample, trainable) if has_reference else []
     if has_reference and np.asarray(sample["loss"]).dtype == np.float64:
         return rows  # recorded in float64: the translation check is the whole check
-    params = sample_params(log_dir)
+    params = _module_params(sample_params(log_dir))
     medians = _typical_scales(sample)
     typical = _typical_error(sample, medians)
     # fed as the source fed them: bfloat16 data stays bfloat16
@@ -406,6 +415,7 @@ INLINED = (
     "_typical_scales",
     "_floor",
     "_translation",
+    "_module_params",
     "_runs",
     "_outputs",
     "check_parity",

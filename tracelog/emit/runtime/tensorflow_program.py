@@ -38,14 +38,15 @@ class Model(tf.Module):
     PREDICT["eval"]; training defaults to False, as Keras layers do),
     assigns the buffer updates it returns (running statistics) to the buffer
     variables, as the source's layers do, and returns the predictions by
-    role. Model(weights_path) declares each variable with the value, shape
-    and dtype weights.safetensors holds (PARAMETERS names them, the file
-    sizes them) and keeps the stored constants the graphs read;
-    load(weights_path) assigns a file's values again."""
+    role. Model(weights) takes weights.safetensors' path (or {source name:
+    array}, as load_params gives) and declares each variable with the value,
+    shape and dtype it holds (PARAMETERS names them, the weights size them),
+    and keeps the stored constants the graphs read; load(weights_path)
+    assigns a file's values again."""
 
-    def __init__(self, weights_path: str) -> None:
+    def __init__(self, weights: str | dict[str, Any]) -> None:
         super().__init__(name="model")
-        arrays = _load(weights_path, narrow=True)
+        arrays = _load(weights, narrow=True) if isinstance(weights, str) else weights
         for name, trains in PARAMETERS:
             *path, leaf = re.split(r"[./]", name)
             owner: tf.Module = self
@@ -91,6 +92,17 @@ class Model(tf.Module):
             if role.startswith("update:"):
                 params[role[len("update:") :]].assign(value)
         return {role: v for role, v in outputs.items() if not role.startswith("update:")}
+
+
+def _module_params(params: dict[str, Any]) -> dict[str, Any]:
+    """The check's parameters as Model holds them: a Model built from them,
+    read back by source_params(), so the check's gradients are the module's
+    own variables'. Names no module tree can hold (a parameter "a" beside
+    "a/b.weight": Model's ValueError) are checked as given."""
+    try:
+        return Model(params).source_params()
+    except ValueError:
+        return params
 
 
 def module_attr(segment: str) -> str:
@@ -614,4 +626,4 @@ def _rnn(
 
 INLINED = ("_as_param", "_as_const", "_bfloat16", "module_attr")
 # The parity check's (tracelog.emit.harness): inlined into standalone programs only.
-CHECK = ("_numpy", "_value_and_grads")
+CHECK = ("_numpy", "_value_and_grads", "_module_params")

@@ -35,20 +35,22 @@ class Model(torch.nn.Module):
     forward(*inputs) runs the recorded prediction graph of the module's mode
     (PREDICT["train"] or PREDICT["eval"]), writes the buffer updates that
     graph returns (running statistics) into the buffers, as the source's
-    layers do, and returns the predictions by role. Model(weights_path)
-    declares each parameter and buffer in the shape and dtype
-    weights.safetensors holds (PARAMETERS names them, the file sizes them),
-    loads them with load_state_dict(strict=True), and keeps the stored
-    constants the graphs read (non-persistent buffers)."""
+    layers do, and returns the predictions by role. Model(weights) takes
+    weights.safetensors' path (or {source name: array}, as load_params
+    gives), declares each parameter and buffer in the shape and dtype it
+    holds (PARAMETERS names them, the weights size them), loads them with
+    load_state_dict(strict=True), and keeps the stored constants the graphs
+    read (non-persistent buffers)."""
 
-    def __init__(self, weights_path: str) -> None:
+    def __init__(self, weights: str | dict[str, Any]) -> None:
         super().__init__()
-        state = state_dict_from(weights_path)
+        arrays = _load(weights, narrow=True) if isinstance(weights, str) else weights
+        state = state_dict_from(arrays)
         _declare(self, PARAMETERS, state)
         self.load_state_dict(state, strict=True)
-        for key, array in _load(weights_path, narrow=True).items():
+        for key, array in arrays.items():
             if key.startswith("const/"):  # "/" is a legal buffer name; "." is not
-                self.register_buffer(key, _as_const(array), persistent=False)
+                self.register_buffer(key, _as_const(array).detach(), persistent=False)
 
     def source_params(self) -> dict[str, Any]:
         """{source name: tensor}: what the graph functions read from params."""
@@ -390,16 +392,28 @@ def _declare(
             owner.register_buffer(leaf, tensor)
 
 
-def state_dict_from(weights_path: str) -> dict[str, torch.Tensor]:
-    """weights.safetensors as Model's state_dict: PARAMETERS' rows by state_key."""
-    arrays = _load(weights_path, narrow=True)
-    return {state_key(row[0]): _as_const(arrays[row[0]]) for row in PARAMETERS}
+def state_dict_from(weights: str | dict[str, Any]) -> dict[str, torch.Tensor]:
+    """weights.safetensors (its path, or {source name: array}) as Model's
+    state_dict: PARAMETERS' rows by state_key."""
+    arrays = _load(weights, narrow=True) if isinstance(weights, str) else weights
+    return {state_key(row[0]): _as_const(arrays[row[0]]).detach() for row in PARAMETERS}
+
+
+def _module_params(params: dict[str, Any]) -> dict[str, Any]:
+    """The check's parameters as Model holds them: a Model built from them,
+    read back by source_params(), so the check's gradients are the module's
+    own Parameters'. Names no module tree can hold (a parameter "a" beside
+    "a/b.weight": _declare's ValueError) are checked as given."""
+    try:
+        return Model(params).source_params()
+    except ValueError:
+        return params
 
 
 # Inlined into every program; every other function here is a helper, inlined on use.
 INLINED = ("_as_param", "_as_const", "_bfloat16", "state_key", "_declare", "state_dict_from")
 # The parity check's (tracelog.emit.harness): inlined into standalone programs only.
-CHECK = ("_numpy", "_value_and_grads")
+CHECK = ("_numpy", "_value_and_grads", "_module_params")
 
 
 def _resize_axes(
