@@ -140,6 +140,19 @@ def test_program_model_needs_no_tracelog_and_its_check_is_tracelogs(
     )
 
 
+def test_emit_cli_standalone(mlp_log: Path, tmp_path: Path) -> None:
+    """--standalone: the program carries the check (its __main__ calls its
+    own main); without it, the check is tracelog's."""
+    alone, default = tmp_path / "alone.py", tmp_path / "default.py"
+    assert (
+        cli(["emit", str(mlp_log), "--target", "torch", "--standalone", "--out", str(alone)]) == 0
+    )
+    assert cli(["emit", str(mlp_log), "--target", "torch", "--out", str(default)]) == 0
+    assert "\ndef check_parity(" in alone.read_text()
+    assert alone.read_text().endswith('if __name__ == "__main__":\n    sys.exit(main())\n')
+    assert "\ndef check_parity(" not in default.read_text()
+
+
 def test_emit_cli_line_length(mlp_log: Path, tmp_path: Path) -> None:
     """--line-length: black at that length instead of its default (88)."""
     import black
