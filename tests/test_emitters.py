@@ -105,3 +105,25 @@ def test_program_is_black_and_ruff_clean(recorded, target: str) -> None:
     assert_lint_clean(text, target)
     wide = tracelog.emit(log_dir, target, out=str(log_dir / "wide.py"), line_length=120)
     assert format_source(wide.read_text(), 120) == wide.read_text() != text
+
+
+@pytest.mark.parametrize(
+    ("before", "after", "index"),
+    [
+        (("batch", 144), ("batch", 1, 1, 144), ":, None, None, :"),
+        (("batch", 8), ("batch", 8, 1, 1), ":, :, None, None"),
+        (("batch", 1), ("batch", 1, 1), ":, :, None"),
+        ((), (1, 1), "None, None"),
+        (("batch", 8), ("batch", 8), None),  # no dim inserted
+        (("batch", 8), ("batch", 2, 4), None),  # a split
+        ((3, 3, 8, 1), (3, 3, 1, 8), None),  # a move
+    ],
+)
+def test_a_reshape_that_only_inserts_unit_dims_is_an_index(
+    before: tuple, after: tuple, index: str | None
+) -> None:
+    """Such a reshape is written x[:, None, None, :] in every target: no
+    width in its text, so squeeze-excite blocks of every width share one."""
+    from tracelog.emit.rules import unit_dims_index
+
+    assert unit_dims_index(before, after) == index

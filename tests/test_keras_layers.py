@@ -191,6 +191,15 @@ LAYERS: dict[str, Callable[[], Any]] = {
     ),
     # -- shapes and merges
     "Reshape_Flatten": lambda: _img(L.Reshape((16, 12)), L.Flatten(), L.Dense(5)),
+    # squeeze-excite's [batch, C] -> [batch, 1, 1, C]: written as x[:, None, None, :]
+    "Reshape_unit_dims": lambda: _img(
+        L.Conv2D(4, 1),
+        L.GlobalAveragePooling2D(),
+        L.Reshape((1, 1, 4)),
+        L.Conv2D(3, 1),
+        L.Flatten(),
+        L.Dense(5),
+    ),
     "Concatenate_Add": _concat_add,
     # StridedSlice with an ellipsis, new axes, shrunk axes and steps
     "StridedSlice_ellipsis_new_axis": lambda: _seq(

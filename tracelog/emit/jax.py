@@ -101,6 +101,7 @@ JAX.spell(
         "Shape": "np.asarray({0}.shape{range}, dtype=np.int64)",
         "Reshape": "jnp.reshape({0}, {ints_t})",
         "Reshape/operand": "jnp.reshape({0}, tuple({1}))",
+        "Reshape/unit_dims": "{0}[{index}]",
         "Transpose": "jnp.transpose({0}, {perm_t})",
         "Split": "jnp.split({0}, {cuts}, axis={axis})",
         "Split/even": "jnp.array_split({0}, {n}, axis={axis})",

@@ -94,6 +94,7 @@ TORCH.spell(
         "ReduceProd": Each("dims_desc", "torch.prod({0}, dim={it}, keepdim={keep})"),
         "Reshape": "torch.reshape({0}, {ints})",
         "Reshape/operand": "torch.reshape({0}, {1}.tolist())",
+        "Reshape/unit_dims": "{0}[{index}]",
         "Split": "torch.split({0}, {sizes}, dim={axis})",
         "Split/even": "torch.tensor_split({0}, {n}, dim={axis})",
         "Gather": "{0}[{lead}{index}]",

@@ -428,7 +428,40 @@ def _reads_weight(c: RuleCtx) -> bool:
     return c.has(0) and c.graph.values[c.node.inputs[0]].kind in ("param", "buffer")
 
 
-for _op, _bind in (("Reshape", _reshape), ("Expand", _ints_operand), ("Tile", _ints_operand)):
+def unit_dims_index(before: tuple[Any, ...], after: tuple[Any, ...]) -> str | None:
+    """Where a reshape only inserts dims of size 1 (Keras' squeeze-excite
+    [batch, C] -> [batch, 1, 1, C]), its index: ":" for each dim kept,
+    "None" for each inserted ("x[:, None, None, :]", the same in every
+    target and at every width); None where it does anything else."""
+    index, i = [], 0
+    for dim in after:
+        if i < len(before) and dim == before[i]:
+            index.append(":")
+            i += 1
+        elif dim == 1:
+            index.append("None")
+        else:
+            return None
+    if i != len(before) or len(after) == len(before):
+        return None
+    return ", ".join(index)
+
+
+def _reshape_fields(c: RuleCtx) -> dict[str, Any]:
+    fields = _reshape(c)
+    if fields["ints"] is not None:
+        fields["index"] = unit_dims_index(c.in_type(0).shape, c.out_type(0).shape)
+    return fields
+
+
+def _reshape_variant(c: RuleCtx) -> str:
+    if c.f["ints"] is None:
+        return "operand"
+    return "unit_dims" if c.f.get("index") else ""
+
+
+OPS.add("Reshape", OpRule(_reshape_fields, variant=_reshape_variant))
+for _op, _bind in (("Expand", _ints_operand), ("Tile", _ints_operand)):
     OPS.add(_op, OpRule(_bind, variant=_operand))
 
 

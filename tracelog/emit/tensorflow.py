@@ -111,6 +111,7 @@ TF.spell(
         "ArgMax/drop": "tf.math.argmax({0}, axis={axis}, output_type=tf.int64)",
         "Reshape": "tf.reshape({0}, {ints})",
         "Reshape/operand": "tf.reshape({0}, {1})",
+        "Reshape/unit_dims": "{0}[{index}]",
         "Split": "tf.split({0}, {sizes}, axis={axis})",
         "Split/even": "tf.split({0}, {n}, axis={axis})",
         "Unsqueeze": Each("axes", "tf.expand_dims({0}, {it})"),

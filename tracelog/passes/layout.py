@@ -432,6 +432,18 @@ def _hoisted(rw: _Rewriter, n: Node, t: Node, into: list[int]) -> list[Node] | N
         t_in, moved = rw.transpose(n.inputs[0], q, None, n, into)
         k = _const(rw, n.inputs[1], [perm.index(a)])
         pre, inputs, attrs = [t_in], [moved, k], dict(n.attrs)
+    elif not n.domain and n.op == "Reshape" and len(n.inputs) == 2:
+        # T(Reshape(x, s)) = Reshape(x, T(s)) where T moves only unit dims
+        # past the others (squeeze-excite's [batch, 1, 1, C] -> [batch, C, 1, 1]):
+        # the values' order is the same, so no transpose is left
+        shape = _const_ints(g, n.inputs[1])
+        out = g.values[n.outputs[0]].type.shape
+        if shape is None or len(shape) != rank:
+            return None
+        if [out[p] for p in perm if out[p] != 1] != [d for d in out if d != 1]:
+            return None
+        relaid = _const(rw, n.inputs[1], [shape[p] for p in perm])
+        pre, inputs, attrs = [], [n.inputs[0], relaid], dict(n.attrs)
     else:
         return None
     op = copy.copy(n)
