@@ -151,6 +151,8 @@ def test_emit_cli_standalone(mlp_log: Path, tmp_path: Path) -> None:
     assert "\ndef check_parity(" in alone.read_text()
     assert alone.read_text().endswith('if __name__ == "__main__":\n    sys.exit(main())\n')
     assert "\ndef check_parity(" not in default.read_text()
+    # a model file carries no check: one line, exit 2
+    assert cli(["emit", str(mlp_log), "--target", "onnx", "--standalone"]) == 2
 
 
 def test_emit_cli_line_length(mlp_log: Path, tmp_path: Path) -> None:

@@ -213,8 +213,13 @@ def _line_length(text: str) -> int:
 
 
 def _cmd_emit(args: argparse.Namespace) -> int:
-    from tracelog.emit import emit
+    from tracelog.emit import PROGRAM_TARGETS, emit
 
+    if args.standalone and args.target not in PROGRAM_TARGETS:
+        raise TracelogError(
+            f"--standalone is for programs ({', '.join(PROGRAM_TARGETS)}); "
+            f"{args.target} writes a model file, which carries no check"
+        )
     if args.out:
         parent = Path(args.out).parent
         try:
