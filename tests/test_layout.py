@@ -197,3 +197,41 @@ def test_channels_first_carries_a_1d_layer_through_unsqueeze_and_squeeze() -> No
     want, got = run_graph(graph, feeds), run_graph(after, feeds)
     for role in want:
         np.testing.assert_allclose(got[role], want[role], rtol=1e-6, atol=1e-6)
+
+
+def _reshape_then_conv(before: tuple[int, ...], after: tuple[int, ...]) -> Graph:
+    """x of shape `before`, reshaped to the NHWC `after`, into an NCHW conv."""
+    g = _G()
+    x = g.input("x", before)
+    y = g.op("Reshape", [x, g.const("shape", list(after))], after)
+    w = g.input("w", (3, after[3], 1, 1), "param")
+    nchw = (after[0], after[3], after[1], after[2])
+    z = g.op("Conv", [g.op("Transpose", [y], nchw, perm=TO_NCHW), w], (after[0], 3, *nchw[2:]))
+    z = g.op("Transpose", [z], (after[0], *nchw[2:], 3), perm=TO_NHWC)
+    return g.graph(g.op("ReduceMean", [z, g.const("hw", [1, 2])], (after[0], 3), keepdims=0))
+
+
+@pytest.mark.parametrize(
+    ("before", "after", "kept"),
+    [
+        # squeeze-excite: [batch, C] -> [batch, 1, 1, C]; into NCHW it is
+        # [batch, C, 1, 1], the same values in the same order: nothing kept
+        ((2, 4), (2, 1, 1, 4), []),
+        # a linear's [B*H*W, C] -> [B, H, W, C] with H = W = C: the sizes
+        # match after the transpose, the values do not; it stays
+        ((8, 2), (2, 2, 2, 2), ["into NCHW after Reshape at m"]),
+    ],
+)
+def test_channels_first_carries_a_transpose_through_a_unit_dims_reshape_only(
+    before: tuple[int, ...], after: tuple[int, ...], kept: list[str]
+) -> None:
+    graph = _reshape_then_conv(before, after)
+    out, report = to_channels_first(graph)
+    assert report.kept == kept
+    feeds = _feeds(graph)
+    np.testing.assert_allclose(
+        run_graph(out, feeds)["prediction"],
+        run_graph(graph, feeds)["prediction"],
+        rtol=1e-6,
+        atol=1e-6,
+    )

@@ -440,7 +440,8 @@ def _hoisted(rw: _Rewriter, n: Node, t: Node, into: list[int]) -> list[Node] | N
         out = g.values[n.outputs[0]].type.shape
         if shape is None or len(shape) != rank:
             return None
-        if [out[p] for p in perm if out[p] != 1] != [d for d in out if d != 1]:
+        order = [p for p in perm if out[p] != 1]  # by position: dims may be equal in size
+        if order != sorted(order):
             return None
         relaid = _const(rw, n.inputs[1], [shape[p] for p in perm])
         pre, inputs, attrs = [], [n.inputs[0], relaid], dict(n.attrs)
