@@ -30,34 +30,45 @@ from .tensors import TORCH_DTYPES, flatten_tensors
 _VIEWS = {"aten.view.default", "aten._unsafe_view.default", "aten.reshape.default"}
 _RANDOM_INPLACE = {"aten.bernoulli_.float", "aten.uniform_.default", "aten.normal_.default"}
 
+# A meta kernel's outputs are a function of its tensors' metadata and its other
+# arguments: (op, argument key) -> each output's (shape, stride, dtype), or
+# None where it raised. Many meta kernels are Python decompositions (most of a
+# replay's time), and a model's repeated layers run the same ones on the same
+# shapes.
+Memo = dict[tuple[Any, ...], tuple[tuple[Any, ...], ...] | None]
+_NO_KEY = object()
 
-def exact_batch_dims(tape: Tape) -> Tape | None:
+
+def exact_batch_dims(tape: Tape, *, memo: Memo | None = None) -> Tape | None:
     """A copy of the tape whose shapes mark exactly the batch-derived dims,
     and the dims that follow a sequence-like size of the data (symbols
-    "seq", "seq2", ...), or None when the replay could not tell."""
+    "seq", "seq2", ...), or None when the replay could not tell. ``memo``:
+    the meta kernels' outputs by their arguments (a fresh one if None)."""
     batch = tape.batch_size
     if batch is None or batch < 2:
         return None
+    if memo is None:
+        memo = {}  # one for every replay of this tape: a layer's ops repeat
     with torch.no_grad():
-        replay = _MetaReplay(batch)
+        replay = _MetaReplay(batch, memo=memo)
         if not _replay_all(tape, replay):
             return None
         batch_tape = map_targs(tape, replay.resym)
         try:
-            return with_symbols(tape, batch_tape, functools.partial(_replay_sizes, tape))
+            return with_symbols(tape, batch_tape, functools.partial(_replay_sizes, tape, memo))
         except Exception:  # a replay this module did not foresee: the batch dims stand
             return batch_tape
 
 
 def _replay_sizes(
-    tape: Tape, sizes: dict[str, int], sources: Sources, fixed: Fixed
+    tape: Tape, memo: Memo, sizes: dict[str, int], sources: Sources, fixed: Fixed
 ) -> Shapes | None:
     """Every data-derived tensor's shape when the tape runs again on meta
     tensors with the symbols at `sizes` (the `fixed` axes keeping their size);
     None when a record cannot run so."""
     batch = tape.batch_size
     assert batch is not None
-    replay = _MetaReplay(batch, sizes, sources, fixed)
+    replay = _MetaReplay(batch, sizes, sources, fixed, memo)
     for a in (*tape.inputs.values(), *tape.targets):
         replay.meta_of(a)
     if not _replay_all(tape, replay):
@@ -70,6 +81,21 @@ def _replay_sizes(
 Choice = dict[int, int] | None
 
 _BACKTRACKS = 64  # choices undone per replay before it gives up
+_PLAIN_ARGS = (bool, int, float, str, torch.dtype, torch.device, torch.layout, torch.memory_format)
+
+
+def _arg_key(x: Any) -> Any:
+    """A hashable stand-in for a replayed argument, or _NO_KEY."""
+    if isinstance(x, torch.Tensor):
+        if x.device.type != "meta" or x.storage_offset():
+            return _NO_KEY
+        return (torch.Tensor, tuple(x.shape), x.stride(), x.dtype)
+    if isinstance(x, (list, tuple)):
+        items = tuple(_arg_key(v) for v in x)
+        return _NO_KEY if _NO_KEY in items else (type(x), items)
+    if x is None or isinstance(x, _PLAIN_ARGS):
+        return (type(x), x)  # 1 and 1.0 and True are not one argument
+    return _NO_KEY
 
 
 def _replay_all(tape: Tape, replay: _MetaReplay) -> bool:
@@ -112,8 +138,10 @@ class _MetaReplay:
         sizes: dict[str, int] | None = None,
         sources: Sources | None = None,
         fixed: Fixed | None = None,
+        memo: Memo | None = None,
     ) -> None:
         self.fixed = fixed or {}
+        self.memo = memo
         self.batch = batch
         self.sizes = sizes if sizes is not None else {BATCH: batch + 1}
         self.other = self.sizes.get(BATCH, batch)
@@ -223,9 +251,35 @@ class _MetaReplay:
             kwargs["device"] = torch.device("meta")
         if rec.op in _RANDOM_INPLACE:
             return [args[0]]
+        if self.memo is None or rec.mutated:
+            return self._call(rec, args, kwargs) + [args[i] for i in rec.mutated]
+        key = _arg_key((args, sorted(kwargs.items())))
+        if key is _NO_KEY:
+            return self._call(rec, args, kwargs)
+        key = (rec.func, key)
+        if key in self.memo:
+            metas = self.memo[key]
+            if metas is None:
+                raise RuntimeError("this choice failed before")  # as it did then
+            return [torch.empty_strided(s, st, dtype=d, device="meta") for s, st, d in metas]
+        try:
+            outs = self._call(rec, args, kwargs)
+        except Exception:
+            self.memo[key] = None
+            raise
+        ins = {id(a) for a in args if isinstance(a, torch.Tensor)}
+        if all(
+            o.device.type == "meta" and not o.storage_offset() and id(o) not in ins for o in outs
+        ):
+            # (an output that is its input, or a view at an offset, is not remembered)
+            self.memo[key] = tuple((tuple(o.shape), o.stride(), o.dtype) for o in outs)
+        return outs
+
+    @staticmethod
+    def _call(rec: Any, args: list[Any], kwargs: dict[str, Any]) -> list[torch.Tensor]:
         outs: list[torch.Tensor] = []
         flatten_tensors(rec.func(*args, **kwargs), outs)
-        return outs + [args[i] for i in rec.mutated]
+        return outs
 
     def readings(self, rec: Any) -> list[int]:
         """How many readings each int of rec that may follow a symbol has, by position."""

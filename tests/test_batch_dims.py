@@ -1,0 +1,80 @@
+"""The batch-dim search's replay (adapters/torch/batch_dims.py): remembering
+meta kernels' outputs by their arguments changes no result, and a model's
+repeated layers run each meta kernel once per replay size."""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any
+
+import torch
+import torch.nn as nn
+
+import tracelog
+from tracelog.adapters.torch import batch_dims
+from tracelog.adapters.torch import listener as torch_listener
+
+
+class _Forgetful(dict):  # type: ignore[type-arg]
+    """A memo that keeps nothing: every replay runs every kernel."""
+
+    def __setitem__(self, key: Any, value: Any) -> None:
+        pass
+
+
+class _Layer(nn.Module):
+    def __init__(self, width: int) -> None:
+        super().__init__()
+        self.norm, self.fc = nn.LayerNorm(width), nn.Linear(width, width)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return x + torch.softmax(self.fc(self.norm(x)), dim=-1)
+
+
+def _tape(tmp_path: Path, monkeypatch: Any) -> Any:
+    """The tape of one recorded batch of six equal layers over [B, T, 8] data."""
+    tapes: list[Any] = []
+
+    def keep(tape: Any, **kwargs: Any) -> Any:
+        tapes.append(tape)
+        return batch_dims.exact_batch_dims(tape, **kwargs)
+
+    monkeypatch.setattr(torch_listener, "exact_batch_dims", keep)
+    torch.manual_seed(0)
+    model = nn.Sequential(*[_Layer(8) for _ in range(6)], nn.Linear(8, 3))
+    x, y = torch.randn(4, 5, 8), torch.randint(0, 3, (4, 5))
+    with tracelog.Listener(model, tmp_path / "log") as listener, listener.batch():
+        loss = nn.functional.cross_entropy(model(x).flatten(0, 1), y.flatten())
+        loss.backward()
+    return tapes[0]
+
+
+def _kernel_calls(monkeypatch: Any) -> list[int]:
+    calls = [0]
+    call = batch_dims._MetaReplay._call
+
+    def counted(rec: Any, args: Any, kwargs: Any) -> Any:
+        calls[0] += 1
+        return call(rec, args, kwargs)
+
+    monkeypatch.setattr(batch_dims._MetaReplay, "_call", staticmethod(counted))
+    return calls
+
+
+def test_the_memo_changes_no_shape_and_runs_each_layer_kernel_once(
+    tmp_path: Path, monkeypatch: Any
+) -> None:
+    tape = _tape(tmp_path, monkeypatch)
+    calls = _kernel_calls(monkeypatch)
+    forgetful = batch_dims.exact_batch_dims(tape, memo=_Forgetful())
+    without = calls[0]
+    calls[0] = 0
+    memo: batch_dims.Memo = {}
+    remembered = batch_dims.exact_batch_dims(tape, memo=memo)
+    assert forgetful is not None and remembered is not None
+    assert [r.outs for r in remembered.recs] == [r.outs for r in forgetful.recs]
+    assert [r.args for r in remembered.recs] == [r.args for r in forgetful.recs]
+    # the symbols were found: [B, T, 8] data, T a sequence symbol
+    assert any("seq" in str(d) for r in remembered.recs for o in r.outs for d in o.shape)
+    # six equal layers: their kernels run once per replay size, not six times
+    assert calls[0] * 3 < without, (calls[0], without)
