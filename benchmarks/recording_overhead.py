@@ -14,6 +14,7 @@ guarded mode's periodic exact re-recordings (every ``--rerecord-every``).
 
     python benchmarks/recording_overhead.py [--rounds 120] [--steps 1] [--models mlp,cnn,gpt2]
     python benchmarks/recording_overhead.py --clock cpu   # the thread's CPU time, not wall
+    python benchmarks/recording_overhead.py --gc   # + each context's share of time in gc
     python benchmarks/recording_overhead.py --models mlp --export   # + record+emit vs export
     python benchmarks/recording_overhead.py --models keras_tape,keras_fit_eager,keras_fit
 
@@ -29,6 +30,7 @@ from __future__ import annotations
 import argparse
 import contextlib
 import copy
+import gc
 import random
 import statistics
 import tempfile
@@ -117,6 +119,29 @@ CLOCKS = {"wall": time.perf_counter, "cpu": time.thread_time}
 clock = CLOCKS["wall"]
 
 
+# each context's share of its timed steps spent in the garbage collector (the last
+# model measure() ran; printed with --gc)
+GC_SHARE: dict[str, float] = {}
+
+
+class GcTime:
+    """Seconds Python's garbage collector ran, summed (a gc callback)."""
+
+    total = 0.0
+    _start = 0.0
+
+    @classmethod
+    def install(cls) -> None:
+        gc.callbacks.append(cls._callback)
+
+    @classmethod
+    def _callback(cls, phase: str, info: dict[str, int]) -> None:
+        if phase == "start":
+            cls._start = time.perf_counter()
+        else:
+            cls.total += time.perf_counter() - cls._start
+
+
 class Arm:
     """One context: its own model copy, optimizer and (for tracelog) listener."""
 
@@ -131,6 +156,7 @@ class Arm:
                 self.model, log_dir, mode=mode, rerecord_every=rerecord_every
             )
         self.times: list[float] = []
+        self.gc = 0.0  # of the timed steps, seconds in the garbage collector
 
     @contextlib.contextmanager
     def block(self) -> Iterator[None]:
@@ -144,6 +170,7 @@ class Arm:
             yield
 
     def step(self, loss_of: Callable[[nn.Module], torch.Tensor], timed: bool) -> None:
+        gc_before = GcTime.total
         start = clock()
         if self.name == "floor":
             with EmptyMode():
@@ -157,6 +184,7 @@ class Arm:
         self.opt.zero_grad()
         if timed:
             self.times.append(clock() - start)
+            self.gc += GcTime.total - gc_before
 
 
 def measure(
@@ -182,6 +210,8 @@ def measure(
         for arm in arms:
             if arm.listener is not None:
                 arm.listener.close()
+        for arm in arms:
+            GC_SHARE[arm.name] = arm.gc / max(sum(arm.times), 1e-12)
         return {arm.name: arm.times for arm in arms}
 
 
@@ -225,7 +255,12 @@ def main() -> None:
         "--export", action="store_true", help="also: record+emit against torch.export (GPT-2)"
     )
     parser.add_argument("--clock", choices=sorted(CLOCKS), default="wall")
+    parser.add_argument(
+        "--gc", action="store_true", help="also: each context's share of time in Python's gc"
+    )
     args = parser.parse_args()
+    if args.gc:
+        GcTime.install()
     global clock
     clock = CLOCKS[args.clock]
     torch.set_num_threads(1)  # a shared machine: keep the contexts comparable
@@ -258,6 +293,10 @@ def main() -> None:
             mean = statistics.mean(times[c]) / bare_mean
             cells.append(f"{f'x{med:.2f} (x{mean:.2f})':>18}")
         print(f"{label:<34} {bare_med * 1e3:>8.2f} " + " ".join(cells), flush=True)
+        if args.gc and not key.startswith("keras"):
+            shares = " ".join(f"{f'{GC_SHARE[c]:.1%}':>18}" for c in cols)
+            bare_share = f"{GC_SHARE['bare']:.1%}"
+            print(f"{'  of which in gc':<34} {bare_share:>8} " + shares)
     if args.export:
         record, emit, export = export_against_record(_gpt2)
         print(

@@ -31,6 +31,7 @@ from typing import Any
 
 import numpy as np
 
+from tracelog.adapters import collector
 from tracelog.adapters.builder import (
     Builder,
     Converter,
@@ -417,6 +418,7 @@ class ListenerBase(ABC):
         self._counters: dict[tuple[int, str], int] = {}
         self._errors_logged: set[str] = set()
         self._closed = False
+        self._collector_paused = False  # does this listener hold a collector.pause()?
         self._cache: dict[Any, tuple[str, str | None, list[int]]] = {}
         self._sample: dict[str, np.ndarray] | None = None
         # what the last window counted: (prediction hash, loss hash) or the reason it was not
@@ -459,7 +461,11 @@ class ListenerBase(ABC):
         finally:
             # the window now open: a later micro-batch's where the adapter split the batch
             w, self._window = self._window, None
-            self._end_window(w, raised)
+            try:
+                self._end_window(w, raised)
+            finally:
+                del w  # its tape is freed here, before _window_closed
+                self._window_closed()
 
     def _begin_window(self) -> Any:
         """A new window, with the state a sample needs while none is taken."""
@@ -467,6 +473,23 @@ class ListenerBase(ABC):
         if self._sample is None and not self._sample_failed:
             w.before = self._state_before(w)
         return w
+
+    def _pause_collector(self) -> None:
+        """The recorder starts on a window: the garbage collector pauses until
+        the window's objects are freed (collector.py: its collections would
+        only scan and promote the tape)."""
+        if not self._collector_paused:
+            self._collector_paused = True
+            collector.pause()
+
+    def _resume_collector(self) -> None:
+        if self._collector_paused:
+            self._collector_paused = False
+            collector.resume()
+
+    def _window_closed(self) -> None:
+        """A ``batch()`` window ended and its objects are freed."""
+        self._resume_collector()
 
     def _end_window(self, w: WindowBase, raised: BaseException | None = None) -> None:
         """Count the window's batch, recorded or not, and take the sample from it."""
@@ -509,6 +532,7 @@ class ListenerBase(ABC):
             self._detach()
             return self.log
         try:
+            self._resume_collector()  # a window opened by open_batch and never closed
             self._detach()
         finally:
             self.writer.checkpoint(weights=True, state=state)

@@ -161,6 +161,7 @@ class _Window(WindowBase):
         super().__init__(listener, phase, epoch, batch)
         self.refs.update(listener._static_refs())
         self.saw_backward = False
+        self._arg_tainted = False  # set by _norm for the op being recorded
         self.seed: Ref | None = None
         self.views: dict[int, int] = {}  # id of a view tensor -> the record that made it
         self.call: InnerOps | None = None  # inside a recurrent call recorded whole
@@ -301,22 +302,15 @@ class _Window(WindowBase):
             # the loss graph. Its outputs stay unknown, so the loss meets them as
             # targets (batch-sized) or constants.
             return
-        tainted = False
-
-        def norm(a: Any) -> Any:
-            nonlocal tainted
-            if isinstance(a, torch.Tensor):
-                targ = self.arg(a, region)
-                tainted = tainted or targ.ref in self.taint
-                return targ
-            if isinstance(a, (list, tuple)):  # plain items kept without a call
-                return tuple([x if x is None or type(x) in _PLAIN_TYPES else norm(x) for x in a])
-            if a is None or isinstance(a, _PLAIN):
-                return a
-            return str(a)
-
-        nargs = norm(args)
-        nkwargs = tuple([(k, norm(v)) for k, v in sorted(kwargs.items())]) if kwargs else ()
+        # a method, not a closure: a recursive closure is a reference cycle, and
+        # it would keep the window (its tape, its tensors) alive until the
+        # garbage collector ran
+        self._arg_tainted = False
+        nargs = self._norm(args, region)
+        nkwargs = (
+            tuple([(k, self._norm(v, region)) for k, v in sorted(kwargs.items())]) if kwargs else ()
+        )
+        tainted = self._arg_tainted
         outs: list[torch.Tensor] = []
         flatten_tensors(out, outs)
         n_returned = len(outs)
@@ -330,6 +324,22 @@ class _Window(WindowBase):
         self.track_views(name, info, args, outs, region, index)
         if region == "post" and name == "aten.ones_like.default":
             self.note_seed(args, kwargs, nargs)
+
+    def _norm(self, a: Any, region: str) -> Any:
+        """An op argument as the tape holds it: a tensor as its TArg (noting in
+        ``_arg_tainted`` whether it derives from the data), containers walked."""
+        if isinstance(a, torch.Tensor):
+            targ = self.arg(a, region)
+            if targ.ref in self.taint:
+                self._arg_tainted = True
+            return targ
+        if isinstance(a, (list, tuple)):  # plain items kept without a call
+            return tuple(
+                [x if x is None or type(x) in _PLAIN_TYPES else self._norm(x, region) for x in a]
+            )
+        if a is None or isinstance(a, _PLAIN):
+            return a
+        return str(a)
 
     def note_seed(self, args: tuple[Any, ...], kwargs: dict[str, Any], nargs: Any) -> None:
         """ones_like of a 0-d tensor after the forward: autograd's seed for loss.backward()."""
@@ -647,6 +657,7 @@ class TorchListener(GuardedCounting, ListenerBase):
             self._dispatch_depth = torch._C._len_torch_dispatch_stack()
             return _Watched(self, None)
         self._scopes(True)
+        self._pause_collector()
         self._mode = _Mode(w)
         return _Watched(self, self._mode)
 
@@ -751,6 +762,7 @@ class TorchListener(GuardedCounting, ListenerBase):
             w.stop("another TorchDispatchMode was pushed inside the batch window")
             return
         self._scopes(True)
+        self._pause_collector()
         mode = self._mode = _Mode(w)
         mode.__enter__()
 
