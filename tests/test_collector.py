@@ -61,11 +61,13 @@ def _tracelog_garbage() -> list[str]:
         gc.garbage.clear()
 
 
+@pytest.mark.parametrize("mode", ["exact", "guarded"])
 @pytest.mark.parametrize("index", range(3))
-def test_an_exact_window_leaves_no_cyclic_garbage(tmp_path: Path, index: int) -> None:
+def test_a_window_leaves_no_cyclic_garbage(tmp_path: Path, index: int, mode: str) -> None:
+    """Exact: the tape; guarded (a fast window): the window and its key's calls mode."""
     model = _models()[index]
     opt = torch.optim.SGD(model.parameters(), lr=0.1)
-    listener = tracelog.Listener(model, tmp_path / "log", mode="exact")
+    listener = tracelog.Listener(model, tmp_path / "log", mode=mode, guard_after=2)
     with listener:
         for _ in range(3):  # the first batch builds graphs and the sample
             x, y = _data(model)
@@ -84,6 +86,7 @@ def test_an_exact_window_leaves_no_cyclic_garbage(tmp_path: Path, index: int) ->
             del out
             assert seen() is None  # freed as the window ended, not left for a collection
             assert _tracelog_garbage() == []
+            assert listener.last_guarded == (mode == "guarded")
         finally:
             gc.enable()
 

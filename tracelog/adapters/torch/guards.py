@@ -132,8 +132,11 @@ class Calls(TorchFunctionMode):
 
     def end(self) -> None:
         """Leave the stack if on top; else (a mode pushed after it and still
-        there) stay, switched off: never pop another's mode."""
+        there) stay, switched off: never pop another's mode. It lets go of its
+        window: the two refer to each other, a cycle only a garbage
+        collection would free otherwise."""
         self.on = False
+        self.window = None
         n = torch._C._len_torch_function_stack()
         if self.started and n and torch._C._get_function_stack_at(n - 1) is self:
             torch._C._pop_torch_function_stack()  # __exit__'s work
