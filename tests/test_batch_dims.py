@@ -78,3 +78,27 @@ def test_the_memo_changes_no_shape_and_runs_each_layer_kernel_once(
     assert any("seq" in str(d) for r in remembered.recs for o in r.outs for d in o.shape)
     # six equal layers: their kernels run once per replay size, not six times
     assert calls[0] * 3 < without, (calls[0], without)
+
+
+def test_no_two_tries_of_a_record_run_the_same_arguments(tmp_path: Path, monkeypatch: Any) -> None:
+    # choice None (every int follows) and {0: 1} are one argument list where a
+    # record has one int that may follow (LayerNorm's [8] at B = 4): run once
+    tape = _tape(tmp_path, monkeypatch)
+    tried: list[tuple[int, int, tuple[int, ...], int | None]] = []
+    duplicated = [0]  # records whose choices name one argument list twice
+    run_with, choices = batch_dims._MetaReplay.run_with, batch_dims._MetaReplay.choices
+
+    def counted(self: Any, rec: Any, plan: Any, values: Any, infer: Any = None) -> Any:
+        tried.append((id(self), rec.index, values, infer))
+        return run_with(self, rec, plan, values, infer)
+
+    def counted_choices(self: Any, plan: Any) -> Any:
+        found = choices(self, plan)
+        duplicated[0] += len({plan.values(c) for c in found}) < len(found)
+        return found
+
+    monkeypatch.setattr(batch_dims._MetaReplay, "run_with", counted)
+    monkeypatch.setattr(batch_dims._MetaReplay, "choices", counted_choices)
+    assert batch_dims.exact_batch_dims(tape, memo=_Forgetful()) is not None
+    assert duplicated[0] > 0  # the case arises in this tape
+    assert len(set(tried)) == len(tried)

@@ -98,6 +98,59 @@ def _arg_key(x: Any) -> Any:
     return _NO_KEY
 
 
+class _Slot(int):
+    """The place of an int that may follow a symbol in a plan's arguments:
+    the slot's number."""
+
+
+class _Plan:
+    """A record's arguments on the replay's meta tensors, with the ints that
+    may follow a symbol left as slots: built once per record, filled per
+    choice (the tensors and the memo key's bulk do not depend on it)."""
+
+    def __init__(
+        self,
+        args: list[Any],
+        kwargs: dict[str, Any],
+        slots: list[tuple[int, list[int]]],
+        key: Any,
+    ) -> None:
+        self.args, self.kwargs = args, kwargs
+        self.slots = slots  # each slot's recorded int and its readings
+        self.key = key  # the memo key of the arguments, slots as themselves
+
+    def values(self, chosen: Choice) -> tuple[int, ...]:
+        """Each slot's int: kept (choice 0) or one of its readings at the
+        replay's sizes (choice k: the k-th; None: the first)."""
+        if chosen is None:
+            return tuple([alternatives[0] for _x, alternatives in self.slots])
+        return tuple(
+            [
+                alternatives[pick - 1] if (pick := chosen.get(i, 0)) else x
+                for i, (x, alternatives) in enumerate(self.slots)
+            ]
+        )
+
+    def filled(
+        self, values: tuple[int, ...], infer: int | None
+    ) -> tuple[list[Any], dict[str, Any]]:
+        """The arguments with each slot at its value (fresh lists: a kernel
+        never sees another try's)."""
+        args = [_fill(a, values) for a in self.args]
+        kwargs = {k: _fill(v, values) for k, v in self.kwargs.items()}
+        if infer is not None:
+            args[1] = [-1 if i == infer else d for i, d in enumerate(args[1])]
+        return args, kwargs
+
+
+def _fill(obj: Any, values: tuple[int, ...]) -> Any:
+    if type(obj) is _Slot:
+        return values[obj]
+    if type(obj) is list:
+        return [_fill(x, values) for x in obj]
+    return obj
+
+
 def _replay_all(tape: Tape, replay: _MetaReplay) -> bool:
     """Run every record again, taking each record's most likely choice; when
     a later record cannot run, go back to the latest record that had another
@@ -149,8 +202,11 @@ class _MetaReplay:
         # the batch alone: every moved dim must move as k*B -> k*(B + 1)
         self.strict = set(self.sizes) == {BATCH}
         self.metas: dict[Ref, torch.Tensor] = {}
-        self._tainted = False  # of the record being replayed
-        self._readings: list[int] = []  # per int that may follow: how many readings it has
+        self._tainted = False  # of the record being planned
+        # each symbol's size in the recording, and each int's readings as a multiple
+        self._base = {BATCH: batch, **{s: n for s, (n, _) in self.sources.items()}}
+        self._multiples: dict[int, list[int]] = {}
+        self._concrete: dict[tuple[int | str, ...], tuple[int, ...]] = {}
 
     def meta_of(self, a: TArg) -> torch.Tensor:
         t = self.metas.get(a.ref)
@@ -176,92 +232,98 @@ class _MetaReplay:
                 return k // size * self.sizes[symbol]
         return k
 
-    def sub(self, obj: Any, chosen: Choice, counter: list[int]) -> Any:
-        """Replace TArgs by meta tensors, and the ints inside size lists that are
-        multiples k*B of the batch, whose running position is in `chosen` (None:
-        all of them), by k*(B + 1). A lone int (groups, dim, a split size) stays,
-        but for one equal to a symbol's size in a record not derived from the
-        data (arange's end, a slice of a position table)."""
+    def plan(self, rec: Any) -> _Plan:
+        """rec's arguments with TArgs replaced by meta tensors, and a _Slot in
+        place of each int that may follow a symbol: the ints inside size lists
+        that are multiples k*B of the batch (and, other symbols given, of
+        their products), and a lone int (groups, dim, a split size) only where
+        it equals a symbol's size in a record not derived from the data
+        (arange's end, a slice of a position table). Slots are numbered in
+        the order of the arguments, then the keyword arguments."""
+        self._tainted = rec.tainted
+        slots: list[tuple[int, list[int]]] = []
+        args = [self._sub(a, slots) for a in rec.args]
+        kwargs = {k: self._sub(v, slots) for k, v in rec.kwargs}
+        if "device" in kwargs:
+            kwargs["device"] = torch.device("meta")
+        key = _arg_key((args, sorted(kwargs.items())))
+        return _Plan(args, kwargs, slots, key)
+
+    def _sub(self, obj: Any, slots: list[tuple[int, list[int]]]) -> Any:
         if isinstance(obj, TArg):
             return self.meta_of(obj)
         if isinstance(obj, tuple):
-            return [self._sub_item(x, chosen, counter) for x in obj]
+            return [self._sub_item(x, slots) for x in obj]
         if isinstance(obj, torch.device):
             return torch.device("meta")
         if type(obj) is int and not self._tainted:
             alternatives = self._lone(obj)
             if alternatives:
-                return self._count(obj, alternatives, chosen, counter)
+                return self._slot(obj, alternatives, slots)
         return obj
 
-    def _count(self, x: int, alternatives: list[int], chosen: Choice, counter: list[int]) -> int:
-        """The value of the int at the next position: kept (choice 0) or one of
-        its readings at the replay's sizes (choice k: the k-th; None: the first)."""
-        pos = counter[0]
-        counter[0] += 1
-        self._readings.append(len(alternatives))
-        pick = 1 if chosen is None else chosen.get(pos, 0)
-        return alternatives[pick - 1] if pick else x
+    def _sub_item(self, x: Any, slots: list[tuple[int, list[int]]]) -> Any:
+        """One item of a tuple argument: a batch-multiple int is a slot;
+        anything else is substituted."""
+        if type(x) is int and x > 0:
+            alternatives = self._multiple(x)
+            if alternatives:
+                return self._slot(x, alternatives, slots)
+        return self._sub(x, slots)
+
+    @staticmethod
+    def _slot(x: int, alternatives: list[int], slots: list[tuple[int, list[int]]]) -> _Slot:
+        slots.append((x, alternatives))
+        return _Slot(len(slots) - 1)
 
     def _lone(self, x: int) -> list[int]:
         """The readings of a lone int of a record not derived from the data:
         a size the replay changes (arange(B) for a batch index, arange(T))."""
-        base = {BATCH: self.batch, **{s: n for s, (n, _) in self.sources.items()}}
-        return [size for symbol, size in self.sizes.items() if x >= 2 and x == base[symbol]]
+        return [size for symbol, size in self.sizes.items() if x >= 2 and x == self._base[symbol]]
 
     def _multiple(self, x: int) -> list[int]:
         """x read as k times a product of symbol sizes, at the replay's sizes:
-        one reading per group of symbols that divides it, most symbols first."""
+        one reading per group of symbols that divides it, most symbols first
+        (remembered: a model's size lists repeat)."""
+        readings = self._multiples.get(x)
+        if readings is not None:
+            return readings
         if self.strict:
-            return [x // self.batch * self.other] if x % self.batch == 0 else []
-        base = {BATCH: self.batch, **{s: n for s, (n, _) in self.sources.items()}}
-        symbols = list(self.sizes)
-        readings: list[int] = []
-        for n in range(len(symbols), 0, -1):
-            for group in itertools.combinations(symbols, n):
-                size = math.prod(base[s] for s in group)
-                new = x // size * math.prod(self.sizes[s] for s in group)
-                if x % size == 0 and new not in readings:
-                    readings.append(new)
+            readings = [x // self.batch * self.other] if x % self.batch == 0 else []
+        else:
+            base = self._base
+            symbols = list(self.sizes)
+            readings = []
+            for n in range(len(symbols), 0, -1):
+                for group in itertools.combinations(symbols, n):
+                    size = math.prod(base[s] for s in group)
+                    new = x // size * math.prod(self.sizes[s] for s in group)
+                    if x % size == 0 and new not in readings:
+                        readings.append(new)
+        self._multiples[x] = readings
         return readings
 
-    def _sub_item(self, x: Any, chosen: Choice, counter: list[int]) -> Any:
-        """One item of a tuple argument: a batch-multiple int counts (and
-        follows the batch where chosen); anything else is substituted."""
-        if type(x) is int and x > 0:
-            alternatives = self._multiple(x)
-            if alternatives:
-                return self._count(x, alternatives, chosen, counter)
-        return self.sub(x, chosen, counter)
-
-    def run_with(self, rec: Any, chosen: Choice, infer: int | None = None) -> list[torch.Tensor]:
-        """Run rec with the chosen ints following; `infer`: the position in a
-        view's size list to write as -1 (a size merged from an affine one,
+    def run_with(
+        self, rec: Any, plan: _Plan, values: tuple[int, ...], infer: int | None = None
+    ) -> list[torch.Tensor]:
+        """Run rec with each slot of its plan at `values`; `infer`: the position
+        in a view's size list to write as -1 (a size merged from an affine one,
         B*(T-1): the view infers it from the input)."""
         if not rec.outs:  # .item() and the like: no tensor to follow (and no meta kernel)
             return []
-        counter = [0]
-        self._tainted = rec.tainted
-        self._readings = []
-        args = [self.sub(a, chosen, counter) for a in rec.args]
-        if infer is not None:
-            args[1] = [-1 if i == infer else d for i, d in enumerate(args[1])]
-        kwargs = {k: self.sub(v, chosen, counter) for k, v in rec.kwargs}
-        if "device" in kwargs:
-            kwargs["device"] = torch.device("meta")
         if rec.op in _RANDOM_INPLACE:
-            return [args[0]]
-        if self.memo is None or rec.mutated:
+            return [plan.args[0]]
+        if self.memo is None or rec.mutated or plan.key is _NO_KEY:
+            args, kwargs = plan.filled(values, infer)
             return self._call(rec, args, kwargs) + [args[i] for i in rec.mutated]
-        key = _arg_key((args, sorted(kwargs.items())))
-        if key is _NO_KEY:
-            return self._call(rec, args, kwargs)
-        key = (rec.func, key)
+        # the plan's key and the slots' values (and -1's place) say the arguments
+        key = (rec.func, plan.key, values, infer)
         if key in self.memo:
             metas = self.memo[key]
             if metas is None:
                 raise RuntimeError("this choice failed before")  # as it did then
             return [torch.empty_strided(s, st, dtype=d, device="meta") for s, st, d in metas]
+        args, kwargs = plan.filled(values, infer)
         try:
             outs = self._call(rec, args, kwargs)
         except Exception:
@@ -281,26 +343,14 @@ class _MetaReplay:
         flatten_tensors(rec.func(*args, **kwargs), outs)
         return outs
 
-    def readings(self, rec: Any) -> list[int]:
-        """How many readings each int of rec that may follow a symbol has, by position."""
-        counter = [0]
-        self._tainted = rec.tainted
-        self._readings = []
-        for a in (*rec.args, *(v for _, v in rec.kwargs)):
-            self.sub(a, {}, counter)
-        return list(self._readings)
-
-    def n_batch_ints(self, rec: Any) -> int:
-        return len(self.readings(rec))
-
-    def choices(self, rec: Any) -> list[Choice]:
+    def choices(self, plan: _Plan) -> list[Choice]:
         """Which batch-valued ints in size lists follow the batch is ambiguous
         when a feature dim equals it (view(x, [B, B])): all of them, each
         alone, and none; records not derived from the data too (a buffer
         expanded to [B, T], arange(B)). With several symbols, each int may
         be read as any of them (B = 4 and T = 8 both divide 8), so every
         combination is tried, most ints following first."""
-        readings = self.readings(rec)
+        readings = [len(alternatives) for _x, alternatives in plan.slots]
         n = len(readings)
         if not self.strict and 1 <= n and math.prod(r + 1 for r in readings) <= 128:
             combos = itertools.product(*(range(r + 1) for r in readings))
@@ -321,26 +371,34 @@ class _MetaReplay:
         """The replayed outputs of rec under each choice whose outputs change
         only by B -> B + 1 (other symbols: as a view allows), most likely first:
         the one that moves the earliest dims (the batch leads in the data)."""
-        tries: list[tuple[Choice, int | None]] = [(c, None) for c in self.choices(rec)]
+        plan = self.plan(rec)
+        tries: list[tuple[Choice, int | None]] = [(c, None) for c in self.choices(plan)]
         if not self.strict and rec.op in _VIEWS and isinstance(rec.args[1], tuple):
             tries += [(None, i) for i in range(len(rec.args[1]))]
-        found = self._ranked(rec, tries)
+        found = self._ranked(rec, plan, tries)
         if not found and self.strict and rec.tainted:
             # a sequence length that is a multiple of the batch (B = 4, T = 8):
             # which of several batch-multiple ints follow needs any subset
-            n = self.n_batch_ints(rec)
+            n = len(plan.slots)
             if 2 < n <= 6:
                 subsets = itertools.chain.from_iterable(
                     itertools.combinations(range(n), k) for k in range(n - 1, 1, -1)
                 )
-                found = self._ranked(rec, [({i: 1 for i in c}, None) for c in subsets])
+                found = self._ranked(rec, plan, [({i: 1 for i in c}, None) for c in subsets])
         return found
 
-    def _ranked(self, rec: Any, tries: list[tuple[Choice, int | None]]) -> list[list[torch.Tensor]]:
+    def _ranked(
+        self, rec: Any, plan: _Plan, tries: list[tuple[Choice, int | None]]
+    ) -> list[list[torch.Tensor]]:
         ranked: dict[tuple[tuple[int, ...], ...], tuple[Any, list[torch.Tensor]]] = {}
+        tried: set[tuple[tuple[int, ...], int | None]] = set()
         for chosen, infer in tries:
+            values = plan.values(chosen)
+            if (values, infer) in tried:
+                continue  # the same arguments as an earlier try (None and {0: 1} of one int)
+            tried.add((values, infer))
             try:
-                outs = self.run_with(rec, chosen, infer)
+                outs = self.run_with(rec, plan, values, infer)
             except Exception:  # no meta kernel, or this choice is wrong
                 continue
             moved = self.changes(rec, outs)
@@ -362,8 +420,8 @@ class _MetaReplay:
         src = self.metas.get(rec.args[0].ref)
         if src is None:
             return True
-        was_in = concrete_shape(rec.args[0].shape, self.batch)
-        was_out = concrete_shape(rec.outs[0].shape, self.batch)
+        was_in = self._recorded(rec.args[0].shape)
+        was_out = self._recorded(rec.outs[0].shape)
         now_in, now_out = tuple(src.shape), tuple(outs[0].shape)
         ends_in, ends_out = _prefix_ends(was_in), _prefix_ends(was_out)
         for product in ends_in.keys() & ends_out.keys():
@@ -379,7 +437,7 @@ class _MetaReplay:
             return None
         found: list[int] = []
         for k, t in enumerate(outs):
-            concrete = concrete_shape(rec.outs[k].shape, self.batch)
+            concrete = self._recorded(rec.outs[k].shape)
             if 0 in concrete:
                 # an empty output holds no batch dim, and meta kernels may size it
                 # otherwise (native_batch_norm's save_mean in eval: (0,) on CPU, (C,) meta)
@@ -391,6 +449,14 @@ class _MetaReplay:
                 return None
             found += moved
         return tuple(found)
+
+    def _recorded(self, shape: tuple[int | str, ...]) -> tuple[int, ...]:
+        """A recorded shape at the recorded batch size (remembered: every try
+        of a record reads its outputs' shapes)."""
+        concrete = self._concrete.get(shape)
+        if concrete is None:
+            concrete = self._concrete[shape] = concrete_shape(shape, self.batch)
+        return concrete
 
     def _moved(self, concrete: tuple[int, ...], shape: torch.Size) -> list[int] | None:
         """The dims of one output that went from k*B to k*(B + 1): the batch,
