@@ -84,12 +84,17 @@ def test_no_two_tries_of_a_record_run_the_same_arguments(tmp_path: Path, monkeyp
     # choice None (every int follows) and {0: 1} are one argument list where a
     # record has one int that may follow (LayerNorm's [8] at B = 4): run once
     tape = _tape(tmp_path, monkeypatch)
-    tried: list[tuple[int, int, tuple[int, ...], int | None]] = []
+    runs: list[list[tuple[tuple[int, ...], int | None]]] = []  # per ranking of a record
     duplicated = [0]  # records whose choices name one argument list twice
-    run_with, choices = batch_dims._MetaReplay.run_with, batch_dims._MetaReplay.choices
+    ranked, run_with = batch_dims._MetaReplay._ranked, batch_dims._MetaReplay.run_with
+    choices = batch_dims._MetaReplay.choices
+
+    def counted_ranked(self: Any, rec: Any, plan: Any, tries: Any) -> Any:
+        runs.append([])
+        return ranked(self, rec, plan, tries)
 
     def counted(self: Any, rec: Any, plan: Any, values: Any, infer: Any = None) -> Any:
-        tried.append((id(self), rec.index, values, infer))
+        runs[-1].append((values, infer))
         return run_with(self, rec, plan, values, infer)
 
     def counted_choices(self: Any, plan: Any) -> Any:
@@ -97,8 +102,50 @@ def test_no_two_tries_of_a_record_run_the_same_arguments(tmp_path: Path, monkeyp
         duplicated[0] += len({plan.values(c) for c in found}) < len(found)
         return found
 
+    monkeypatch.setattr(batch_dims._MetaReplay, "_ranked", counted_ranked)
     monkeypatch.setattr(batch_dims._MetaReplay, "run_with", counted)
     monkeypatch.setattr(batch_dims._MetaReplay, "choices", counted_choices)
     assert batch_dims.exact_batch_dims(tape, memo=_Forgetful()) is not None
     assert duplicated[0] > 0  # the case arises in this tape
-    assert len(set(tried)) == len(tried)
+    assert all(len(set(tried)) == len(tried) for tried in runs)
+
+
+def test_a_view_or_expand_not_asked_is_one_that_raises() -> None:
+    # the replay skips a choice whose view or expand cannot fit its input; each
+    # skipped one must be one the meta kernel refuses
+    from types import SimpleNamespace
+
+    src = torch.empty(4, 6, 8, device="meta")
+    lists = [
+        [4, 6, 8], [4, 48], [192], [5, 6, 8], [4, -1], [-1, 7], [-1, -1, 8], [2, 2, 6, 8],
+        [4, 6, 1, 8], [3, 4, 6, 8], [4, 1, 8], [6, 8], [4, 6, 9], [4, -1, 8], [0, -1],
+    ]  # fmt: skip
+    ops = {
+        "aten.view.default": torch.ops.aten.view.default,
+        "aten.reshape.default": torch.ops.aten.reshape.default,
+        "aten.expand.default": torch.ops.aten.expand.default,
+    }
+    left_to_the_kernel = []
+    for name, op in ops.items():
+        for sizes in lists:
+            plan = batch_dims._Plan([src, list(sizes)], {}, [], None)
+            cannot = batch_dims._cannot_fit(SimpleNamespace(op=name), plan, (), None)
+            try:
+                op(src, sizes)
+            except Exception:
+                if not cannot:
+                    left_to_the_kernel.append((name.split(".")[1], sizes))
+            else:
+                assert not cannot, (name, sizes)
+    # a -1 beside a 0 size, and an expand with a -1: the kernel's to refuse
+    assert left_to_the_kernel == [
+        ("view", [0, -1]), ("reshape", [0, -1]),
+        ("expand", [4, -1]), ("expand", [-1, 7]), ("expand", [0, -1]),
+    ]  # fmt: skip
+    # a slot takes its choice's value, and `infer` writes -1 in its place
+    plan = batch_dims._Plan([src, [batch_dims._Slot(0), 48]], {}, [(4, [5])], None)
+    view = SimpleNamespace(op="aten.view.default")
+    assert not batch_dims._cannot_fit(view, plan, (4,), None)
+    assert batch_dims._cannot_fit(view, plan, (5,), None)
+    assert batch_dims._cannot_fit(view, plan, (5,), 1)  # [5, -1]: 192 is no multiple of 5
+    assert not batch_dims._cannot_fit(view, plan, (4,), 1)

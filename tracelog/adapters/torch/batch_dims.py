@@ -28,6 +28,7 @@ from .tensors import TORCH_DTYPES, flatten_tensors
 # Random ops keep their input's shape; replaying them would still be shape-only,
 # but they are skipped so no generator is ever touched.
 _VIEWS = {"aten.view.default", "aten._unsafe_view.default", "aten.reshape.default"}
+_EXPAND = "aten.expand.default"
 _RANDOM_INPLACE = {"aten.bernoulli_.float", "aten.uniform_.default", "aten.normal_.default"}
 
 # A meta kernel's outputs are a function of its tensors' metadata and its other
@@ -149,6 +150,39 @@ def _fill(obj: Any, values: tuple[int, ...]) -> Any:
     if type(obj) is list:
         return [_fill(x, values) for x in obj]
     return obj
+
+
+def _cannot_fit(rec: Any, plan: _Plan, values: tuple[int, ...], infer: int | None) -> bool:
+    """A view whose sizes cannot hold its input's element count (their
+    product differs, or divides it not where one size is -1, or two sizes
+    are -1), or an expand to sizes that differ from its input's non-unit
+    dims: the kernel would raise (and raising costs more than the check)."""
+    if (rec.op not in _VIEWS and rec.op != _EXPAND) or len(plan.args) < 2:
+        return False
+    src, sizes = plan.args[0], plan.args[1]
+    if not isinstance(src, torch.Tensor) or type(sizes) is not list:
+        return False
+    sizes = [values[d] if type(d) is _Slot else d for d in sizes]
+    if infer is not None:
+        sizes[infer] = -1
+    if any(type(d) is not int or d < -1 for d in sizes):
+        return False  # the kernel decides
+    if rec.op == _EXPAND:
+        shape = tuple(src.shape)
+        if -1 in sizes:
+            return False  # a kept dim: the kernel decides
+        if len(sizes) < len(shape):
+            return True
+        return any(
+            d != 1 and n != d for d, n in zip(shape, sizes[len(sizes) - len(shape) :], strict=True)
+        )
+    inferred = sizes.count(-1)
+    if inferred > 1:
+        return True
+    product = math.prod(d for d in sizes if d != -1)
+    if inferred:
+        return product != 0 and src.numel() % product != 0
+    return product != src.numel()
 
 
 def _replay_all(tape: Tape, replay: _MetaReplay) -> bool:
@@ -397,6 +431,8 @@ class _MetaReplay:
             if (values, infer) in tried:
                 continue  # the same arguments as an earlier try (None and {0: 1} of one int)
             tried.add((values, infer))
+            if _cannot_fit(rec, plan, values, infer):
+                continue  # it would raise: most wrong choices of a view or an expand
             try:
                 outs = self.run_with(rec, plan, values, infer)
             except Exception:  # no meta kernel, or this choice is wrong
