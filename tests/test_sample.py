@@ -97,6 +97,7 @@ def test_a_recorded_run_writes_the_sample_through_the_module(tmp_path) -> None:
         "reference",
     }
     assert info["grads_from"] == "backward" and info["masks"] >= 1
+    assert log.sample_keys() == set(sample)  # from the header alone (emit reads no arrays)
     # the float64 replay of the same batch (the same dropout masks): every
     # output, the loss and each gradient, within float32 rounding of the run
     assert info["reference"] == "float64"

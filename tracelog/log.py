@@ -236,6 +236,20 @@ class TraceLog:
     def sample(self) -> dict[str, np.ndarray]:
         return self._load_tensors(SAMPLE_FILE, decode_sample)
 
+    def sample_keys(self) -> set[str]:
+        """The sample's keys, read from its file's header only (a program
+        names the entries it reads; the arrays are the check's)."""
+        if self._dir is None:
+            raise LogError("this log has not been written or loaded from disk")
+        path = self._dir / SAMPLE_FILE
+        try:
+            with open(path, "rb") as f:
+                (n,) = struct.unpack("<Q", f.read(8))
+                header = json.loads(f.read(n))
+            return {str(k) for k in header if k != "__metadata__"}
+        except Exception as e:  # OSError, a header that is not safetensors'
+            raise LogError(f"{path}: cannot read tensors ({_one_line(e)})") from None
+
     def _load_tensors(
         self, name: str, decode: Callable[[bytes], dict[str, np.ndarray]]
     ) -> dict[str, np.ndarray]:

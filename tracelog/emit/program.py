@@ -629,7 +629,7 @@ def build_program(
         pred,
         loss,
         (fnames[info["prediction"]], fnames[info["loss"]]),
-        set(log.sample()),
+        log.sample_keys(),
         trace,
     )
     tail = [_predict_table(log, fnames), *([] if standalone else target.keys_called(step)), step]
