@@ -81,11 +81,12 @@ class _Replay:
     def _drawn(self, rec: Any) -> list[torch.Tensor]:
         """What a random op drew, in float64; an in-place draw writes it into its
         (replayed) target, as the op did."""
-        drawn = [_up(d != 0) if rec.op in _DRAWS else _up(d) for d in self.drawn[rec.index]]
+        # (d != 0 is a fresh tensor: no copy of it is needed; copy_ casts)
+        drawn = [d.detach() != 0 if rec.op in _DRAWS else _up(d) for d in self.drawn[rec.index]]
         if rec.op.split(".")[1].endswith("_"):
             target = self.sub(rec.args[0])
             with torch.no_grad():
-                target.copy_(drawn[0].to(target.dtype))
+                target.copy_(drawn[0])
             return [target]
         return drawn
 
@@ -172,11 +173,15 @@ def reference64(
 
 
 def _from_numpy(array: np.ndarray) -> torch.Tensor:
-    """A copy of a stored array as a tensor; bfloat16 (``ml_dtypes``, which
-    torch cannot read) widened to float32, exactly, on its way to float64."""
-    copy = np.array(array)
-    return torch.from_numpy(copy.astype(np.float32) if copy.dtype.name == "bfloat16" else copy)
+    """A stored array as a tensor, for _up to copy (itself a copy only where
+    torch cannot read it as it is); bfloat16 (``ml_dtypes``, which torch
+    cannot read) widened to float32, exactly, on its way to float64."""
+    if array.dtype.name == "bfloat16":
+        return torch.from_numpy(array.astype(np.float32))
+    return torch.from_numpy(np.require(array, requirements=["C", "W"]))
 
 
 def _array(t: torch.Tensor) -> np.ndarray:
-    return t.detach().cpu().numpy().copy()
+    # the replay's own tensor, which nothing writes after it: no copy (the
+    # sample file is written C-contiguous whatever its strides)
+    return t.detach().cpu().numpy()
