@@ -150,3 +150,14 @@ def test_overlapping_windows_and_an_unclosed_one_restore_the_collector(tmp_path:
     lb.close()
     la.close()
     assert cm_b is not None and gc.isenabled() and collector.paused() == 0
+
+
+def test_an_error_in_the_window_resumes_the_collector(tmp_path: Path) -> None:
+    model = _models()[0]
+    with tracelog.Listener(model, tmp_path / "log", mode="exact") as listener:
+        x, _ = _data(model)
+        with pytest.raises(ValueError, match="the user's"), listener.batch():
+            model(x)
+            assert not gc.isenabled()
+            raise ValueError("the user's error")
+        assert gc.isenabled() and collector.paused() == 0
