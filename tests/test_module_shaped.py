@@ -139,6 +139,18 @@ def _chain(modules: list[tuple[str, str]]) -> Graph:
     return Graph("prediction", values, nodes, [Output(prev, "prediction")])
 
 
+def _jax_texts(graph: Graph) -> tuple[list[str], str, str]:
+    """The graph's JAX kind functions, and its function written with them
+    (module-shaped) and without (flat)."""
+    target = get_target("jax")
+    program = Namespace(target.reserved)
+    kinds = kind_functions([graph], program)
+    texts = [emit_kind_function(target, kf, kinds, {}, program) for kf in distinct(kinds)]
+    shaped = emit_function(target, graph, "f", [], "0" * 64, {}, program=program, kinds=kinds)
+    flat = emit_function(target, graph, "g", [], "0" * 64, {}, program=Namespace(target.reserved))
+    return texts, shaped, flat
+
+
 def test_which_kinds_become_functions() -> None:
     """Called twice with two ops or more, parameters under its own path: a
     function; a one-op module, or one reading a weight from elsewhere (tied),
@@ -196,12 +208,7 @@ def test_module_shaped_hand_built_program_runs(inner: str) -> None:
     else:
         weights = ["a.0.weight", "a.1.weight"]
         graph = _chain([("a.0", weights[0]), ("a.1", weights[1])])
-    target = get_target("jax")
-    program = Namespace(target.reserved)
-    kinds = kind_functions([graph], program)
-    texts = [emit_kind_function(target, kf, kinds, {}, program) for kf in distinct(kinds)]
-    shaped = emit_function(target, graph, "f", [], "0" * 64, {}, program=program, kinds=kinds)
-    flat = emit_function(target, graph, "g", [], "0" * 64, {}, program=Namespace(target.reserved))
+    texts, shaped, flat = _jax_texts(graph)
     assert "= block(params, " in shaped and "block(" not in flat
     if inner:  # the child's output, named after it, would be `prefix = linear(...)`
         assert f"{inner}_1 = linear(params, prefix + {inner + '.'!r}, x)" in texts[0]
@@ -252,12 +259,7 @@ def test_flat_named_blocks_are_kind_functions() -> None:
             for s, op in (("", "Gemm"), ("_relu", "Relu"))
         ]
     )
-    target = get_target("jax")
-    program = Namespace(target.reserved)
-    kinds = kind_functions([graph], program)
-    texts = [emit_kind_function(target, kf, kinds, {}, program) for kf in distinct(kinds)]
-    shaped = emit_function(target, graph, "f", [], "0" * 64, {}, program=program, kinds=kinds)
-    flat = emit_function(target, graph, "g", [], "0" * 64, {}, program=Namespace(target.reserved))
+    texts, shaped, flat = _jax_texts(graph)
     assert len(texts) == 1 and "params[prefix + '/kernel']" in texts[0]
     assert [line.strip() for line in shaped.splitlines() if "= dense(" in line] == [
         "block_1_dense_relu = dense(params, 'block_1_dense', x)",
