@@ -20,6 +20,7 @@ before DDP's all-reduce), so ``tracelog check`` compares like with like.
 from __future__ import annotations
 
 import argparse
+import gc
 import os
 import sys
 from pathlib import Path
@@ -90,6 +91,10 @@ def train(
         with torch.no_grad(), listener.batch():
             F.cross_entropy(model(data[0][0]), data[0][1])
     dist.barrier()  # every rank done before the log is read
+    # DDP's reducer holds the process group: free it (and any cycle it is in) before the
+    # group is destroyed, so that no gloo object is torn down later, at interpreter exit
+    del model, opt, listener
+    gc.collect()
     dist.destroy_process_group()
     if rank == 0:
         print(f"rank 0 of {world}: log in {out}")

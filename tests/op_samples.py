@@ -819,10 +819,83 @@ def _attention_samples() -> list[OpSample]:
             name="Pad-valued-int",
         )
     )
+    s += _sdpa_samples()
     for sample in s:
         if sample.consts and sample.order is None:
             sample.order = [n for n, _ in sample.inputs] + list(sample.consts)
     return s
+
+
+def _causal_masked(mask: Array, length: int, keys: int) -> Array:
+    """An additive mask with is_causal's mask folded in (torch takes one of the two)."""
+    return np.where(np.triu(np.ones((length, keys), bool), 1), -np.inf, mask).astype(mask.dtype)
+
+
+def _sdpa_samples() -> list[OpSample]:
+    """tracelog.Attention against torch's F.scaled_dot_product_attention: 4-D
+    (JAX's fused path) and 3-D, a value dim unlike the key dim, a causal mask
+    with more keys than queries, an additive mask with a fully masked row (0,
+    not NaN), both masks at once, and float64."""
+    import torch.nn.functional as F
+
+    q, k, v = _r(2, 3, 4, 5, seed=20), _r(2, 3, 6, 5, seed=21), _r(2, 3, 6, 5, seed=22)
+    mask = np.zeros((2, 1, 4, 6), np.float32)
+    mask[0, 0, 1, :] = -np.inf  # one query sees no key
+    mask[1, 0, :, 2] = -np.inf
+    mask[1, 0, 3, 4] = 0.75  # a bias, not only a mask
+
+    def sdpa(scale: float, causal: bool = False, masked: bool = False):
+        def run(a, b, c, m=None):
+            if masked and causal:
+                m = torch_from(_causal_masked(m.numpy(), a.shape[-2], b.shape[-2]))
+                causal_ = False
+            else:
+                causal_ = causal
+            return F.scaled_dot_product_attention(a, b, c, m, is_causal=causal_, scale=scale)
+
+        return _t(run)
+
+    def torch_from(a: Array) -> Any:
+        import torch
+
+        return torch.from_numpy(a)
+
+    return [
+        OpSample(
+            "tracelog.Attention",
+            [("q", q), ("k", k), ("v", v)],
+            {"scale": 0.4, "is_causal": 0},
+            torch=sdpa(0.4),
+        ),
+        OpSample(
+            "tracelog.Attention",
+            [("q", q[0]), ("k", k[0]), ("v", _r(3, 6, 7, seed=23))],
+            {"scale": 0.3, "is_causal": 1},
+            torch=sdpa(0.3, causal=True),
+            name="Attention-causal-3d",
+        ),
+        OpSample(
+            "tracelog.Attention",
+            [("q", q), ("k", k), ("v", v), ("m", mask)],
+            {"scale": 0.5, "is_causal": 0},
+            torch=sdpa(0.5, masked=True),
+            name="Attention-masked",
+        ),
+        OpSample(
+            "tracelog.Attention",
+            [("q", q), ("k", k), ("v", _r(2, 3, 6, 3, seed=24)), ("m", mask)],
+            {"scale": 0.5, "is_causal": 1},
+            torch=sdpa(0.5, causal=True, masked=True),
+            name="Attention-masked-causal",
+        ),
+        OpSample(
+            "tracelog.Attention",
+            [(n, a.astype(np.float64)) for n, a in (("q", q), ("k", k), ("v", v), ("m", mask))],
+            {"scale": 0.5, "is_causal": 0},
+            torch=sdpa(0.5, masked=True),
+            name="Attention-float64",
+        ),
+    ]
 
 
 _ATTENTION = _attention_samples()

@@ -258,8 +258,9 @@ EDITS = [
         "attention_scale_changed",
         "transformer",
         "layer.self_attn",
-        lambda t: (r"\(\s*0\.5,", "(0.51,"),
-        _set_const("Mul", "layer.self_attn", 0.5, 0.51),
+        # the fused attention's scale (torch's scale=, the others' _attention argument)
+        lambda t: (r"(None,\s+|scale=)0\.5\b", r"\g<1>0.51"),
+        _set_attr("Attention", "scale", 0.51, "layer.self_attn"),
     ),
     Edit(
         "gelu_tanh_approximation",

@@ -423,6 +423,67 @@ _onnx(
 _onnx("GRU", "X W R B? sequence_lens? initial_h?", "Y? Y_h?", f"{_RECURRENT} linear_before_reset=0")
 _onnx("RNN", "X W R B? sequence_lens? initial_h?", "Y? Y_h?", _RECURRENT)
 
+# -- scaled dot-product attention (issue 15) --
+define(
+    OpSchema(
+        "Attention",
+        ("Q", "K", "V", "mask?"),
+        ("Y",),
+        ("scale", "is_causal"),
+        domain=TRACELOG_DOMAIN,
+        doc=(
+            "Scaled dot-product attention as torch's F.scaled_dot_product_attention computes "
+            "it: Y = softmax(Q @ K^T * scale + mask) @ V over the last two axes of Q "
+            "[..., L, E], K [..., S, E] and V [..., S, Ev] (any leading axes, heads "
+            "included; K and V have as many heads as Q: grouped-query heads are repeated "
+            "before the op). `mask` is additive, of Q's dtype, broadcast to [..., L, S] "
+            "(-inf where a key is masked; a boolean mask is written as 0 / -inf); no mask "
+            "means none. `is_causal` = 1 masks key j for query i where j > i (top-left "
+            "aligned, as torch's is_causal). A row whose keys are all masked gives 0, and no "
+            "gradient, as torch's kernels give (a plain softmax gives NaN there). ONNX's "
+            "Attention needs opset 23; this op's function body writes it out at opset 21 "
+            "(an absent mask is a scalar 0 there)."
+        ),
+        function="""
+<domain: "tracelog", opset_import: ["" : 21]>
+Attention <scale, is_causal> (Q, K, V, mask) => (Y) {
+  scale_d = Constant <value: tensor = @scale> ()
+  s = CastLike (scale_d, Q)
+  qk = Einsum <equation = "...le,...se->...ls"> (Q, K)
+  scaled = Mul (qk, s)
+  biased = Add (scaled, mask)
+  ninf_f = Constant <value_float = -inf> ()
+  ninf = CastLike (ninf_f, Q)
+  zero_f = Constant <value_float = 0.0> ()
+  zero = CastLike (zero_f, Q)
+  causal_i = Constant <value_int: int = @is_causal> ()
+  causal = Cast <to = 9> (causal_i)
+  open = Not (causal)
+  start = Constant <value_int = 0> ()
+  step = Constant <value_int = 1> ()
+  l_1 = Shape <start = -2, end = -1> (Q)
+  s_1 = Shape <start = -2, end = -1> (K)
+  l = Squeeze (l_1)
+  s_n = Squeeze (s_1)
+  rows = Range (start, l, step)
+  cols = Range (start, s_n, step)
+  axis1 = Constant <value_ints = [1]> ()
+  rows_c = Unsqueeze (rows, axis1)
+  seen = LessOrEqual (cols, rows_c)
+  keep = Or (seen, open)
+  scores = Where (keep, biased, ninf)
+  last = Constant <value_ints = [-1]> ()
+  top = ReduceMax <keepdims = 1> (scores, last)
+  dead = Equal (top, ninf)
+  safe = Where (dead, zero, scores)
+  p = Softmax <axis = -1> (safe)
+  weights = Where (dead, zero, p)
+  Y = Einsum <equation = "...ls,...sd->...ld"> (weights, V)
+}
+""",
+    )
+)
+
 
 def vocabulary() -> list[OpSchema]:
     """Every op, sorted by (domain, name)."""

@@ -253,3 +253,8 @@ JAX.spell(
         "RNN": "_rnn({0}, {1}, {2}, {bias}, {h0}, {direction}, {activation}{extra}){take}",
     }
 )
+
+
+# -- scaled dot-product attention (issue 15): _attention calls jax.nn.dot_product_attention
+# where it means what the op means (see its docstring), and writes it out elsewhere
+JAX.spell({"tracelog.Attention": "_attention({0}, {1}, {2}, {mask}, {scale}, {causal})"})

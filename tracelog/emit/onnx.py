@@ -187,6 +187,8 @@ def _graph_nodes(
         inputs = list(node.inputs)
         if node.op == "Dropout" and len(inputs) > 1 and inputs[1]:
             inputs[1] = _float_ratio(inputs[1], graph, node_name, nodes)
+        if node.domain == TRACELOG_DOMAIN and node.op == "Attention" and not node.inputs[3:4]:
+            inputs = [*inputs[:3], _no_mask(graph.values[inputs[0]].type.dtype, node_name, nodes)]
         nodes.append(
             helper.make_node(
                 node.op,
@@ -231,6 +233,15 @@ def _float_ratio(ratio: str, graph: Graph, name: str, nodes: list[Any]) -> str:
     cast = f"{name}/ratio"
     nodes.append(helper.make_node("Cast", [ratio], [cast], to=onnx_dtype("float32"), name=cast))
     return cast
+
+
+def _no_mask(dtype: str, name: str, nodes: list[Any]) -> str:
+    """Attention's absent mask as its ONNX function takes it: a scalar 0 of Q's dtype."""
+    helper = _onnx().helper
+    zero = f"{name}/no_mask"
+    value = helper.make_tensor("zero", onnx_dtype(dtype), [], [0.0])
+    nodes.append(helper.make_node("Constant", [], [zero], name=zero, value=value))
+    return zero
 
 
 def _replayed_dropout(node: Any, mask: str, graph: Graph, name: str) -> list[Any]:

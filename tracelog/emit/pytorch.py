@@ -313,3 +313,17 @@ TORCH.spell(
         "RNN": "_rnn({0}, {1}, {2}, {bias}, {h0}, {direction}, {activation}{extra}){take}",
     }
 )
+
+
+# -- scaled dot-product attention (issue 15) --
+@TORCH.register("tracelog.Attention")
+def _attention(c: RuleCtx) -> str:
+    """F.scaled_dot_product_attention: ATen's fused kernel (flash on CPU, the
+    CUDA kernels on a GPU), whose masked-out rows give 0 as the op's do. A
+    mask and is_causal together (torch takes one) are one mask."""
+    mask, causal = c.f["mask"], c.f["causal"]
+    if causal and c.has(3):
+        mask, causal = f"_causal_masked({mask}, {c.i(0)}, {c.i(1)})", False
+    args = [c.i(0), c.i(1), c.i(2)]
+    args += [f"attn_mask={mask}"] if c.has(3) else ["is_causal=True"] if causal else []
+    return f"F.scaled_dot_product_attention({', '.join(args)}, scale={c.f['scale']})"

@@ -844,6 +844,19 @@ def _recurrent(c: RuleCtx) -> dict[str, Any]:
 OPS.update_from(["LSTM", "GRU", "RNN"], OpRule(_recurrent))
 
 
+# -- scaled dot-product attention (issue 15) --
+@OPS.op("tracelog.Attention")
+def _attention(c: RuleCtx) -> dict[str, Any]:
+    scale = float(c.attr("scale"))
+    if not np.isfinite(scale):
+        raise ValueError(f"scale {scale}")
+    return {
+        "scale": literal(scale),
+        "causal": bool(int(c.attr("is_causal", 0))),
+        "mask": c.i(3) if c.has(3) else "None",
+    }
+
+
 def dtype_name(dtype: str) -> str:
     """A dtype name that may be spelled as an attribute (tf.float32)."""
     if dtype not in DTYPES:

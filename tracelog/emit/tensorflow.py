@@ -343,3 +343,8 @@ TF.spell(
         "RNN": "_rnn({0}, {1}, {2}, {bias}, {h0}, {direction}, {activation}{extra}){take}",
     }
 )
+
+
+# -- scaled dot-product attention (issue 15): TensorFlow has no fused kernel; _attention
+# writes it out (matmul, the mask, softmax, matmul) once, in the program's runtime
+TF.spell({"tracelog.Attention": "_attention({0}, {1}, {2}, {mask}, {scale}, {causal})"})

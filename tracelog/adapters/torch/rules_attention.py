@@ -5,8 +5,9 @@ one aten table (``rules.ATEN``) when that module is imported.
 
 What the CPU dispatcher shows for ``F.scaled_dot_product_attention`` (torch
 2.13): the fused kernel ``_scaled_dot_product_flash_attention_for_cpu`` runs
-only with ``dropout_p == 0`` (it refuses dropout). With ``dropout_p > 0`` the
-math path runs instead, and its aten ops are recorded one by one: the scaled
+only with ``dropout_p == 0`` (it refuses dropout), and is recorded as one
+``tracelog.Attention`` node (issue 15), which each target runs as its own
+attention kernel or writes out. With ``dropout_p > 0`` the math path runs instead, and its aten ops are recorded one by one: the scaled
 ``bmm``, the mask ``add``, ``_safe_softmax``, the usual dropout
 (``empty_like``/``bernoulli_``/``div_``/``mul``, recorded as Dropout with its
 mask, so the sample replays the attention-weight mask), the second ``bmm``.
@@ -36,6 +37,7 @@ from tracelog.adapters.torch.rules import (
 )
 from tracelog.adapters.torch.tensors import TORCH_DTYPES, dtype_name
 from tracelog.ir import BATCH, Dim, TensorType, dim_mul, is_symbolic, parse_dim
+from tracelog.ops import TRACELOG_DOMAIN
 
 _NEG_INF = float("-inf")
 
@@ -639,10 +641,11 @@ def _causal_keep(ctx: Ctx, q: str, qt: TensorType, k: str, kt: TensorType) -> st
 
 
 def _attention(ctx: Ctx, mask: Any, causal: bool, scale: float | None, dropout_p: float) -> Names:
-    """softmax(q @ k^T * scale + mask) @ v, written out: the scores' mask is
-    added (float) or applied with Where (bool), the causal mask with Where,
-    the softmax is _safe_softmax's (a fully masked row gives 0, as the fused
-    kernels give), and grouped-query key/value heads are repeated."""
+    """One tracelog.Attention node (issue 15: each target runs its attention
+    kernel where it has one): grouped-query key/value heads repeated before
+    it, a boolean mask written as an additive one (0 / -inf), a causal mask
+    beside a given mask folded into it (torch's kernel takes one of the two).
+    The op's masked-out rows give 0, as the fused kernels give."""
     kernel = ctx.rec.op
     if dropout_p:
         raise NotSupported(
@@ -660,33 +663,38 @@ def _attention(ctx: Ctx, mask: Any, causal: bool, scale: float | None, dropout_p
             raise NotSupported(f"{kernel} with {hq} query heads and {hk} key/value heads")
         k, kt = _repeat_heads(ctx, k, kt, int(hq) // int(hk))
         v, vt = _repeat_heads(ctx, v, vt, int(hq) // int(hk))
-    rank = len(qt.shape)
-    perm = [*range(rank - 2), rank - 1, rank - 2]
-    k_t = ctx.helper("Transpose", [k], TensorType(dt, tuple(kt.shape[p] for p in perm)), perm=perm)
-    scores_t = TensorType(dt, (*qt.shape[:-1], kt.shape[-2]))
-    scores = ctx.helper("MatMul", [q, k_t], scores_t)
     e = qt.shape[-1]
     if scale is None:
         if is_symbolic(e):
             raise NotSupported(f"{kernel} with a batch-sized head dim")
         scale = 1.0 / math.sqrt(int(e))
-    scores = ctx.helper("Mul", [scores, ctx.const(scale, dt)], scores_t)
-    neg_inf = ctx.const(_NEG_INF, dt)
-    if causal:
-        keep = _causal_keep(ctx, q, qt, k, kt)
-        scores = ctx.helper("Where", [keep, scores, neg_inf], scores_t)
+    inputs = [q, k, v]
     if isinstance(mask, TArg):
         m = ctx.b.name_of(mask)
+        mask_t = TensorType(dt, mask.shape)
+        neg_inf = ctx.const(_NEG_INF, dt)
         if mask.dtype == "bool":
-            scores = ctx.helper("Where", [m, scores, neg_inf], scores_t)
-        else:
-            if mask.dtype != dt:
-                m = ctx.helper("Cast", [m], TensorType(dt, mask.shape), to=dt)
-            scores = ctx.helper("Add", [scores, m], scores_t)
+            m = ctx.helper("Where", [m, ctx.const(0.0, dt), neg_inf], mask_t)
+        elif mask.dtype != dt:
+            m = ctx.helper("Cast", [m], mask_t, to=dt)
+        if causal:
+            keep = _causal_keep(ctx, q, qt, k, kt)
+            wide = TensorType(dt, _broadcast_shape(mask.shape, (qt.shape[-2], kt.shape[-2])))
+            m = ctx.helper("Where", [keep, m, neg_inf], wide)
+            causal = False
+        inputs.append(m)
     elif mask is not None:
         raise NotSupported(f"{kernel} with a mask of type {type(mask).__name__}")
-    weights = _safe_softmax_of(ctx, scores, scores_t, rank - 1)
-    return ctx.one("MatMul", [weights, v])
+    attrs = {"scale": float(scale), "is_causal": int(causal)}
+    return ctx.one("Attention", inputs, domain=TRACELOG_DOMAIN, **attrs)
+
+
+def _broadcast_shape(a: Sequence[Dim], b: Sequence[Dim]) -> tuple[Dim, ...]:
+    """The shape two shapes broadcast to (a 1 gives way to the other's dim)."""
+    n = max(len(a), len(b))
+    a = (1,) * (n - len(a)) + tuple(a)
+    b = (1,) * (n - len(b)) + tuple(b)
+    return tuple(y if x == 1 else x for x, y in zip(a, b, strict=True))
 
 
 @ATEN.register("aten._scaled_dot_product_flash_attention_for_cpu.default")

@@ -242,6 +242,42 @@ def _layer_norm(
     return y if bias is None else y + bias
 
 
+def _attention(
+    q: jax.Array, k: jax.Array, v: jax.Array, mask: jax.Array | None, scale: float, causal: bool
+) -> jax.Array:
+    """softmax(q @ k^T * scale + mask) @ v over [..., heads, length, dim] (torch's
+    layout), as torch's scaled_dot_product_attention: is_causal masks each query's
+    later keys, and a query whose keys are all masked gives 0 (not NaN) and no
+    gradient. jax.nn.dot_product_attention (its XLA path, or cuDNN where asked) runs
+    4-D float32/16 inputs with one head dim; it takes the softmax in float32 whatever
+    the dtype, so float64 (the translation check) is written out."""
+    if mask is not None and causal:  # one mask: the dead rows are read from it
+        later = np.triu(np.ones((q.shape[-2], k.shape[-2]), dtype=bool), 1)
+        mask, causal = jnp.where(later, -jnp.inf, mask), False
+    dead = bias = None
+    if mask is not None:
+        dead = jnp.all(mask == -jnp.inf, axis=-1, keepdims=True)
+        bias = jnp.where(dead, 0.0, mask).astype(q.dtype)
+    fused = q.ndim == 4 and q.dtype != jnp.float64 and v.shape[-1] == q.shape[-1]
+    if fused and q.shape[:2] == k.shape[:2] == v.shape[:2]:
+        if bias is not None:
+            bias = bias.reshape((1,) * (4 - bias.ndim) + bias.shape)
+        # [batch, heads, length, dim] <-> JAX's [batch, length, heads, dim]
+        heads_second = (0, 2, 1, 3)
+        qt, kt, vt = (t.transpose(heads_second) for t in (q, k, v))
+        y = jax.nn.dot_product_attention(qt, kt, vt, bias, scale=scale, is_causal=causal)
+        y = y.transpose(heads_second)
+    else:
+        scores = jnp.matmul(q, jnp.swapaxes(k, -1, -2)) * jnp.asarray(scale, q.dtype)
+        if bias is not None:
+            scores = scores + bias
+        if causal:
+            later = np.triu(np.ones((q.shape[-2], k.shape[-2]), dtype=bool), 1)
+            scores = jnp.where(later, -jnp.inf, scores)
+        y = jnp.matmul(jax.nn.softmax(scores, axis=-1), v)
+    return y if dead is None else jnp.where(dead, 0.0, y).astype(y.dtype)
+
+
 def _dropout(x: jax.Array, rate: Any, rng: Any, key: str) -> tuple[jax.Array, jax.Array]:
     """Dropout in training mode; returns the output and the mask. rng: a dict
     of recorded masks (parity replay) or a jax.random key."""

@@ -237,6 +237,25 @@ def _layer_norm(
     return y if bias is None else y + bias
 
 
+def _attention(
+    q: tf.Tensor, k: tf.Tensor, v: tf.Tensor, mask: tf.Tensor | None, scale: float, causal: bool
+) -> tf.Tensor:
+    """softmax(q @ k^T * scale + mask) @ v over [..., length, dim], as torch's
+    scaled_dot_product_attention: is_causal masks each query's later keys, and a
+    query whose keys are all masked gives 0 (not NaN) and no gradient."""
+    scores = tf.linalg.matmul(q, k, transpose_b=True) * scale
+    if mask is not None:
+        scores = scores + mask
+    ninf = tf.constant(-np.inf, scores.dtype)
+    if causal:
+        rows, cols = tf.shape(q)[-2], tf.shape(k)[-2]
+        scores = tf.where(tf.range(cols)[None, :] <= tf.range(rows)[:, None], scores, ninf)
+    dead = tf.math.reduce_max(scores, axis=-1, keepdims=True) == ninf
+    zeros = tf.zeros_like(scores)
+    weights = tf.nn.softmax(tf.where(dead, zeros, scores), axis=-1)
+    return tf.linalg.matmul(tf.where(dead, zeros, weights), v)
+
+
 def _dropout(x: tf.Tensor, rate: Any, rng: Any, key: str) -> tuple[tf.Tensor, tf.Tensor]:
     """Dropout in training mode; returns the output and the mask. rng: a dict
     of recorded masks (parity replay), a tf.random.Generator, or None for the

@@ -184,6 +184,13 @@ def _dropout(x: torch.Tensor, rate: Any, rng: Any, key: str) -> tuple[torch.Tens
     return x * (mask / (1.0 - rate)), mask > 0
 
 
+def _causal_masked(mask: torch.Tensor, q: torch.Tensor, k: torch.Tensor) -> torch.Tensor:
+    """An additive attention mask with each query's later keys masked too (is_causal's
+    top-left alignment), for F.scaled_dot_product_attention, which takes one of the two."""
+    later = torch.ones(q.shape[-2], k.shape[-2], dtype=torch.bool, device=q.device).triu(1)
+    return torch.where(later, torch.tensor(float("-inf"), dtype=mask.dtype), mask)
+
+
 def _gates(w: torch.Tensor, order: list[int]) -> torch.Tensor:
     """A stacked-gate weight or bias [gates * hidden, ...] with its gates reordered."""
     parts = w.chunk(len(order))
