@@ -449,3 +449,40 @@ def _torch_sdpa(graph, ts: list) -> torch.Tensor:
         mask, causal = [torch.where(later, float("-inf"), mask[0])], False
     m = mask[0] if mask else None
     return F.scaled_dot_product_attention(q, k, v, m, is_causal=causal, scale=node.attrs["scale"])
+
+
+def _no_attention_dropout(build):
+    """The model with attention-probability dropout 0 (GPT-2's attn_dropout,
+    BERT's self-attention dropout): its sdpa call runs the fused kernel in training."""
+
+    def built() -> nn.Module:
+        model = build()
+        for name, module in model.named_modules():
+            if isinstance(module, nn.Dropout) and name.endswith(("attn_dropout", "self.dropout")):
+                module.p = 0.0
+        return model
+
+    return built
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("name", ["gpt2", "bert"])
+def test_hf_attention_without_dropout_is_one_op_on_every_target(name: str, tmp_path) -> None:
+    """Hugging Face GPT-2 (causal, padded) and BERT (padded) with attention dropout 0:
+    each layer's attention is one tracelog.Attention in training, and every target
+    passes both checks (predictions, loss and gradients)."""
+    pytest.importorskip("transformers")
+    import dataclasses
+
+    import real_models
+
+    case = real_models.BY_NAME[name]
+    case = dataclasses.replace(case, build=_no_attention_dropout(case.build))
+    log = real_models.train(case, tmp_path / "log", strict=True)
+    predictions = [log.graph(e.hash) for e in log.entries_sorted() if e.kind == "prediction"]
+    assert predictions
+    for graph in predictions:
+        ops = graph.op_histogram()
+        assert ops["tracelog.Attention"] == 2 and "Softmax" not in ops, ops
+    for target in ("tensorflow", "jax", "onnx"):
+        assert_translated(tracelog.check(tmp_path / "log", target))

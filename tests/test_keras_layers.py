@@ -48,10 +48,19 @@ def _flat_head() -> list[Any]:
 
 def _attention(mask: str | None = None) -> Any:
     x = keras.Input((6, 8))
-    if mask == "attention_mask":
+    if mask in ("attention_mask", "dead_row"):
         # a constant mask: each query sees the keys up to two past its own position
         m = np.tril(np.ones((6, 6), dtype=bool), 2)
+        if mask == "dead_row":
+            m[4] = False  # query 4 sees no key: Keras gives it the average of the values
         h = L.MultiHeadAttention(num_heads=2, key_dim=4)(x, x, attention_mask=m[None])
+    elif mask == "data":
+        # computed from the batch: each query sees itself and the keys whose first
+        # feature is positive
+        ops = keras.ops
+        seen = ops.greater(ops.expand_dims(x[:, :, 0], 1), 0.0)
+        m = ops.logical_or(seen, ops.expand_dims(ops.eye(6, dtype="bool"), 0))
+        h = L.MultiHeadAttention(num_heads=2, key_dim=4)(x, x, attention_mask=m)
     else:
         h = L.MultiHeadAttention(num_heads=2, key_dim=4)(x, x, use_causal_mask=mask == "causal")
     h = L.LayerNormalization()(L.Add()([x, h]))
@@ -220,6 +229,8 @@ LAYERS: dict[str, Callable[[], Any]] = {
     "MultiHeadAttention": _attention,
     "MultiHeadAttention_attention_mask": lambda: _attention("attention_mask"),
     "MultiHeadAttention_causal": lambda: _attention("causal"),
+    "MultiHeadAttention_dead_row": lambda: _attention("dead_row"),
+    "MultiHeadAttention_data_mask": lambda: _attention("data"),
     # -- activation layers
     "LeakyReLU": lambda: _img(L.Conv2D(4, 1), L.LeakyReLU(0.1), *_head()),
     "PReLU": lambda: _img(L.Conv2D(4, 1), L.PReLU(shared_axes=[1, 2]), *_head()),
@@ -500,6 +511,40 @@ def test_normalisations_record_one_fused_node(case: str, tmp_path) -> None:
             f"update:{bn.inputs[3]}",
             f"update:{bn.inputs[4]}",
         }
+
+
+# case -> does Keras' attention (ops.dot_product_attention: MultiHeadAttention without
+# dropout) record as one tracelog.Attention (issue 15)? Only where its mask is a constant
+# under which every query sees a key: a fully masked row is Keras' uniform average (its
+# mask fills with a large negative), the op's 0, so such masks stay written out
+ATTENTION = {
+    "layer_MultiHeadAttention": True,
+    "layer_MultiHeadAttention_causal": True,
+    "layer_MultiHeadAttention_attention_mask": True,
+    "layer_MultiHeadAttention_dead_row": False,
+    "layer_MultiHeadAttention_data_mask": False,
+}
+
+
+@pytest.mark.parametrize("case", sorted(ATTENTION))
+def test_attention_records_one_fused_node(case: str, tmp_path) -> None:
+    keras.utils.set_random_seed(0)
+    loss = keras.losses.SparseCategoricalCrossentropy(from_logits=True)
+    log = _record(LAYERS[CASES_BY_ID[case]](), loss, "sparse", tmp_path)
+    pred = log.graphs[log.entries_sorted()[0].hash]
+    ops = pred.op_histogram()
+    if not ATTENTION[case]:
+        assert "tracelog.Attention" not in ops and ops["Softmax"] == 1, ops
+        return
+    (node,) = [n for n in pred.nodes if n.qualified_op == "tracelog.Attention"]
+    assert node.attrs == {"scale": 0.5, "is_causal": int(case.endswith("causal"))}
+    assert len(node.inputs) == (4 if case.endswith("mask") else 3)
+    # the layer's own nodes: Keras' [batch, length, heads, dim] to torch's layout and back
+    layer = [n.op for n in pred.nodes if n.module == node.module]
+    assert sorted(set(layer)) == ["Attention", "Transpose"] + (
+        ["Unsqueeze", "Where"] if len(node.inputs) == 4 else []
+    ), layer
+    assert not {"Einsum", "Softmax"} & set(ops), ops
 
 
 @pytest.mark.parametrize(

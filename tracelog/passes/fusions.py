@@ -12,6 +12,8 @@ from __future__ import annotations
 import math
 from collections.abc import Callable
 
+import numpy as np
+
 from tracelog.ir import AttrValue, Dim, Node, TensorType, dim_scale, is_symbolic
 from tracelog.ops import TRACELOG_DOMAIN
 from tracelog.passes.rewrite import Match, P, Rewrites
@@ -689,5 +691,184 @@ WRITTEN_OUT = Rewrites(
         ),
         # 0.5 * x * (1 + erf(x / sqrt 2)) or its tanh form -> Gelu
         (P("Mul", None, None), _gelu_written),
+    ]
+)
+
+
+# -- scaled dot-product attention written out (issue 15) ---------------------------------
+# Keras' ops.dot_product_attention (MultiHeadAttention without dropout) on TensorFlow:
+# Einsum(BTNH,BSNH->BNTS) * scale, the mask applied with Where(mask, scores, a large
+# negative), Softmax, Einsum(BNTS,BSNH->BTNH). Equations are compared with their letters
+# renamed in order of appearance.
+_SCORES_EQ = "abcd,aecd->acbe"
+_MIX_EQ = "abcd,adbe->acbe"
+_HEADS_SECOND = [0, 2, 1, 3]  # [batch, length, heads, dim] <-> [batch, heads, length, dim]
+
+
+def _canonical(equation: object) -> str:
+    letters: dict[str, str] = {}
+    out = []
+    for ch in str(equation).replace(" ", ""):
+        if ch.isalpha():
+            ch = letters.setdefault(ch, "abcdefghijklmnopqrstuvwxyz"[len(letters)])
+        out.append(ch)
+    return "".join(out)
+
+
+def _const_bool(m: Match, value: str, seen: list[Node]) -> tuple[str, np.ndarray] | None:
+    """A boolean mask the graph computes from constants alone (a constant, or an
+    Unsqueeze of one), with the nodes read; and its data, shaped as its type."""
+    ty = m.type(value)
+    if ty.dtype != "bool" or any(is_symbolic(d) for d in ty.shape):
+        return None
+    node = m.producer(value)
+    source = value
+    if node is not None:
+        if node.op != "Unsqueeze" or node.domain:
+            return None
+        seen.append(node)  # it goes where the fused op no longer reads it (a causal mask)
+        source = node.inputs[0]
+    v = m.graph.values[source]
+    if v.kind != "const" or v.const is None or v.const.data is None:
+        return None
+    return value, np.asarray(v.const.data, dtype=bool).reshape([int(d) for d in ty.shape])
+
+
+def _all_true(m: Match, value: str, seen: list[Node]) -> bool:
+    """Expand(True, shape): Keras' ones_like mask, with the Shape and Casts feeding it."""
+    node = m.producer(value)
+    if node is None or node.op != "Expand" or m.uses(value) != 1:
+        return False
+    fill = m.graph.values[node.inputs[0]]
+    if fill.kind != "const" or fill.const is None or not np.all(np.asarray(fill.const.data)):
+        return False
+    seen.append(node)
+    shape = node.inputs[1]
+    while (n := m.producer(shape)) is not None and n.op in ("Cast", "Shape") and m.uses(shape) == 1:
+        seen.append(n)
+        shape = n.inputs[0]
+    return True
+
+
+def _attention_mask(m: Match, cond: str, seen: list[Node]) -> tuple[str, np.ndarray] | None:
+    """The constant boolean mask a Where applies (True: the key is seen), alone
+    or And-ed with Keras' all-True mask."""
+    node = m.producer(cond)
+    if node is not None and node.op == "And" and m.uses(cond) == 1:
+        for ones, mask in (node.inputs, node.inputs[::-1]):
+            inner: list[Node] = []
+            if _all_true(m, ones, inner):
+                found = _const_bool(m, mask, seen)
+                if found is not None:
+                    seen += [node, *inner]
+                return found
+        return None
+    return _const_bool(m, cond, seen)
+
+
+_Mask = tuple[str, np.ndarray]  # a boolean mask's value and its constant data
+
+
+def _attention_written(m: Match) -> list[Node] | None:
+    """Einsum(Softmax(Einsum(q, k) * scale [masked]), v) in Keras' layout ->
+    Transposes around tracelog.Attention. A mask is fused only where it is a
+    constant under which every query sees a key: there, masking with a large
+    negative (Keras) and with -inf (the op) give the same probabilities and
+    gradients; a fully masked row would differ (Keras gives it the uniform
+    average), so a data-dependent mask stays written out."""
+    sm = m.nodes["softmax"]
+    if _canonical(m.root.attrs.get("equation")) != _MIX_EQ:
+        return None
+    if sm.int_attr("axis", -1) not in (-1, 3):
+        return None
+    seen: list[Node] = []
+    masked = _masked_scores(m, m["s"], seen)
+    if masked is None:
+        return None
+    scores, reader, mask = masked
+    product = _scaled_product(m, scores, reader, seen)
+    if product is None:
+        return None
+    q, k, scale = product
+    v = m["v"]
+    dt = m.type(q).dtype
+    if any(m.type(t).dtype != dt or len(m.type(t).shape) != 4 for t in (q, k, v)):
+        return None
+    m.absorb(*seen)
+    return _attention_heads_second(m, [q, k, v], scale, mask)
+
+
+def _masked_scores(m: Match, value: str, seen: list[Node]) -> tuple[str, Node, _Mask | None] | None:
+    """The scores before a Where that masks them with a large negative (and the
+    mask), or the softmax's input as it is; with the node that reads them."""
+    where = m.producer(value)
+    if where is None or where.op != "Where" or m.uses(value) != 1:
+        return value, m.nodes["softmax"], None
+    fill = _scalar(m, where.inputs[2])
+    if fill is None or fill > -1e30:  # not a mask: a large negative or -inf fills it
+        return None
+    mask = _attention_mask(m, where.inputs[0], seen)
+    if mask is None or not mask[1].any(axis=-1).all():
+        return None
+    seen.append(where)
+    return where.inputs[1], where, mask
+
+
+def _scaled_product(
+    m: Match, scores: str, reader: Node, seen: list[Node]
+) -> tuple[str, str, float] | None:
+    """q, k and the scale of scores = Einsum(q, k) * scale (Keras' BTNH,BSNH->BNTS),
+    read by `reader` and by the Shape of Keras' all-True mask (in seen) alone."""
+    mul = m.producer(scores)
+    others = [r for r in m.readers(scores) if r is not reader and not any(r is n for n in seen)]
+    if mul is None or mul.op != "Mul" or others or m.is_output(scores):
+        return None
+    for e, k in ((mul.inputs[0], mul.inputs[1]), (mul.inputs[1], mul.inputs[0])):
+        scale, product = _scalar(m, k), _made_by(m, e, "Einsum")
+        if scale is not None and product is not None:
+            if _canonical(product.attrs.get("equation")) != _SCORES_EQ:
+                return None
+            seen += [mul, product]
+            return product.inputs[0], product.inputs[1], scale
+    return None
+
+
+def _attention_heads_second(
+    m: Match, qkv: list[str], scale: float, mask: _Mask | None
+) -> list[Node]:
+    """tracelog.Attention on q, k, v moved to [batch, heads, length, dim], its
+    result moved back to the root's output; a causal mask as is_causal, another
+    as an additive mask (0 / -inf)."""
+    nodes: list[Node] = []
+    inputs = []
+    for t in qkv:
+        ht = m.fresh(_permuted(m.type(t), _HEADS_SECOND))
+        nodes.append(Node("Transpose", [t], [ht], {"perm": _HEADS_SECOND}))
+        inputs.append(ht)
+    causal = 0
+    if mask is not None:
+        name, keep = mask
+        length, keys = keep.shape[-2:]
+        tril = np.tril(np.ones((length, keys), dtype=bool))
+        if keep.size == length * keys and np.array_equal(keep.reshape(length, keys), tril):
+            causal = 1
+        else:
+            dt = m.type(qkv[0]).dtype
+            additive = m.fresh(TensorType(dt, m.type(name).shape))
+            zero, ninf = m.const([0.0], dt), m.const([float("-inf")], dt)
+            nodes.append(Node("Where", [name, zero, ninf], [additive]))
+            inputs.append(additive)
+    out = m.root.outputs[0]
+    yt = m.fresh(_permuted(m.type(out), _HEADS_SECOND))
+    attrs: dict[str, AttrValue] = {"scale": scale, "is_causal": causal}
+    nodes.append(Node("Attention", inputs, [yt], attrs, TRACELOG_DOMAIN))
+    nodes.append(Node("Transpose", [yt], [out], {"perm": _HEADS_SECOND}))
+    return nodes
+
+
+ATTENTION = Rewrites(
+    [
+        # Einsum(Softmax(s), v), s = Einsum(q, k) * scale, maybe masked -> tracelog.Attention
+        (P("Einsum", P("Softmax", "s", name="softmax"), "v"), _attention_written),
     ]
 )

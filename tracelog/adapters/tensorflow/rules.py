@@ -15,13 +15,13 @@ import numpy as np
 from tracelog.adapters.builder import Converter, Ctx, NotSupported, use_rewrites
 from tracelog.adapters.tape import TArg
 from tracelog.ir import TensorType
-from tracelog.passes.fusions import NORMALIZATIONS, REPEATS, SOFTMAX_AXES
+from tracelog.passes.fusions import ATTENTION, NORMALIZATIONS, REPEATS, SOFTMAX_AXES
 from tracelog.registry import Table
 
 TF_OPS: Table[Converter] = Table("tensorflow ops")
 # tf.repeat (Unsqueeze + Tile + Reshape) -> Resize nearest; softmax over a non-last
 # axis (Transpose + Softmax + Transpose) -> Softmax(axis)
-use_rewrites(TF_OPS, REPEATS + SOFTMAX_AXES + NORMALIZATIONS)
+use_rewrites(TF_OPS, REPEATS + SOFTMAX_AXES + NORMALIZATIONS + ATTENTION)
 Names = Sequence[str | None]
 
 TO_NCHW = [0, 3, 1, 2]
