@@ -152,6 +152,29 @@ def test_graphs_and_sample_reach_disk_when_first_recorded(tmp_path) -> None:
     assert not log.interrupted and log.recorded == 5 and log.run == {"state": "complete"}
 
 
+@pytest.mark.parametrize("given", [None, 200])
+def test_default_checkpoints_cost_at_most_one_percent(tmp_path, given: int | None) -> None:
+    """The default 200 batches wait until the time since the last checkpoint is
+    100 times its cost (a fast step's 200 batches take less than that); a
+    count given is kept. The last checkpoint's cost is set as if it took 1 s."""
+    model = _mlp()
+    listener = TorchListener(
+        model, tmp_path / "log", checkpoint_every_batches=given, checkpoint_every_s=3600.0
+    )
+    _train(model, 1, listener)  # the graphs and the sample: written at once
+    listener.writer._cost = 1.0
+    _train(model, 250, listener)
+    recorded = tracelog.load(tmp_path / "log").recorded
+    listener.writer._cost = 0.0
+    _train(model, 250, listener)
+    if given is None:
+        assert recorded == 1  # 250 batches in under 100 s: no checkpoint
+    else:
+        assert recorded == 201  # the 200th batch after the first
+    assert tracelog.load(tmp_path / "log").recorded >= 251  # cheap again: at 200 batches
+    listener.close()
+
+
 def test_weights_newer_than_the_last_checkpoint_are_accepted(tmp_path) -> None:
     """A kill between writing the weights and writing trace.json: the log
     still loads (same run, whole file); a foreign weights file does not."""

@@ -384,7 +384,7 @@ class ListenerBase(ABC):
         strict: bool = False,
         overwrite: bool = False,
         checkpoint_every_s: float = 5.0,
-        checkpoint_every_batches: int = 200,
+        checkpoint_every_batches: int | None = None,
         checkpoint_weights: bool = False,
         inert: bool = False,
     ) -> None:
@@ -394,7 +394,9 @@ class ListenerBase(ABC):
         - ``overwrite``: replace a log already in ``log_dir`` (and the programs
           emitted from it); without it such a directory raises LogExistsError;
         - ``checkpoint_every_s``, ``checkpoint_every_batches``: how often the
-          counts reach disk (new graphs and the sample always do at once);
+          counts reach disk (new graphs and the sample always do at once); by
+          default every 5 s or 200 batches, those spaced so that checkpoints
+          cost at most 1% of the run's time (a number of batches given is kept);
         - ``checkpoint_weights``: rewrite the weights at every checkpoint too;
         - ``strict``: raise recording errors instead of failing open (tests).
 
