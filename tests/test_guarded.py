@@ -478,11 +478,11 @@ def test_a_parameter_replaced_on_a_submodule_added_later_leaves_the_fast_path(
         assert listener.log.unrecorded == 0
 
 
-def test_the_key_calls_mode_leaves_at_the_optimizer_step(tmp_path: Path) -> None:
-    """The key reads function calls from the forward's end to the first
-    backward; its mode leaves the stack as the optimizer steps, so the step's
-    tensor reads and updates do not pass through it (exact windows and fast
-    ones alike), and a step before any backward leaves it on."""
+def test_a_training_loss_is_read_from_its_autograd_graph(tmp_path: Path) -> None:
+    """Where the forward's output requires grad, the key reads the loss as its
+    backward starts, from the autograd graph: no TorchFunctionMode is pushed
+    (exact windows and fast ones alike). In a window without grad, the key's
+    mode notes the loss's function calls, and leaves with the window."""
     model = _mlp()
     opt = torch.optim.SGD(model.parameters(), lr=0.01)
     seen: list[tuple[int, int]] = []
@@ -501,5 +501,81 @@ def test_the_key_calls_mode_leaves_at_the_optimizer_step(tmp_path: Path) -> None
                 seen.append((before, depth()))
                 opt.zero_grad()
             guarded.append(listener.last_guarded)
-    assert seen == [(1, 0)] * 6  # on for the loss, off after the step
+        with torch.no_grad(), listener.batch():
+            F.cross_entropy(model(x), y)
+            in_window = depth()
+        assert (in_window, depth()) == (1, 0)
+    assert seen == [(0, 0)] * 6
     assert guarded == [False, False, True, True, True, True]
+
+
+@pytest.mark.parametrize(
+    "change",
+    ["reduction", "label_smoothing", "loss_function", "extra_term"],
+)
+def test_a_loss_change_leaves_the_fast_path(tmp_path: Path, change: str) -> None:
+    """The loss's options and form are in the key (its autograd graph's node
+    kinds and saved plain values): the batch after a change is recorded
+    exactly, and counted for a new loss graph."""
+    model = _mlp()
+    x = torch.randn(6, 8)
+    y = torch.zeros(6, dtype=torch.long)
+
+    def loss(changed: bool) -> torch.Tensor:
+        out = model(x)
+        if not changed:
+            return F.cross_entropy(out, y)
+        if change == "reduction":
+            return F.cross_entropy(out, y, reduction="sum")
+        if change == "label_smoothing":
+            return F.cross_entropy(out, y, label_smoothing=0.1)
+        if change == "loss_function":
+            return F.multi_margin_loss(out, y)
+        return F.cross_entropy(out, y) + out.pow(2).mean()
+
+    guarded = []
+    with tracelog.Listener(model, tmp_path / "g", strict=True) as listener:
+        for i in range(7):
+            with listener.batch():
+                loss(changed=i >= 5).backward()
+            guarded.append(listener.last_guarded)
+    assert guarded == [False, False, False, True, True, False, False]
+    log = tracelog.load(tmp_path / "g")
+    losses = [e.usage.batches for e in log.entries_sorted() if e.kind == "loss"]
+    assert sorted(losses) == [2, 5] and log.unrecorded == 0
+
+
+def test_autograd_grad_reads_the_loss_too(tmp_path: Path) -> None:
+    """A loop taking gradients with torch.autograd.grad: the key reads the loss
+    there as well, and guarded counts equal exact ones."""
+    rows = []
+    for mode in ("exact", "guarded"):
+        model = _mlp()
+        params = list(model.parameters())
+        with tracelog.Listener(model, tmp_path / mode, strict=True, mode=mode) as listener:
+            for x, y in _batches(8):
+                with listener.batch():
+                    grads = torch.autograd.grad(F.cross_entropy(model(x), y), params)
+                with torch.no_grad():
+                    for p, g in zip(params, grads, strict=True):
+                        p -= 0.01 * g
+        log = tracelog.load(tmp_path / mode)
+        rows.append([(e.kind, e.usage.batches) for e in log.entries_sorted()])
+        if mode == "guarded":
+            assert sum(e.usage.guarded for e in log.entries.values()) > 0
+    assert rows[0] == rows[1]
+
+
+def test_autograd_outside_a_window_is_untouched() -> None:
+    """The wrapped torch.autograd.backward and grad run as before outside a
+    window: same results, nothing read."""
+    from tracelog.adapters.torch import guards
+
+    guards._wrap_autograd()
+    assert torch.autograd.backward.__wrapped__ is guards._WRAPPED["backward"]
+    a = torch.randn(3, requires_grad=True)
+    (a * a).sum().backward()
+    (g,) = torch.autograd.grad((a * 3).sum(), [a])
+    torch.testing.assert_close(a.grad, 2 * a.detach())
+    torch.testing.assert_close(g, torch.full((3,), 3.0))
+    assert getattr(guards._READING, "calls", None) is None

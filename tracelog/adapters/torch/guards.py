@@ -10,15 +10,21 @@ The key (``tracelog.adapters.guards``) is ``(static, inputs, calls)``:
   autocast (CPU and CUDA, enabled and dtype), and the shapes, dtypes and
   devices (and plain values) of what the forward receives;
 - ``calls``, from the forward's start to the first backward: each module
-  call (its path, from the hooks the recorder has anyway) and,
-  once the forward returned, each torch function call (a
-  ``TorchFunctionMode``: one Python call per function, not per aten op, and
-  none inside backward), with its tensor arguments' shapes and dtypes and its
-  plain arguments. That sees the loss's inputs (targets' shapes and dtypes),
-  the loss function and its options, and a branch that calls other modules
-  or loss functions. Not inside the forward: a TorchFunctionMode on the
-  stack turns off fused fast paths (``has_torch_function``: attention in
-  inference), so it would change what runs.
+  call (its path, from the hooks the recorder has anyway), then the loss.
+  Where the forward's output requires grad (training), the loss is read as
+  its backward starts, from the autograd graph between the loss and that
+  output: each node's kind and its saved plain values (reduction, dims,
+  sizes, scalars such as a label-smoothing factor). ``torch.autograd.
+  backward`` and ``grad`` are wrapped once per process for that; the wrapper
+  does nothing outside a window's loss. No Python runs per loss function
+  call. Elsewhere (eval, no grad, a trainer's step) each torch function call
+  once the forward returned is noted (a ``TorchFunctionMode``: one Python
+  call per function, not per aten op), with its tensor arguments' shapes and
+  dtypes and its plain arguments. Either way the key sees the loss function
+  and its options, and a branch that calls other modules or loss functions.
+  Not inside the forward: a TorchFunctionMode on the stack turns off fused
+  fast paths (``has_torch_function``: attention in inference), so it would
+  change what runs.
 
 A parameter replaced shows in the tree version. A branch inside a module's
 arithmetic (other functions, the same modules) is not seen: the periodic
@@ -27,7 +33,9 @@ exact recording is.
 
 from __future__ import annotations
 
-from collections.abc import Hashable, Mapping
+import functools
+import threading
+from collections.abc import Callable, Hashable, Mapping
 from typing import Any
 
 import torch
@@ -89,6 +97,87 @@ def input_key(args: Any, kwargs: Any) -> Hashable:
     return (pos, _one_input(kwargs) if kwargs else (dict, ()))
 
 
+# -- the loss read from its autograd graph as backward starts ------------------------------
+_READING = threading.local()  # .calls: the Calls waiting for this thread's backward
+_WRAPPED: dict[str, Callable[..., Any]] = {}  # torch.autograd's functions, as they were
+_PLAIN_SAVED: dict[type, tuple[str, ...]] = {}  # per autograd node class: saved plain values
+_LOSS_NODES = 256  # a loss graph read no further (one that never meets the forward's output)
+
+
+def _plain(v: Any) -> bool:
+    if v is None or isinstance(v, (bool, int, float, str)):
+        return True
+    return isinstance(v, (tuple, list)) and all(isinstance(x, (bool, int, float)) for x in v)
+
+
+def _saved(node: Any) -> tuple[Any, ...]:
+    """The node's saved plain values (``_saved_reduction``, ``_saved_dim``,
+    ``_saved_other`` of a scalar...); which attributes those are is found once
+    per node class, and a value that is not plain reads as its type's name."""
+    names = _PLAIN_SAVED.get(type(node))
+    if names is None:
+        names = tuple(a for a in dir(node) if a.startswith("_saved_") and _plain(getattr(node, a)))
+        _PLAIN_SAVED[type(node)] = names
+    values = [getattr(node, a) for a in names]
+    return tuple([v if _plain(v) else type(v).__name__ for v in values])
+
+
+def loss_graph(roots: Any, stop: frozenset[int]) -> tuple[Any, ...]:
+    """The autograd graph from `roots` (the loss) down to the nodes in `stop`
+    (the forward output's grad_fns) and the leaves: each node's name and saved
+    plain values, depth first, at most _LOSS_NODES nodes."""
+    todo = [t.grad_fn for t in reversed(roots) if isinstance(t, torch.Tensor)]
+    seen: set[int] = set()
+    nodes: list[Any] = []
+    while todo:
+        node = todo.pop()
+        if node is None or id(node) in seen:
+            continue
+        seen.add(id(node))
+        if id(node) in stop:
+            nodes.append("output")
+            continue
+        if len(nodes) == _LOSS_NODES:
+            nodes.append("...")
+            break
+        nodes.append((node.name(), _saved(node)))
+        todo.extend(fn for fn, _ in reversed(node.next_functions))
+    return tuple(nodes)
+
+
+def _backward_starts(roots: Any) -> None:
+    calls = getattr(_READING, "calls", None)
+    if calls is None:
+        return
+    _READING.calls = None
+    if calls.listener.busy:  # the listener's own autograd (the float64 reference)
+        return
+    roots = (roots,) if isinstance(roots, torch.Tensor) else tuple(roots)
+    calls.backward(roots)
+
+
+def _wrap_autograd() -> None:
+    """Wrap torch.autograd.backward (Tensor.backward calls it) and grad, once:
+    each tells the Calls reading this thread's loss, if any, before it runs."""
+    if _WRAPPED:
+        return
+    backward, grad = torch.autograd.backward, torch.autograd.grad
+
+    @functools.wraps(backward)
+    def traced_backward(tensors: Any, *args: Any, **kwargs: Any) -> Any:
+        _backward_starts(tensors)
+        return backward(tensors, *args, **kwargs)
+
+    @functools.wraps(grad)
+    def traced_grad(outputs: Any, *args: Any, **kwargs: Any) -> Any:
+        _backward_starts(outputs)
+        return grad(outputs, *args, **kwargs)
+
+    _WRAPPED.update(backward=backward, grad=grad)
+    torch.autograd.backward = traced_backward
+    torch.autograd.grad = traced_grad
+
+
 class Calls(TorchFunctionMode):
     """Notes each torch function call of a window (its ``calls`` key part)
     from the forward's start to the first backward; pushed at the forward's
@@ -101,6 +190,10 @@ class Calls(TorchFunctionMode):
         self.calls: list[Hashable] = []
         self.on = True  # off after the first backward, and once the window ended
         self.started = False
+        self.pushed = False  # on the torch function stack (not reading the autograd graph)
+        # the forward output's grad_fns, held (a node's Python object keeps its id while
+        # alive) until the loss graph is read
+        self.outputs: tuple[Any, ...] = ()
 
     def __torch_function__(
         self,
@@ -126,9 +219,32 @@ class Calls(TorchFunctionMode):
             return out
         return func(*args, **kwargs)
 
-    def start(self) -> None:
+    def start(self, outputs: tuple[Any, ...] = ()) -> None:
+        """The forward returned. With `outputs` (the grad_fns of its output
+        tensors), the loss is read from the autograd graph as backward starts;
+        without, each function call is noted from now."""
         self.started = True
+        if outputs:
+            _wrap_autograd()
+            self.outputs = outputs
+            _READING.calls = self
+            return
+        self.pushed = True
         torch._C._push_on_torch_function_stack(self)  # what __enter__ does, less two frames
+
+    def backward(self, roots: tuple[Any, ...]) -> None:
+        """Backward starts on `roots`: the loss's graph is the key's last part."""
+        if not self.on or self.window is None:
+            return
+        self.listener.busy += 1
+        try:
+            stop = frozenset([id(n) for n in self.outputs])
+            self.calls.append(("backward", loss_graph(roots, stop)))
+        finally:
+            self.listener.busy -= 1
+            self.outputs = ()
+        self.on = False
+        self.window.saw_backward = True
 
     def end(self) -> None:
         """Leave the stack if on top; else (a mode pushed after it and still
@@ -137,8 +253,11 @@ class Calls(TorchFunctionMode):
         collection would free otherwise."""
         self.on = False
         self.window = None
+        self.outputs = ()
+        if getattr(_READING, "calls", None) is self:
+            _READING.calls = None
         n = torch._C._len_torch_function_stack()
-        if self.started and n and torch._C._get_function_stack_at(n - 1) is self:
+        if self.pushed and n and torch._C._get_function_stack_at(n - 1) is self:
             torch._C._pop_torch_function_stack()  # __exit__'s work
 
 

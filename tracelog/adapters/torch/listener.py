@@ -108,6 +108,16 @@ def _view_write_replay(base: torch.Tensor, *_: Any) -> torch.Tensor:
     return torch.empty_like(base)
 
 
+def _grad_fns(output: Any) -> tuple[Any, ...]:
+    """The grad_fns of the output's tensors (a tensor, or nested in tuples,
+    lists and dicts: a Hugging Face ModelOutput)."""
+    if isinstance(output, torch.Tensor):  # the usual forward: one tensor
+        return () if output.grad_fn is None else (output.grad_fn,)
+    flat: list[tuple[str, torch.Tensor]] = []
+    _flatten_tensors(output, "", flat)
+    return tuple([t.grad_fn for _, t in flat if t.grad_fn is not None])
+
+
 def _flatten_tensors(obj: Any, prefix: str, out: list[tuple[str, torch.Tensor]]) -> None:
     if isinstance(obj, torch.Tensor):
         out.append((prefix, obj))
@@ -735,15 +745,16 @@ class TorchListener(GuardedCounting, ListenerBase):
         w.calls = Calls(self, w)  # module calls from now; function calls once the forward ends
         return w
 
-    def _forward_ended(self, w: _Window | FastWindow) -> None:
-        """The root's first call returned: the key notes function calls from
-        here (the loss) to the first backward. Not inside the forward: a
+    def _forward_ended(self, w: _Window | FastWindow, output: Any = None) -> None:
+        """The root's first call returned: the key reads the loss, from here
+        to the first backward (guards.py: from the autograd graph, where the
+        output requires grad; else function calls). Not inside the forward: a
         TorchFunctionMode on the stack turns off fused fast paths there
         (``has_torch_function``: attention in inference), which would change
         what runs."""
         calls = w.calls
         if calls is not None and not calls.started and w.root_done:
-            calls.start()
+            calls.start(_grad_fns(output) if torch.is_grad_enabled() else ())
 
     def _to_exact(self, fw: FastWindow) -> _Window:
         """A fast window's guards failed as its forward starts: record it exactly."""
@@ -928,7 +939,7 @@ class TorchListener(GuardedCounting, ListenerBase):
             if recurrent:
                 self._recurrent_scopes.exit()
             if w is not None:
-                self._forward_ended(w)
+                self._forward_ended(w, output)
                 if self._auto and w.root_depth == 0:
                     self.close_batch(self._auto.pop())
 
