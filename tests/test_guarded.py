@@ -579,3 +579,26 @@ def test_autograd_outside_a_window_is_untouched() -> None:
     torch.testing.assert_close(a.grad, 2 * a.detach())
     torch.testing.assert_close(g, torch.full((3,), 3.0))
     assert getattr(guards._READING, "calls", None) is None
+
+
+def test_a_loss_graph_that_cannot_be_read_fails_open(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """An error reading the loss's autograd graph stops that window's
+    recording (the batch counted unrecorded, with the reason); the user's
+    backward runs as without a listener."""
+    from tracelog.adapters.torch import guards
+
+    def unreadable(roots: Any, stop: Any) -> Any:
+        raise RuntimeError("no loss graph here")
+
+    monkeypatch.setattr(guards, "loss_graph", unreadable)
+    model = _mlp()
+    with tracelog.Listener(model, tmp_path / "g") as listener:
+        for x, y in _batches(4):
+            with listener.batch():
+                F.cross_entropy(model(x), y).backward()
+            assert all(p.grad is not None for p in model.parameters())
+            model.zero_grad()
+    log = tracelog.load(tmp_path / "g")
+    assert log.unrecorded == 4 and "no loss graph here" in log.failures[0]["error"]

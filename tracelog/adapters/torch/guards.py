@@ -233,18 +233,20 @@ class Calls(TorchFunctionMode):
         torch._C._push_on_torch_function_stack(self)  # what __enter__ does, less two frames
 
     def backward(self, roots: tuple[Any, ...]) -> None:
-        """Backward starts on `roots`: the loss's graph is the key's last part."""
-        if not self.on or self.window is None:
+        """Backward starts on `roots`: the loss's graph is the key's last part
+        (read fail-open, as the window does its own work: an error stops the
+        window's recording, never the user's backward)."""
+        w = self.window
+        if not self.on or w is None:
             return
-        self.listener.busy += 1
-        try:
-            stop = frozenset([id(n) for n in self.outputs])
-            self.calls.append(("backward", loss_graph(roots, stop)))
-        finally:
-            self.listener.busy -= 1
-            self.outputs = ()
         self.on = False
-        self.window.saw_backward = True
+        w.saw_backward = True
+        w.guarded(self._read_loss, roots)
+        self.outputs = ()
+
+    def _read_loss(self, roots: tuple[Any, ...]) -> None:
+        stop = frozenset([id(n) for n in self.outputs])
+        self.calls.append(("backward", loss_graph(roots, stop)))
 
     def end(self) -> None:
         """Leave the stack if on top; else (a mode pushed after it and still
