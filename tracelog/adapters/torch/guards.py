@@ -147,11 +147,9 @@ def loss_graph(roots: Any, stop: frozenset[int]) -> tuple[Any, ...]:
 
 def _backward_starts(roots: Any) -> None:
     calls = getattr(_READING, "calls", None)
-    if calls is None:
+    if calls is None or calls.listener.busy:  # busy: the listener's own autograd
         return
     _READING.calls = None
-    if calls.listener.busy:  # the listener's own autograd (the float64 reference)
-        return
     roots = (roots,) if isinstance(roots, torch.Tensor) else tuple(roots)
     calls.backward(roots)
 
