@@ -602,3 +602,35 @@ def test_a_loss_graph_that_cannot_be_read_fails_open(
             model.zero_grad()
     log = tracelog.load(tmp_path / "g")
     assert log.unrecorded == 4 and "no loss graph here" in log.failures[0]["error"]
+
+
+class _Huber(torch.autograd.Function):
+    """A custom Function in the loss: its node's saved tensors are read by
+    no key (only plain values are)."""
+
+    @staticmethod
+    def forward(ctx: Any, diff: torch.Tensor) -> torch.Tensor:
+        ctx.save_for_backward(diff)
+        return torch.where(diff.abs() < 1, 0.5 * diff**2, diff.abs() - 0.5).mean()
+
+    @staticmethod
+    def backward(ctx: Any, grad: torch.Tensor) -> torch.Tensor:
+        (diff,) = ctx.saved_tensors
+        return grad * diff.clamp(-1, 1) / diff.numel()
+
+
+def test_a_custom_function_in_the_loss_counts_as_in_exact_mode(tmp_path: Path) -> None:
+    rows = []
+    for mode in ("exact", "guarded"):
+        model = _mlp()
+        with tracelog.Listener(model, tmp_path / mode, mode=mode) as listener:
+            for x, y in _batches(8):
+                with listener.batch():
+                    _Huber.apply(model(x) - F.one_hot(y, 4).float()).backward()
+                model.zero_grad()
+        log = tracelog.load(tmp_path / mode)
+        rows.append([(e.kind, e.usage.batches) for e in log.entries_sorted()])
+        assert log.unrecorded == 0, log.failures
+        if mode == "guarded":
+            assert sum(e.usage.guarded for e in log.entries.values()) > 0
+    assert rows[0] == rows[1]

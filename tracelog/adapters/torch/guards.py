@@ -113,13 +113,31 @@ def _plain(v: Any) -> bool:
 def _saved(node: Any) -> tuple[Any, ...]:
     """The node's saved plain values (``_saved_reduction``, ``_saved_dim``,
     ``_saved_other`` of a scalar...); which attributes those are is found once
-    per node class, and a value that is not plain reads as its type's name."""
+    per node class. A value that is not plain reads as its type's name, one
+    that cannot be read (a custom Function's) as "?"."""
     names = _PLAIN_SAVED.get(type(node))
     if names is None:
-        names = tuple(a for a in dir(node) if a.startswith("_saved_") and _plain(getattr(node, a)))
-        _PLAIN_SAVED[type(node)] = names
-    values = [getattr(node, a) for a in names]
-    return tuple([v if _plain(v) else type(v).__name__ for v in values])
+        names = _PLAIN_SAVED[type(node)] = tuple(
+            a for a in dir(node) if a.startswith("_saved_") and _plain_attr(node, a)
+        )
+    return tuple([_read(node, a) for a in names])
+
+
+def _plain_attr(node: Any, attr: str) -> bool:
+    try:
+        return _plain(getattr(node, attr))
+    except Exception:  # a saved value gone, or a custom Function's that cannot be read
+        return False
+
+
+def _read(node: Any, attr: str) -> Any:
+    """A saved plain value; a tensor saved where a plain value was before (an
+    optional weight) by its type's name, so the key stays hashable."""
+    try:
+        v = getattr(node, attr)
+    except Exception:
+        return "?"
+    return v if _plain(v) else type(v).__name__
 
 
 def loss_graph(roots: Any, stop: frozenset[int]) -> tuple[Any, ...]:
