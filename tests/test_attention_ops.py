@@ -317,9 +317,8 @@ def test_boolean_mask_indexing_is_refused_with_its_reason() -> None:
     assert "depends on the data" in _reason([rec], {"x": x, "m": m})
 
 
-def _run_program(target: str, graph, x: np.ndarray) -> np.ndarray:
-    """The graph as `target` writes it, compiled as each framework compiles
-    (jax.jit, tf.function: a computed size must stay static there)."""
+def _emitted(target: str, graph) -> dict:
+    """The graph's function as `target` writes it, with the runtime helpers it calls."""
     from tracelog.emit import get_target
     from tracelog.emit.inline import import_block
     from tracelog.emit.program import emit_function
@@ -330,6 +329,13 @@ def _run_program(target: str, graph, x: np.ndarray) -> np.ndarray:
     ns: dict = {}
     code = "\n\n".join([import_block(tgt.pieces), *tgt.helpers.statements, *used, text])
     exec(compile(code, f"<{target}>", "exec"), ns)
+    return ns
+
+
+def _run_program(target: str, graph, x: np.ndarray) -> np.ndarray:
+    """The graph as `target` writes it, compiled as each framework compiles
+    (jax.jit, tf.function: a computed size must stay static there)."""
+    ns = _emitted(target, graph)
     if target == "jax":
         import jax
 
@@ -362,21 +368,6 @@ def test_causal_mask_of_a_symbolic_length_is_computed() -> None:
             np.testing.assert_allclose(got, want, rtol=1e-5, atol=1e-6, err_msg=target)
 
 
-def _emitted(target: str, graph) -> dict:
-    """The graph's function as `target` writes it, with the runtime helpers it calls."""
-    from tracelog.emit import get_target
-    from tracelog.emit.inline import import_block
-    from tracelog.emit.program import emit_function
-
-    tgt = get_target(target)
-    text = emit_function(tgt, graph, "f", [], "0" * 64, {})
-    used = [tgt.helpers.functions[h] for h in tgt.helpers.helpers_used(text)]
-    ns: dict = {}
-    code = "\n\n".join([import_block(tgt.pieces), *tgt.helpers.statements, *used, text])
-    exec(compile(code, f"<{target}>", "exec"), ns)
-    return ns
-
-
 @pytest.mark.parametrize("target", ["torch", "tensorflow", "jax"])
 @pytest.mark.parametrize(
     "sample", ["Attention-masked", "Attention-masked-causal", "tracelog.Attention"]
@@ -387,7 +378,7 @@ def test_attention_gradients_match_torch(target: str, sample: str, dtype: str) -
     through F.scaled_dot_product_attention: finite where a query sees no key
     (torch's kernel gives 0 and no gradient there); float32 runs JAX's fused
     call (float64 is written out), within float32's rounding."""
-    pytest.importorskip(target)
+    pytest.importorskip(target, reason=f"the {target} target needs its framework installed")
     from op_samples import SAMPLES
     from test_op_samples import typed_graph
 
@@ -471,7 +462,7 @@ def test_hf_attention_without_dropout_is_one_op_on_every_target(name: str, tmp_p
     """Hugging Face GPT-2 (causal, padded) and BERT (padded) with attention dropout 0:
     each layer's attention is one tracelog.Attention in training, and every target
     passes both checks (predictions, loss and gradients)."""
-    pytest.importorskip("transformers")
+    pytest.importorskip("transformers", reason="the Hugging Face models need transformers")
     import dataclasses
 
     import real_models

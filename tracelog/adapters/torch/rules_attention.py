@@ -679,7 +679,7 @@ def _attention(ctx: Ctx, mask: Any, causal: bool, scale: float | None, dropout_p
             m = ctx.helper("Cast", [m], mask_t, to=dt)
         if causal:
             keep = _causal_keep(ctx, q, qt, k, kt)
-            wide = TensorType(dt, _broadcast_shape(mask.shape, (qt.shape[-2], kt.shape[-2])))
+            wide = TensorType(dt, _broadcast(ctx, [mask.shape, (qt.shape[-2], kt.shape[-2])]))
             m = ctx.helper("Where", [keep, m, neg_inf], wide)
             causal = False
         inputs.append(m)
@@ -687,14 +687,6 @@ def _attention(ctx: Ctx, mask: Any, causal: bool, scale: float | None, dropout_p
         raise NotSupported(f"{kernel} with a mask of type {type(mask).__name__}")
     attrs = {"scale": float(scale), "is_causal": int(causal)}
     return ctx.one("Attention", inputs, domain=TRACELOG_DOMAIN, **attrs)
-
-
-def _broadcast_shape(a: Sequence[Dim], b: Sequence[Dim]) -> tuple[Dim, ...]:
-    """The shape two shapes broadcast to (a 1 gives way to the other's dim)."""
-    n = max(len(a), len(b))
-    a = (1,) * (n - len(a)) + tuple(a)
-    b = (1,) * (n - len(b)) + tuple(b)
-    return tuple(y if x == 1 else x for x, y in zip(a, b, strict=True))
 
 
 @ATEN.register("aten._scaled_dot_product_flash_attention_for_cpu.default")
