@@ -101,8 +101,13 @@ class Usage:
                 self.epochs.sort()
         # min/max: a guarded batch whose graph became known later is counted late
         pos = (epoch, batch)
-        self.first = pos if self.first is None else min(self.first, pos)
-        self.last = pos if self.last is None else max(self.last, pos)
+        last = self.last
+        if last is None:
+            self.first = self.last = pos
+        elif pos > last:  # the usual case: a later batch
+            self.last = pos
+        elif pos < self.first:  # type: ignore[operator]
+            self.first = pos
 
     def counts_json(self) -> dict[str, int]:
         """How the batches were counted: recorded op by op, or under guards."""

@@ -18,7 +18,6 @@ and how it takes gradients for the sample.
 from __future__ import annotations
 
 import atexit
-import contextlib
 import functools
 import logging
 import os
@@ -366,6 +365,51 @@ class StateBefore:
     grad_state: Any = None
 
 
+class _BatchWindow:
+    """``listener.batch()``: a class, not a generator-based context manager:
+    on a guarded batch of a small model its few calls are a visible part of
+    the cost (issue 18)."""
+
+    __slots__ = ("listener", "epoch", "watched")
+
+    def __init__(self, listener: ListenerBase, epoch: int | None) -> None:
+        self.listener, self.epoch = listener, epoch
+        self.watched: Any = None
+
+    def __enter__(self) -> Any:
+        listener = self.listener
+        listener._open_batch(self.epoch)
+        if listener.inert:
+            return listener
+        w = listener._window = listener._begin_window()
+        try:
+            watched = listener._watching(w, w.before)
+            watched.__enter__()
+        except BaseException as e:
+            self._end(e)
+            raise
+        self.watched = watched
+        return listener
+
+    def __exit__(self, exc_type: Any, exc: BaseException | None, tb: Any) -> None:
+        if self.watched is None:  # an inert listener's
+            return
+        try:
+            self.watched.__exit__(exc_type, exc, tb)
+        finally:
+            self._end(exc)
+
+    def _end(self, raised: BaseException | None) -> None:
+        listener = self.listener
+        # the window now open: a later micro-batch's where the adapter split the batch
+        w, listener._window = listener._window, None
+        try:
+            listener._end_window(w, raised)
+        finally:
+            del w  # its tape is freed here, before _window_closed
+            listener._window_closed()
+
+
 class ListenerBase(ABC):
     """A listener: ``with listener.batch():`` around each batch, ``close()`` at the end."""
 
@@ -445,29 +489,9 @@ class ListenerBase(ABC):
         """Has ``close()`` written the log? A closed listener records nothing more."""
         return self._closed
 
-    @contextlib.contextmanager
-    def batch(self, *, epoch: int | None = None) -> Iterator[Any]:
+    def batch(self, *, epoch: int | None = None) -> _BatchWindow:
         """The window of one batch: the forward, the loss and (optionally) the backward."""
-        self._open_batch(epoch)
-        if self.inert:
-            yield self
-            return
-        w = self._window = self._begin_window()
-        raised: BaseException | None = None
-        try:
-            with self._watching(w, w.before):
-                yield self
-        except BaseException as e:
-            raised = e
-            raise
-        finally:
-            # the window now open: a later micro-batch's where the adapter split the batch
-            w, self._window = self._window, None
-            try:
-                self._end_window(w, raised)
-            finally:
-                del w  # its tape is freed here, before _window_closed
-                self._window_closed()
+        return _BatchWindow(self, epoch)
 
     def _begin_window(self) -> Any:
         """A new window, with the state a sample needs while none is taken."""

@@ -104,6 +104,9 @@ _PLAIN_SAVED: dict[type, tuple[str, ...]] = {}  # per autograd node class: saved
 _LOSS_NODES = 256  # a loss graph read no further (one that never meets the forward's output)
 
 
+_SCALARS = frozenset([bool, int, float, str, type(None)])
+
+
 def _plain(v: Any) -> bool:
     if v is None or isinstance(v, (bool, int, float, str)):
         return True
@@ -120,7 +123,16 @@ def _saved(node: Any) -> tuple[Any, ...]:
         names = _PLAIN_SAVED[type(node)] = tuple(
             a for a in dir(node) if a.startswith("_saved_") and _plain_attr(node, a)
         )
-    return tuple([_read(node, a) for a in names])
+    if not names:
+        return ()
+    try:  # every batch's loss reads these: one pass where each is a scalar, as usual
+        values = tuple([getattr(node, a) for a in names])
+    except Exception:
+        return tuple([_read(node, a) for a in names])
+    for v in values:
+        if type(v) not in _SCALARS:
+            return tuple([_read(node, a) for a in names])
+    return values
 
 
 def _plain_attr(node: Any, attr: str) -> bool:
@@ -149,23 +161,25 @@ def loss_graph(roots: Any, stop: frozenset[int]) -> tuple[Any, ...]:
     nodes: list[Any] = []
     while todo:
         node = todo.pop()
-        if node is None or id(node) in seen:
+        if node is None:
             continue
-        seen.add(id(node))
-        if id(node) in stop:
+        i = id(node)
+        if i in seen:
+            continue
+        seen.add(i)
+        if i in stop:
             nodes.append("output")
             continue
         if len(nodes) == _LOSS_NODES:
             nodes.append("...")
             break
         nodes.append((node.name(), _saved(node)))
-        todo.extend(fn for fn, _ in reversed(node.next_functions))
+        todo.extend([fn for fn, _ in node.next_functions][::-1])
     return tuple(nodes)
 
 
-def _backward_starts(roots: Any) -> None:
-    calls = getattr(_READING, "calls", None)
-    if calls is None or calls.listener.busy:  # busy: the listener's own autograd
+def _backward_starts(calls: Calls, roots: Any) -> None:
+    if calls.listener.busy:  # the listener's own autograd
         return
     _READING.calls = None
     roots = (roots,) if isinstance(roots, torch.Tensor) else tuple(roots)
@@ -181,12 +195,16 @@ def _wrap_autograd() -> None:
 
     @functools.wraps(backward)
     def traced_backward(tensors: Any, *args: Any, **kwargs: Any) -> Any:
-        _backward_starts(tensors)
+        calls = getattr(_READING, "calls", None)
+        if calls is not None:
+            _backward_starts(calls, tensors)
         return backward(tensors, *args, **kwargs)
 
     @functools.wraps(grad)
     def traced_grad(outputs: Any, *args: Any, **kwargs: Any) -> Any:
-        _backward_starts(outputs)
+        calls = getattr(_READING, "calls", None)
+        if calls is not None:
+            _backward_starts(calls, outputs)
         return grad(outputs, *args, **kwargs)
 
     _WRAPPED.update(backward=backward, grad=grad)
@@ -257,12 +275,13 @@ class Calls(TorchFunctionMode):
             return
         self.on = False
         w.saw_backward = True
-        w.guarded(self._read_loss, roots)
+        if w.recording:  # read fail-open, as w.guarded would (inlined: every batch)
+            try:
+                stop = frozenset([id(n) for n in self.outputs])
+                self.calls.append(("backward", loss_graph(roots, stop)))
+            except Exception as e:
+                w.fail(e)
         self.outputs = ()
-
-    def _read_loss(self, roots: tuple[Any, ...]) -> None:
-        stop = frozenset([id(n) for n in self.outputs])
-        self.calls.append(("backward", loss_graph(roots, stop)))
 
     def end(self) -> None:
         """Leave the stack if on top; else (a mode pushed after it and still

@@ -13,6 +13,7 @@ import contextlib
 import functools
 import inspect
 import logging
+import operator
 import os
 import platform
 import weakref
@@ -127,6 +128,10 @@ def _flatten_tensors(obj: Any, prefix: str, out: list[tuple[str, torch.Tensor]])
     elif isinstance(obj, (list, tuple)):
         for i, v in enumerate(obj):
             _flatten_tensors(v, f"{prefix}.{i}", out)
+
+
+_TRAINING = operator.attrgetter("training")
+_REQUIRES_GRAD = operator.attrgetter("requires_grad")
 
 
 class _Mode(TorchDispatchMode):
@@ -519,6 +524,7 @@ class TorchListener(GuardedCounting, ListenerBase):
             self.log.distributed = facts_for_log(facts, ranks)
         self.log.optimizer_steps = 0
         self._steps_model: weakref.WeakKeyDictionary[Any, bool] = weakref.WeakKeyDictionary()
+        self._last_optimizer: tuple[weakref.ref[Any], bool] | None = None
         self._handles: list[Any] = []
         # a root forward outside any window, in eval mode, is an eval window of
         # its own (a trainer's evaluation loop, which has no hook before a batch)
@@ -529,6 +535,8 @@ class TorchListener(GuardedCounting, ListenerBase):
         self._compiled = compiled
         self._tree_version = 0  # moves when a parameter or submodule is registered on ours
         self._tree_seen = -1
+        # by the root's training flag: the static key the last forward of that phase read
+        self._statics: dict[bool, tuple[Any, ...]] = {}
         self._params: list[torch.nn.Parameter] = []
         self._modules: list[torch.nn.Module] = []
         self._named_modules: list[tuple[str, torch.nn.Module]] = []  # (path prefix, module)
@@ -679,13 +687,16 @@ class TorchListener(GuardedCounting, ListenerBase):
         """A fast window where the guard book allows one (guards.py), else an
         exact window as before."""
         book = self._book
-        sample_due = self.model.training and self._sample is None and not self._sample_failed
+        training = self.model.training
+        sample_due = training and self._sample is None and not self._sample_failed
         if book.mode == "guarded" and not self._compiled and not sample_due:
-            static = self._tree_key()
-            if book.may_guard(static, self.epoch):
+            # the static key the last forward of this phase started with, not
+            # read again here: it is read, and compared, as the forward starts
+            static = self._statics.get(training)
+            if static is not None and book.may_guard(static, self.epoch):
                 if self._scoped:
                     self._scopes(False)
-                phase = "train" if self.model.training else "eval"
+                phase = "train" if training else "eval"
                 return FastWindow(self, phase, self.epoch, self._next_batch(phase), static)
         return super()._begin_window()
 
@@ -695,8 +706,8 @@ class TorchListener(GuardedCounting, ListenerBase):
         if self._tree_seen != self._tree_version:
             self._read_tree()
         return (
-            tuple([m.training for m in self._modules]),  # the root's first: the phase
-            tuple([p.requires_grad for p in self._params]),
+            tuple(map(_TRAINING, self._modules)),  # the root's first: the phase
+            tuple(map(_REQUIRES_GRAD, self._params)),
             self._tree_version,
             torch.get_default_dtype(),
             torch.are_deterministic_algorithms_enabled(),
@@ -731,8 +742,9 @@ class TorchListener(GuardedCounting, ListenerBase):
         if self._book.mode == "exact" or self._compiled:
             return w
         try:
-            static = self._tree_key()  # again: a trainer may switch modes after the window opened
+            static = self._tree_key()  # now: a trainer may switch modes after the window opened
             inputs = (self._modes_key(), input_key(args, kwargs))
+            self._statics[static[0][0]] = static  # by the root's training flag
         except Exception as e:  # fail open: no key, the batch recorded exactly or not at all
             if isinstance(w, FastWindow):
                 w.fail(e)
@@ -835,11 +847,17 @@ class TorchListener(GuardedCounting, ListenerBase):
     def _optimizer_stepped(self, optimizer: Any, args: Any, kwargs: Any) -> None:
         """A global optimizer step hook: count the steps of this model's optimizers."""
         try:
-            ours = self._steps_model.get(optimizer)
+            ours: bool | None
+            last = self._last_optimizer  # the usual case, one optimizer: no weak dict lookup
+            if last is not None and last[0]() is optimizer:
+                ours = last[1]
+            else:
+                ours = self._steps_model.get(optimizer)
             if ours is None:
                 mine = {id(p) for p in self.model.parameters()}
                 ours = any(id(p) in mine for g in optimizer.param_groups for p in g["params"])
                 self._steps_model[optimizer] = ours
+            self._last_optimizer = (weakref.ref(optimizer), ours)
             if ours and self.log.optimizer_steps is not None:
                 self.log.optimizer_steps += 1
         except Exception as e:  # fail open: a step is never stopped by counting it
@@ -1049,7 +1067,7 @@ class TorchListener(GuardedCounting, ListenerBase):
     def _finish(self, w: WindowBase, before: StateBefore | None) -> None:
         self.last_guarded = False
         super()._finish(w, before)
-        if isinstance(w, _Window) and not w.recording:
+        if type(w) is not FastWindow and isinstance(w, _Window) and not w.recording:
             self._book.not_recorded(w.static, w.inputs)  # an unrecorded batch breaks a streak
 
     def _gradients(
