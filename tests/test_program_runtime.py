@@ -204,6 +204,77 @@ def test_check_parity_compares_every_recorded_role(tmp_path) -> None:
     assert set(ns.sample_params(str(tmp_path))) == {"w", "running"}
 
 
+def _one_param_log(tmp_path, w: np.ndarray, pred64: np.ndarray, pred32: np.ndarray) -> None:
+    """A sample of one parameter `w` and one prediction: the reference, and the
+    source's own float32 value of it."""
+    from safetensors.numpy import save_file
+
+    sample = {
+        sample_format.output_key("prediction"): pred32.astype(np.float32),
+        sample_format.reference_key(sample_format.output_key("prediction")): pred64,
+        sample_format.LOSS_KEY: np.asarray(pred32.sum(), np.float32),
+        sample_format.reference_key(sample_format.LOSS_KEY): np.asarray(pred64.sum()),
+        sample_format.param_key("w"): w,
+    }
+    save_file(sample, str(tmp_path / "sample.safetensors"))
+    save_file({"w": w}, str(tmp_path / "weights.safetensors"))
+
+
+def test_a_branch_decided_by_rounding_passes_on_values_nudged_by_an_ulp(tmp_path) -> None:
+    """relu(3w - 1) with w the float32 nearest 1/3: 2.98e-8 in float64, 0 in
+    float32 (3w rounds to 1), so the float32 run's gate closes where the
+    reference's is open, and the source, whose own float32 run kept it open,
+    makes the program's error look 1e6 times its own. On w nudged by one ulp
+    either way both runs agree (3w is 1 + 2^-23 or 1 - 2^-24, exactly): the
+    check passes and says why, with the nudged run's rows."""
+    w = np.asarray([1 / 3], np.float32)
+    h64 = 3 * w.astype(np.float64) - 1
+    assert h64[0] > 0 and (3 * w - 1)[0] == 0
+    _one_param_log(tmp_path, w, np.maximum(h64, 0) * 1e8, np.maximum(h64, 0) * 1e8)
+    drawn = []
+
+    def runs(step, params, trainable):
+        drawn.append(params["w"].copy())
+        pred = np.maximum(3 * params["w"] - 1, 0) * 1e8  # in w's dtype
+        return [("", ({"prediction": pred}, pred.sum(), []))]
+
+    rows = _parity_with({"w": False}, runs).check_parity(str(tmp_path))
+    assert [(r[0], r[3]) for r in rows if not r[0].startswith("[")] == [
+        ("prediction [float64]", True),
+        ("loss [float64]", True),
+        ("prediction", True),
+        ("loss", True),
+    ]
+    note = [r for r in rows if r[0].startswith("[float32]")]
+    assert len(note) == 1 and note[0][3] and "nudged by one ulp (draw 1" in note[0][0]
+    # float64 translation, float32 recorded, then the draw's float64 and float32
+    assert [d.dtype for d in drawn] == [np.float64, np.float32, np.float64, np.float32]
+    assert drawn[3][0] in (np.nextafter(w[0], np.float32(1)), np.nextafter(w[0], np.float32(0)))
+    assert drawn[2][0] == np.float64(drawn[3][0])  # the same nudge, read in float64
+
+
+def test_a_less_accurate_formula_fails_on_every_nudged_draw(tmp_path) -> None:
+    """A variance as the mean of squares minus the squared mean, in float32,
+    of values near 1000: its error is the formula's, on every draw; the
+    recorded run's rows stand, after a row saying no draw passed."""
+    w = (1000 + np.random.default_rng(0).standard_normal(64)).astype(np.float32)
+    var64 = np.asarray([w.astype(np.float64).var()])
+    _one_param_log(tmp_path, w, var64, var64)  # the source: a two-pass variance
+
+    def runs(step, params, trainable):
+        v = params["w"]
+        pred = np.asarray([np.mean(v * v) - np.mean(v) ** 2], v.dtype)
+        return [("", ({"prediction": pred}, pred.sum(), []))]
+
+    rows = _parity_with({"w": False}, runs).check_parity(str(tmp_path))
+    translation = [r for r in rows if r[0].endswith("[float64]")]
+    assert translation and all(r[3] for r in translation)
+    note = [r for r in rows if r[0].startswith("[float32]")]
+    assert len(note) == 1 and not note[0][3] and "in each of 3 draws" in note[0][0]
+    prediction = next(r for r in rows if r[0] == "prediction")
+    assert not prediction[3] and prediction[5] > 100
+
+
 def test_masks_become_the_rng_dict_the_functions_take() -> None:
     masks = {sample_format.mask_key(k): np.ones(1, bool) for k in (0, 3)}
     assert sorted(sample_format.masks_as_rng({**masks, "loss": 0})) == ["mask.0", "mask.3"]

@@ -42,6 +42,12 @@ class Comparison:
     source_err: float | None = None
     ratio: float | None = None
 
+    @property
+    def is_note(self) -> bool:
+        """A row that says something of the rows (a run that could not be made,
+        float32 runs drawn again), with no error of its own: a line of its own."""
+        return self.name.startswith("[") and self.max_abs != self.max_abs
+
 
 @dataclass
 class Report:
@@ -56,7 +62,7 @@ class Report:
         return bool(self.comparisons) and all(c.ok for c in self.comparisons)
 
     def table(self) -> str:
-        width = max([len(c.name) for c in self.comparisons] + [6])
+        width = max([len(c.name) for c in self.comparisons if not c.is_note] + [6])
         calibrated = any(c.source_err is not None for c in self.comparisons)
         if calibrated:
             head = f"{'output':<{width}}  {'max abs err':>12}  {'source err':>14}  {'ratio':>7}  ok"
@@ -65,7 +71,9 @@ class Report:
         lines = [self.title, head]
         for c in self.comparisons:
             verdict = "yes" if c.ok else "NO"
-            if calibrated:
+            if c.is_note:
+                lines.append(c.name)
+            elif calibrated:
                 own = "-" if c.source_err is None else f"{c.source_err:.3e}"
                 ratio = "-" if c.ratio is None else f"{c.ratio:.2f}"
                 lines.append(
