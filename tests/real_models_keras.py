@@ -150,16 +150,22 @@ def _cnn() -> Any:
     )
 
 
+def _app(name: str, application: str) -> KerasCase:
+    """A keras.applications model at 32x32, two batches of 8 (issue 14's
+    configuration): at batch 4 the batch norms of the 1x1 blocks take their
+    statistics over 4 values, and the float32 ratios are draws around 2
+    (MobileNetV2: 2.05 to 2.56 over seeds; README, known limits)."""
+    return KerasCase(
+        name, _application(application), _images(n=16), _sparse_ce(), batch_size=8, in_suite=False
+    )
+
+
 CASES: list[KerasCase] = [
-    KerasCase("mobilenet_v2", _application("MobileNetV2"), _images(), _sparse_ce(), in_suite=False),
-    KerasCase("resnet50", _application("ResNet50"), _images(), _sparse_ce(), in_suite=False),
-    KerasCase(
-        "efficientnet_b0", _application("EfficientNetB0"), _images(), _sparse_ce(), in_suite=False
-    ),
-    KerasCase("densenet121", _application("DenseNet121"), _images(), _sparse_ce(), in_suite=False),
-    KerasCase(
-        "convnext_tiny", _application("ConvNeXtTiny"), _images(), _sparse_ce(), in_suite=False
-    ),
+    _app("mobilenet_v2", "MobileNetV2"),
+    _app("resnet50", "ResNet50"),
+    _app("efficientnet_b0", "EfficientNetB0"),
+    _app("densenet121", "DenseNet121"),
+    _app("convnext_tiny", "ConvNeXtTiny"),
     KerasCase("lstm_classifier", _lstm_classifier, _text_classes, _sparse_ce(True)),
     KerasCase("bigru_tagger", _gru_tagger, _tags, _sparse_ce(True)),
     KerasCase("attention_encoder", _attention_encoder, _sequences, _sparse_ce(True)),

@@ -434,13 +434,20 @@ def _redrawn(
     n_failed = sum(not r[3] for r in failed)
     for draw in range(1, REDRAWS + 1):
         wide = _promoted(_nudged(sample, draw))
+        feeds = _nudged(_load(os.path.join(log_dir, "sample.safetensors"), narrow=True), draw)
+
+        def step64(p: dict[str, Any], values: dict[str, Any] = wide) -> tuple[Any, Any]:
+            return sample_step(p, values)
+
+        def step(p: dict[str, Any], values: dict[str, Any] = feeds) -> tuple[Any, Any]:
+            return sample_step(p, values)
+
         with _in_float64():
             params64 = _module_params(sample_params(log_dir, float64=True, draw=draw))
-            run64 = _runs(lambda p, s=wide: sample_step(p, s), params64, trainable)[0][1]
+            run64 = _runs(step64, params64, trainable)[0][1]
         refs = {key: _numpy(v) for _, v, key, _ in _outputs(sample, trainable, run64)}
-        feeds = _nudged(_load(os.path.join(log_dir, "sample.safetensors"), narrow=True), draw)
         params = _module_params(sample_params(log_dir, draw=draw))
-        run = _runs(lambda p, s=feeds: sample_step(p, s), params, trainable)[0][1]
+        run = _runs(step, params, trainable)[0][1]
         rows = []
         for name, value, key, is_grad in _outputs(sample, trainable, run):
             if reference_key(key) not in sample:
