@@ -3,7 +3,11 @@ emit every target, check that each program is black-clean at black's defaults
 and ruff-clean (pyflakes rules), run its parity check, and print one row per (model,
 target): recorded, emitted, check verdict and worst error (where the sample
 has a float64 reference: the translation rows' largest relative error and the
-float32 rows' largest accuracy ratio).
+float32 rows' largest accuracy ratio). A program target whose largest ratio
+reads above 2 is run on two more draws (the batch and weights nudged by one
+ulp: ``tracelog.check(..., draw=k)``), and the median of the three draws'
+largest ratios is printed beside it: one draw's largest ratio over hundreds
+of outputs is a draw of float32 noise (a ReLU input within rounding of 0).
 
     python benchmarks/models_matrix.py                  # every model, every target
     python benchmarks/models_matrix.py gpt2 bert --targets tensorflow onnx
@@ -51,6 +55,8 @@ class Row:
     seconds: float = 0.0
     translation: float | None = None  # largest relative error of the [float64] rows
     ratio: float | None = None  # largest float32 accuracy ratio (vs the source's own error)
+    # where that read above 2 (program targets): the median of it and two nudged draws'
+    median: float | None = None
 
     @property
     def ok(self) -> bool:
@@ -130,13 +136,30 @@ def run_target(name: str, log_dir: Path, target: str, started: float) -> Row:
         return Row(name, target, recorded, "yes", verdict, "-", time.perf_counter() - t0)
     verdict = "ok" if report.ok else f"MISMATCH {getattr(report, 'divergence', '') or ''}"[:120]
     row = Row(name, target, recorded, "yes", verdict, worst_error(report))
-    row.seconds = time.perf_counter() - t0
     rows = getattr(report, "comparisons", [])
     wide = [c.max_rel for c in rows if c.name.endswith("[float64]")]
     ratios = [c.ratio for c in rows if not c.name.endswith("[float64]") and c.ratio is not None]
     row.translation = max(wide) if wide else None
     row.ratio = max(ratios) if ratios else None
+    if row.ratio is not None and row.ratio > DRAWN_ABOVE and target != "onnx":
+        row.median = median_of_draws(log_dir, target, row.ratio)
+        row.worst += f" (3 draws: median {row.median:.2f})"
+    row.seconds = time.perf_counter() - t0
     return row
+
+
+DRAWN_ABOVE = 2.0  # issue 14's aim for the accuracy ratio
+DRAWS = (1, 2)
+
+
+def median_of_draws(log_dir: Path, target: str, first: float) -> float:
+    """The median of the largest float32 ratio of the recorded draw and of
+    two draws on the sample nudged by one ulp."""
+    found = [first]
+    for draw in DRAWS:
+        report = tracelog.check(log_dir, target, draw=draw)
+        found.append(max(c.ratio for c in report.comparisons if c.ratio is not None))
+    return sorted(found)[len(found) // 2]
 
 
 def run_model(side: Any, case: Any, targets: list[str], root: Path) -> list[Row]:
@@ -207,6 +230,14 @@ def main(argv: list[str] | None = None) -> int:
             f"float32 accuracy ratio: at most {worst.ratio:.2f} ({worst.model}, {worst.target}); "
             f"{over} of {len(ratios)} pairs above 2"
         )
+        drawn = [r for r in ratios if r.median is not None]
+        if drawn:
+            top = max(drawn, key=lambda r: r.median or 0.0)
+            print(
+                f"  of those drawn again: median of 3 draws at most {top.median:.2f} "
+                f"({top.model}, {top.target}); "
+                f"{sum((r.median or 0.0) > 2 for r in drawn)} of {len(drawn)} above 2"
+            )
     return 0 if passed == len(rows) else 1
 
 

@@ -251,6 +251,11 @@ def test_a_branch_decided_by_rounding_passes_on_values_nudged_by_an_ulp(tmp_path
     assert [d.dtype for d in drawn] == [np.float64, np.float32, np.float64, np.float32]
     assert drawn[3][0] in (np.nextafter(w[0], np.float32(1)), np.nextafter(w[0], np.float32(0)))
     assert drawn[2][0] == np.float64(drawn[3][0])  # the same nudge, read in float64
+    # a draw asked for: its float32 rows alone, the same nudge as the check's
+    drawn.clear()
+    again = _parity_with({"w": False}, runs).check_parity(str(tmp_path), draw=1)
+    assert again == [r for r in rows if not r[0].startswith("[")][2:]
+    assert [d[0] for d in drawn[1::2]] == [drawn[1][0]] and drawn[1][0] != w[0]
 
 
 def test_a_less_accurate_formula_fails_on_every_nudged_draw(tmp_path) -> None:

@@ -92,9 +92,15 @@ def __getattr__(name: str) -> Any:
     raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
 
 
-def check(log_dir: str | os.PathLike[str], target: str = "tensorflow", **tolerances: float) -> Any:
+def check(
+    log_dir: str | os.PathLike[str],
+    target: str = "tensorflow",
+    *,
+    draw: int = 0,
+    **tolerances: float,
+) -> Any:
     """Emit and run the program for ``target`` on the recorded batch; a report
-    with per-output max abs/rel errors and ``.ok``."""
+    with per-output max abs/rel errors and ``.ok`` (``draw``: tracelog.parity.check)."""
     from tracelog.parity import check as _check
 
-    return _check(log_dir, target, **tolerances)
+    return _check(log_dir, target, draw=draw, **tolerances)

@@ -55,13 +55,20 @@ def check(
     atol: float = 1e-5,
     rtol: float = 1e-4,
     grad_atol: float = 1e-4,
+    draw: int = 0,
 ) -> Report:
     """Emit `target`'s program (or model) into the log directory, run its
     parity check on the recorded batch, and report per-output errors (`.ok`).
     A bfloat16 log: each target runs in the dtypes the source ran in (the ONNX
-    model on onnx.reference, as onnxruntime has no bfloat16 arithmetic)."""
+    model on onnx.reference, as onnxruntime has no bfloat16 arithmetic).
+
+    `draw` k > 0 (program targets, a sample with a float64 reference): only
+    the float32 rows of the batch and weights nudged by one ulp in pattern k,
+    each against the program in float64 on the same values: another draw of
+    float32 rounding on the sample (a ratio above 2 that is one draw's
+    reads near 1 on another)."""
     spec = targets.get(target)
-    return spec.check(log_dir, atol=atol, rtol=rtol, grad_atol=grad_atol)
+    return spec.check(log_dir, atol=atol, rtol=rtol, grad_atol=grad_atol, draw=draw)
 
 
 def check_program(
@@ -71,15 +78,24 @@ def check_program(
     atol: float = 1e-5,
     rtol: float = 1e-4,
     grad_atol: float = 1e-4,
+    draw: int = 0,
 ) -> Report:
-    """Write a program target's program and run its own parity check."""
+    """Write a program target's program and run its own parity check (`draw`:
+    check())."""
     stage(f"writing {tgt.name}'s program")
     path = write_program(log_dir, tgt)
     stage(f"importing {path.name} and its framework")
     module = _import_path(path, tgt.name)
     stage(f"running {path.name} on the recorded batch")
-    rows = module.check_parity(str(log_dir), atol, rtol, grad_atol)
+    rows = module.check_parity(str(log_dir), atol, rtol, grad_atol, draw)
     comparisons = [Comparison(*row) for row in rows]
+    if draw:
+        title = (
+            f"{path.name}: float32 on the sample nudged by one ulp (draw {draw}) vs the "
+            f"program in float64 on the same values, within {FLOAT32_FACTOR:g}x the "
+            "source's own error: the ratio"
+        )
+        return Report(title, comparisons)
     if any(c.name.endswith(" [float64]") for c in comparisons):
         title = (
             f"{path.name}: translation ([float64] rows: in float64 vs the float64 reference, "

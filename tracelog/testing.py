@@ -41,7 +41,7 @@ def assert_parity(
     (``tracelog check``; tolerances as there: atol, rtol, grad_atol)."""
     from tracelog.parity import check
 
-    report = check(log_dir, target, **tolerances)
+    report = check(log_dir, target, draw=0, **tolerances)
     if not report.ok:
         raise AssertionError(
             f"{target} program does not match the recorded batch:\n{report.table()}"

@@ -62,12 +62,22 @@ class TargetSpec:
         return self.load().write_model(log_dir, out)
 
     def check(
-        self, log_dir: str | os.PathLike[str], *, atol: float, rtol: float, grad_atol: float
+        self,
+        log_dir: str | os.PathLike[str],
+        *,
+        atol: float,
+        rtol: float,
+        grad_atol: float,
+        draw: int = 0,
     ) -> Report:
         if self.kind == PROGRAM:
             from tracelog.parity import check_program
 
-            return check_program(log_dir, self.program, atol=atol, rtol=rtol, grad_atol=grad_atol)
+            return check_program(
+                log_dir, self.program, atol=atol, rtol=rtol, grad_atol=grad_atol, draw=draw
+            )
+        if draw:
+            raise ValueError(f"draw={draw}: draws are run by program targets, not {self.name}")
         return self.load().check_model(log_dir, atol=atol, rtol=rtol)
 
 

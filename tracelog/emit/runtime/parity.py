@@ -351,7 +351,11 @@ def _translation(log_dir: str, sample: dict[str, np.ndarray], trainable: list[st
 
 
 def check_parity(
-    log_dir: str, atol: float = 1e-5, rtol: float = 1e-4, grad_atol: float = 1e-4
+    log_dir: str,
+    atol: float = 1e-5,
+    rtol: float = 1e-4,
+    grad_atol: float = 1e-4,
+    draw: int = 0,
 ) -> list[Row]:
     """Replay the recorded batch with the parameters of that moment; compare
     predictions, buffer updates, loss and parameter gradients.
@@ -365,10 +369,18 @@ def check_parity(
     those dtypes: _calibrated. Without a
     reference (logs from before it, or a replay that failed): this program in
     float32 against the recorded float32 values within atol/rtol (gradients:
-    grad_atol)."""
+    grad_atol).
+
+    With `draw` k > 0, only the recorded-dtype rows of the sample nudged by one
+    ulp in pattern k (_drawn): another draw of float32 rounding on it."""
     sample = _load(os.path.join(log_dir, "sample.safetensors"))
     trainable = [name for name, flag, *_ in PARAMETERS if flag]
     has_reference = any(reference_key(k) in sample for k in sample)
+    if draw:
+        if not has_reference:
+            raise ValueError("a draw is judged against a float64 reference: this sample has none")
+        medians = _typical_scales(sample)
+        return _drawn(log_dir, sample, trainable, _typical_error(sample, medians), medians, draw)
     rows = _translation(log_dir, sample, trainable) if has_reference else []
     if has_reference and np.asarray(sample["loss"]).dtype == np.float64:
         return rows  # recorded in float64: the translation check is the whole check
@@ -412,6 +424,52 @@ def check_parity(
     return rows + narrow
 
 
+def _drawn(
+    log_dir: str,
+    sample: dict[str, np.ndarray],
+    trainable: list[str],
+    typical: dict[str, float],
+    medians: dict[bool, float],
+    draw: int,
+) -> list[Row]:
+    """The recorded-dtype rows of one draw: this program on the sample nudged
+    by one ulp (_nudged) against itself in float64 on the same values (which
+    the translation check has shown computes the reference's function), each
+    judged by the source's own error against the recorded reference."""
+    wide = _promoted(_nudged(sample, draw))
+    feeds = _nudged(_load(os.path.join(log_dir, "sample.safetensors"), narrow=True), draw)
+
+    def step64(p: dict[str, Any]) -> tuple[Any, Any]:
+        return sample_step(p, wide)
+
+    def step(p: dict[str, Any]) -> tuple[Any, Any]:
+        return sample_step(p, feeds)
+
+    with _in_float64():
+        params64 = _module_params(sample_params(log_dir, float64=True, draw=draw))
+        run64 = _runs(step64, params64, trainable)[0][1]
+    refs = {key: _numpy(v) for _, v, key, _ in _outputs(sample, trainable, run64)}
+    params = _module_params(sample_params(log_dir, draw=draw))
+    run = _runs(step, params, trainable)[0][1]
+    rows = []
+    for name, value, key, is_grad in _outputs(sample, trainable, run):
+        if reference_key(key) not in sample:
+            continue
+        rows.append(
+            _calibrated(
+                name,
+                value,
+                sample[key],
+                refs[key],
+                typical[_kind(key)],
+                _floor(sample, key, medians, is_grad),
+                medians[is_grad],
+                source_ref=sample[reference_key(key)],
+            )
+        )
+    return rows
+
+
 def _redrawn(
     log_dir: str,
     sample: dict[str, np.ndarray],
@@ -433,37 +491,7 @@ def _redrawn(
     worst = max((r[5] for r in failed if not r[3] and r[5] is not None), default=float("inf"))
     n_failed = sum(not r[3] for r in failed)
     for draw in range(1, REDRAWS + 1):
-        wide = _promoted(_nudged(sample, draw))
-        feeds = _nudged(_load(os.path.join(log_dir, "sample.safetensors"), narrow=True), draw)
-
-        def step64(p: dict[str, Any], values: dict[str, Any] = wide) -> tuple[Any, Any]:
-            return sample_step(p, values)
-
-        def step(p: dict[str, Any], values: dict[str, Any] = feeds) -> tuple[Any, Any]:
-            return sample_step(p, values)
-
-        with _in_float64():
-            params64 = _module_params(sample_params(log_dir, float64=True, draw=draw))
-            run64 = _runs(step64, params64, trainable)[0][1]
-        refs = {key: _numpy(v) for _, v, key, _ in _outputs(sample, trainable, run64)}
-        params = _module_params(sample_params(log_dir, draw=draw))
-        run = _runs(step, params, trainable)[0][1]
-        rows = []
-        for name, value, key, is_grad in _outputs(sample, trainable, run):
-            if reference_key(key) not in sample:
-                continue
-            rows.append(
-                _calibrated(
-                    name,
-                    value,
-                    sample[key],
-                    refs[key],
-                    typical[_kind(key)],
-                    _floor(sample, key, medians, is_grad),
-                    medians[is_grad],
-                    source_ref=sample[reference_key(key)],
-                )
-            )
+        rows = _drawn(log_dir, sample, trainable, typical, medians, draw)
         if all(r[3] for r in rows):
             note = (
                 f"[float32] {n_failed} outputs failed on the recorded values (ratio up to "
@@ -526,6 +554,7 @@ INLINED = (
     "_runs",
     "_outputs",
     "_nudged",
+    "_drawn",
     "_redrawn",
     "check_parity",
     "print_table",
