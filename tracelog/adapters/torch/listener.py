@@ -853,11 +853,11 @@ class TorchListener(GuardedCounting, ListenerBase):
                 ours = last[1]
             else:
                 ours = self._steps_model.get(optimizer)
-            if ours is None:
-                mine = {id(p) for p in self.model.parameters()}
-                ours = any(id(p) in mine for g in optimizer.param_groups for p in g["params"])
-                self._steps_model[optimizer] = ours
-            self._last_optimizer = (weakref.ref(optimizer), ours)
+                if ours is None:
+                    mine = {id(p) for p in self.model.parameters()}
+                    ours = any(id(p) in mine for g in optimizer.param_groups for p in g["params"])
+                    self._steps_model[optimizer] = ours
+                self._last_optimizer = (weakref.ref(optimizer), ours)
             if ours and self.log.optimizer_steps is not None:
                 self.log.optimizer_steps += 1
         except Exception as e:  # fail open: a step is never stopped by counting it

@@ -379,6 +379,9 @@ def check_parity(
     if draw:
         if not has_reference:
             raise ValueError("a draw is judged against a float64 reference: this sample has none")
+        stored = _load(os.path.join(log_dir, "sample.safetensors"), narrow=True)
+        if not all(isinstance(v, np.ndarray) for v in stored.values()):
+            raise ValueError("a draw nudges float32 values: this sample holds bfloat16 ones")
         medians = _typical_scales(sample)
         return _drawn(log_dir, sample, trainable, _typical_error(sample, medians), medians, draw)
     rows = _translation(log_dir, sample, trainable) if has_reference else []
