@@ -545,9 +545,11 @@ def test_a_loss_change_leaves_the_fast_path(tmp_path: Path, change: str) -> None
     assert sorted(losses) == [2, 5] and log.unrecorded == 0
 
 
-def test_autograd_grad_reads_the_loss_too(tmp_path: Path) -> None:
+@pytest.mark.parametrize("by_keyword", [False, True])
+def test_autograd_grad_reads_the_loss_too(tmp_path: Path, by_keyword: bool) -> None:
     """A loop taking gradients with torch.autograd.grad: the key reads the loss
-    there as well, and guarded counts equal exact ones."""
+    there as well, and guarded counts equal exact ones (the loss passed by
+    position, or as ``outputs=``)."""
     rows = []
     for mode in ("exact", "guarded"):
         model = _mlp()
@@ -555,7 +557,11 @@ def test_autograd_grad_reads_the_loss_too(tmp_path: Path) -> None:
         with tracelog.Listener(model, tmp_path / mode, strict=True, mode=mode) as listener:
             for x, y in _batches(8):
                 with listener.batch():
-                    grads = torch.autograd.grad(F.cross_entropy(model(x), y), params)
+                    loss = F.cross_entropy(model(x), y)
+                    if by_keyword:
+                        grads = torch.autograd.grad(outputs=loss, inputs=params)
+                    else:
+                        grads = torch.autograd.grad(loss, params)
                 with torch.no_grad():
                     for p, g in zip(params, grads, strict=True):
                         p -= 0.01 * g

@@ -192,24 +192,25 @@ def _wrap_autograd() -> None:
     if _WRAPPED:
         return
     backward, grad = torch.autograd.backward, torch.autograd.grad
-
-    @functools.wraps(backward)
-    def traced_backward(tensors: Any, *args: Any, **kwargs: Any) -> Any:
-        calls = getattr(_READING, "calls", None)
-        if calls is not None:
-            _backward_starts(calls, tensors)
-        return backward(tensors, *args, **kwargs)
-
-    @functools.wraps(grad)
-    def traced_grad(outputs: Any, *args: Any, **kwargs: Any) -> Any:
-        calls = getattr(_READING, "calls", None)
-        if calls is not None:
-            _backward_starts(calls, outputs)
-        return grad(outputs, *args, **kwargs)
-
     _WRAPPED.update(backward=backward, grad=grad)
-    torch.autograd.backward = traced_backward
-    torch.autograd.grad = traced_grad
+    torch.autograd.backward = _traced(backward, "tensors")
+    torch.autograd.grad = _traced(grad, "outputs")
+
+
+def _traced(run: Callable[..., Any], first: str) -> Callable[..., Any]:
+    """`run` (backward or grad), telling this thread's pending loss read first;
+    its roots passed by position or by their name (`first`), as torch's take them."""
+
+    @functools.wraps(run)
+    def traced(*args: Any, **kwargs: Any) -> Any:
+        calls = getattr(_READING, "calls", None)
+        if calls is not None:
+            roots = args[0] if args else kwargs.get(first)
+            if roots is not None:
+                _backward_starts(calls, roots)
+        return run(*args, **kwargs)
+
+    return traced
 
 
 class Calls(TorchFunctionMode):
