@@ -34,6 +34,7 @@ exact recording is.
 from __future__ import annotations
 
 import functools
+import operator
 import threading
 from collections.abc import Callable, Hashable, Mapping
 from typing import Any
@@ -100,7 +101,8 @@ def input_key(args: Any, kwargs: Any) -> Hashable:
 # -- the loss read from its autograd graph as backward starts ------------------------------
 _READING = threading.local()  # .calls: the Calls waiting for this thread's backward
 _WRAPPED: dict[str, Callable[..., Any]] = {}  # torch.autograd's functions, as they were
-_PLAIN_SAVED: dict[type, tuple[str, ...]] = {}  # per autograd node class: saved plain values
+# per autograd node class: its saved plain values' names, and one getter of all of them
+_PLAIN_SAVED: dict[type, tuple[tuple[str, ...], Callable[[Any], tuple[Any, ...]] | None]] = {}
 _LOSS_NODES = 256  # a loss graph read no further (one that never meets the forward's output)
 
 
@@ -118,21 +120,31 @@ def _saved(node: Any) -> tuple[Any, ...]:
     ``_saved_other`` of a scalar...); which attributes those are is found once
     per node class. A value that is not plain reads as its type's name, one
     that cannot be read (a custom Function's) as "?"."""
-    names = _PLAIN_SAVED.get(type(node))
-    if names is None:
-        names = _PLAIN_SAVED[type(node)] = tuple(
-            a for a in dir(node) if a.startswith("_saved_") and _plain_attr(node, a)
-        )
-    if not names:
+    found = _PLAIN_SAVED.get(type(node))
+    if found is None:
+        found = _PLAIN_SAVED[type(node)] = _saved_getter(node)
+    names, getter = found
+    if getter is None:
         return ()
-    try:  # every batch's loss reads these: one pass where each is a scalar, as usual
-        values = tuple([getattr(node, a) for a in names])
+    try:  # every batch's loss reads these: one C call where each is a scalar, as usual
+        values = getter(node)
     except Exception:
         return tuple([_read(node, a) for a in names])
-    for v in values:
-        if type(v) not in _SCALARS:
-            return tuple([_read(node, a) for a in names])
-    return values
+    if _SCALARS.issuperset(map(type, values)):
+        return values
+    return tuple([_read(node, a) for a in names])
+
+
+def _saved_getter(node: Any) -> tuple[tuple[str, ...], Callable[[Any], tuple[Any, ...]] | None]:
+    """A node class's saved plain values: their names, and a getter that
+    returns them as a tuple (None: the class saves none)."""
+    names = tuple(a for a in dir(node) if a.startswith("_saved_") and _plain_attr(node, a))
+    if not names:
+        return names, None
+    if len(names) == 1:  # attrgetter of one name returns the value, not a tuple
+        one = operator.attrgetter(names[0])
+        return names, lambda n: (one(n),)
+    return names, operator.attrgetter(*names)
 
 
 def _plain_attr(node: Any, attr: str) -> bool:
@@ -155,8 +167,12 @@ def _read(node: Any, attr: str) -> Any:
 def loss_graph(roots: Any, stop: frozenset[int]) -> tuple[Any, ...]:
     """The autograd graph from `roots` (the loss) down to the nodes in `stop`
     (the forward output's grad_fns) and the leaves: each node's name and saved
-    plain values, depth first, at most _LOSS_NODES nodes."""
-    todo = [t.grad_fn for t in reversed(roots) if isinstance(t, torch.Tensor)]
+    plain values, depth first, at most _LOSS_NODES nodes. (Read on every
+    guarded batch: loops rather than comprehensions, a call each.)"""
+    todo = []
+    for t in reversed(roots):
+        if isinstance(t, torch.Tensor):
+            todo.append(t.grad_fn)
     seen: set[int] = set()
     nodes: list[Any] = []
     while todo:
@@ -174,7 +190,8 @@ def loss_graph(roots: Any, stop: frozenset[int]) -> tuple[Any, ...]:
             nodes.append("...")
             break
         nodes.append((node.name(), _saved(node)))
-        todo.extend([fn for fn, _ in node.next_functions][::-1])
+        for fn, _ in reversed(node.next_functions):
+            todo.append(fn)
     return tuple(nodes)
 
 
