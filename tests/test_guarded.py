@@ -511,7 +511,7 @@ def test_a_training_loss_is_read_from_its_autograd_graph(tmp_path: Path) -> None
 
 @pytest.mark.parametrize(
     "change",
-    ["reduction", "label_smoothing", "loss_function", "extra_term"],
+    ["reduction", "label_smoothing", "loss_function", "extra_term", "ignore_index", "weight"],
 )
 def test_a_loss_change_leaves_the_fast_path(tmp_path: Path, change: str) -> None:
     """The loss's options and form are in the key (its autograd graph's node
@@ -531,6 +531,10 @@ def test_a_loss_change_leaves_the_fast_path(tmp_path: Path, change: str) -> None
             return F.cross_entropy(out, y, label_smoothing=0.1)
         if change == "loss_function":
             return F.multi_margin_loss(out, y)
+        if change == "ignore_index":
+            return F.cross_entropy(out, y, ignore_index=3)
+        if change == "weight":  # a tensor saved where None was: read as its type's name
+            return F.cross_entropy(out, y, weight=torch.ones(out.shape[1]))
         return F.cross_entropy(out, y) + out.pow(2).mean()
 
     guarded = []
