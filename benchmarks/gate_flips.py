@@ -39,18 +39,10 @@ from tracelog.emit import harness
 @dataclass
 class Gate:
     """One gate call: where it ran, and its sides (a difference whose sign is
-    the gate's decision) as float arrays, one per kink."""
+    the gate's decision) as float64 arrays, one per kink."""
 
     where: str
     sides: list[np.ndarray]
-
-
-def _array(x: Any) -> np.ndarray:
-    if hasattr(x, "detach"):  # torch
-        x = x.detach().cpu()
-    if hasattr(x, "numpy") and not isinstance(x, np.ndarray):
-        x = x.numpy()
-    return np.asarray(x, dtype=np.float64)
 
 
 def _caller() -> str:
@@ -63,50 +55,62 @@ def _caller() -> str:
     return f"{frame.f_code.co_name} {under}line {frame.f_lineno}: {line}"
 
 
-def _sides_bounds(x: Any, lo: Any = None, hi: Any = None) -> list[np.ndarray]:
-    a = _array(x)
-    return [a - _array(b) for b in (lo, hi) if b is not None]
+# A gate's kinks from its arguments, as (value, kink) pairs in the framework's
+# own values: the gate opens where value > kink.
+Kinks = Callable[..., list[tuple[Any, Any]]]
 
 
-# per target: (module, attribute, the gate's sides from its arguments)
-Side = Callable[..., list[np.ndarray]]
-GATES: dict[str, list[tuple[str, str, Side]]] = {
+def _at_zero(x: Any, *args: Any, **kwargs: Any) -> list[tuple[Any, Any]]:
+    return [(x, 0.0)]
+
+
+def _at_bounds(x: Any, lo: Any = None, hi: Any = None) -> list[tuple[Any, Any]]:
+    return [(x, b) for b in (lo, hi) if b is not None]
+
+
+def _between(a: Any, b: Any, *args: Any, **kwargs: Any) -> list[tuple[Any, Any]]:
+    return [(a, b)]
+
+
+# per target: (module, attribute, its kinks)
+GATES: dict[str, list[tuple[str, str, Kinks]]] = {
     "torch": [
-        ("torch", "relu", lambda x: [_array(x)]),
-        ("torch", "clamp", _sides_bounds),
-        ("torch.nn.functional", "leaky_relu", lambda x, *a, **k: [_array(x)]),
-        ("torch", "maximum", lambda a, b: [_array(a) - _array(b)]),
-        ("torch", "minimum", lambda a, b: [_array(a) - _array(b)]),
+        ("torch", "relu", _at_zero),
+        ("torch", "clamp", _at_bounds),
+        ("torch.nn.functional", "leaky_relu", _at_zero),
+        ("torch", "maximum", _between),
+        ("torch", "minimum", _between),
     ],
     "jax": [
-        ("jax.nn", "relu", lambda x: [_array(x)]),
-        ("jax.numpy", "clip", _sides_bounds),
-        ("jax.nn", "leaky_relu", lambda x, *a, **k: [_array(x)]),
-        ("jax.numpy", "maximum", lambda a, b: [_array(a) - _array(b)]),
-        ("jax.numpy", "minimum", lambda a, b: [_array(a) - _array(b)]),
+        ("jax.nn", "relu", _at_zero),
+        ("jax.numpy", "clip", _at_bounds),
+        ("jax.nn", "leaky_relu", _at_zero),
+        ("jax.numpy", "maximum", _between),
+        ("jax.numpy", "minimum", _between),
     ],
     "tensorflow": [
-        ("tensorflow.nn", "relu", lambda x, *a, **k: [_array(x)]),
-        ("tensorflow.nn", "leaky_relu", lambda x, *a, **k: [_array(x)]),
-        ("tensorflow.math", "maximum", lambda a, b, *r, **k: [_array(a) - _array(b)]),
-        ("tensorflow.math", "minimum", lambda a, b, *r, **k: [_array(a) - _array(b)]),
+        ("tensorflow.nn", "relu", _at_zero),
+        ("tensorflow.nn", "leaky_relu", _at_zero),
+        ("tensorflow.math", "maximum", _between),
+        ("tensorflow.math", "minimum", _between),
     ],
 }
 
 
 @contextmanager
-def gates_seen(target: str, seen: list[Gate]) -> Iterator[None]:
-    """The target's gate functions wrapped: each call appends a Gate."""
+def gates_seen(target: str, seen: list[tuple[str, list[tuple[Any, Any]]]]) -> Iterator[None]:
+    """The target's gate functions wrapped: each call appends where it ran and
+    its (value, kink) pairs."""
     import importlib
 
     saved = []
-    for module_name, attr, sides in GATES[target]:
+    for module_name, attr, kinks in GATES[target]:
         module = importlib.import_module(module_name)
         original = getattr(module, attr)
         saved.append((module, attr, original))
 
-        def wrapper(*args: Any, _run: Any = original, _sides: Side = sides, **kwargs: Any) -> Any:
-            seen.append(Gate(_caller(), _sides(*args, **kwargs)))
+        def wrapper(*args: Any, _run: Any = original, _kinks: Kinks = kinks, **kwargs: Any) -> Any:
+            seen.append((_caller(), _kinks(*args, **kwargs)))
             return _run(*args, **kwargs)
 
         setattr(module, attr, wrapper)
@@ -119,19 +123,23 @@ def gates_seen(target: str, seen: list[Gate]) -> Iterator[None]:
 
 def forward_gates(ns: dict[str, Any], log_dir: Path, target: str, draw: int) -> list[list[Gate]]:
     """The gates the program's sample forward passes, in float32 and float64."""
+
+    def wide(x: Any) -> np.ndarray:  # the program's own conversion (bfloat16 widened)
+        return np.asarray(ns["_numpy"](x), dtype=np.float64)
+
     runs = []
     for float64 in (False, True):
         params = ns["_module_params"](ns["sample_params"](str(log_dir), float64, draw))
         sample = ns["_load"](str(log_dir / "sample.safetensors"), narrow=not float64)
         sample = ns["_nudged"](sample, draw)
-        seen: list[Gate] = []
+        seen: list[tuple[str, list[tuple[Any, Any]]]] = []
         with gates_seen(target, seen):
             if float64:
                 with ns["_in_float64"]():
                     ns["sample_step"](params, ns["_promoted"](sample))
             else:
                 ns["sample_step"](params, sample)
-        runs.append(seen)
+        runs.append([Gate(where, [wide(v) - wide(k) for v, k in kinks]) for where, kinks in seen])
     return runs
 
 
