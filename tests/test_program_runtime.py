@@ -27,8 +27,15 @@ def _parity_with(params: dict[str, bool], runs: object) -> types.SimpleNamespace
         _numpy=np.asarray,
         _runs=runs,
         FLOAT_MODULES=(),
+        # the NumPy target's gates, reached through `xp` (parity's own code uses np)
+        xp=np,
+        _gate_table=lambda: {"xp": {"maximum": "max", "minimum": "min", "clip": "clip"}},
+        _gate_sign=lambda v, k: np.asarray(v > k, np.int8) - np.asarray(v < k, np.int8),
+        _gate_where=lambda mask, x, y: np.where(mask, x, y),
         **{f.__name__: f for f in sample_format.INLINED},
     )
+    for statement in inlinable(parity.__name__).statements:  # its classes, bound here
+        exec(statement, names)
     ns = types.SimpleNamespace()
     for name in parity.INLINED:
         if name == "_runs":  # the "target" replaces parity's default, as JAX's does
@@ -247,15 +254,92 @@ def test_a_branch_decided_by_rounding_passes_on_values_nudged_by_an_ulp(tmp_path
     ]
     note = [r for r in rows if r[0].startswith("[float32]")]
     assert len(note) == 1 and note[0][3] and "nudged by one ulp (draw 1" in note[0][0]
-    # float64 translation, float32 recorded, then the draw's float64 and float32
-    assert [d.dtype for d in drawn] == [np.float64, np.float32, np.float64, np.float32]
-    assert drawn[3][0] in (np.nextafter(w[0], np.float32(1)), np.nextafter(w[0], np.float32(0)))
-    assert drawn[2][0] == np.float64(drawn[3][0])  # the same nudge, read in float64
+    # float64 translation, float32 recorded, then the draw's float32 and float64
+    # (a float32 tie is the float64 run's own branch: no gate decision to take)
+    assert [d.dtype for d in drawn] == [np.float64, np.float32, np.float32, np.float64]
+    assert drawn[2][0] in (np.nextafter(w[0], np.float32(1)), np.nextafter(w[0], np.float32(0)))
+    assert drawn[3][0] == np.float64(drawn[2][0])  # the same nudge, read in float64
     # a draw asked for: its float32 rows alone, the same nudge as the check's
     drawn.clear()
     again = _parity_with({"w": False}, runs).check_parity(str(tmp_path), draw=1)
     assert again == [r for r in rows if not r[0].startswith("[")][2:]
-    assert [d[0] for d in drawn[1::2]] == [drawn[1][0]] and drawn[1][0] != w[0]
+    assert [d.dtype for d in drawn] == [np.float32, np.float64]
+    assert drawn[0][0] != w[0] and drawn[1][0] == np.float64(drawn[0][0])
+
+
+def _gated_one_param(tmp_path, w: np.ndarray, pred64: np.ndarray, gate: str):
+    """A NumPy program whose prediction is max(h, 0) * 1e9 for h = w0*w1 +
+    w2*w3 - w4, its max reached through the namespace's `xp` (`gate`: a gate
+    of the table, or "np": none), and the log whose reference is pred64."""
+    _one_param_log(tmp_path, w, pred64, pred64)  # the source: the reference, rounded
+    ns = _parity_with({"w": False}, lambda step, params, trainable: [("", (*step(params), []))])
+    names = ns.check_parity.__globals__
+
+    def sample_step(params, sample):
+        q = params["w"]
+        h = q[0:1] * q[1:2] + q[2:3] * q[3:4] - q[4:5]
+        pred = (names["xp"] if gate == "xp" else np).maximum(h, 0.0) * 1e9
+        return {"prediction": pred}, pred.sum()
+
+    names["sample_step"] = sample_step
+    return ns
+
+
+def test_the_float32_run_is_judged_on_the_branches_it_took(tmp_path) -> None:
+    """h = x*w + v*u - c with values (found by search) where float32 rounds h
+    to -1.1e-8 and float64 gives +1.95e-10: the float32 run's max(h, 0)
+    closes the gate the reference opens, and its error, 0.195, is 1e7 times
+    the source's (which kept the gate open). Judged against this program in
+    float64 taking the float32 run's decision there, the recorded values'
+    rows pass with error 0, after a row saying one element flipped; with the
+    gate out of the table the recorded values fail (and pass only nudged)."""
+    w = np.asarray([-1.2776802, 0.6304115, 0.5811658, 1.2945588, -0.053111006], np.float32)
+    h32 = w[0] * w[1] + w[2] * w[3] - w[4]
+    w64 = w.astype(np.float64)
+    h64 = w64[0] * w64[1] + w64[2] * w64[3] - w64[4]
+    assert h32 < 0 < h64
+    pred64 = np.asarray([h64 * 1e9])
+    rows = _gated_one_param(tmp_path, w, pred64, "xp").check_parity(str(tmp_path))
+    assert [(r[0], r[3]) for r in rows if not r[0].startswith("[")] == [
+        ("prediction [float64]", True),
+        ("loss [float64]", True),
+        ("prediction", True),
+        ("loss", True),
+    ]
+    note = [r[0] for r in rows if r[0].startswith("[float32]")]
+    assert len(note) == 1 and "at its 1 gates" in note[0] and "1 elements" in note[0]
+    assert next(r for r in rows if r[0] == "prediction")[1] == 0.0
+    assert next(r for r in rows if r[0] == "prediction")[4] < 1e-7  # the source's own error
+    # the same program with its max ungated: the recorded values fail; a nudged draw passes
+    rows = _gated_one_param(tmp_path, w, pred64, "np").check_parity(str(tmp_path))
+    note = [r[0] for r in rows if r[0].startswith("[float32]")]
+    assert len(note) == 1 and "outputs failed on the recorded values" in note[0]
+
+
+def test_a_gate_replays_each_side_with_its_gradient_and_ties_as_the_framework() -> None:
+    """Each gate kind replayed from recorded signs: the side they say,
+    whatever the values say; a recorded tie (0) keeps the framework's own."""
+    ns = _parity_with({}, None)
+    x, lo, hi = np.array([-1.0, 0.5, 2.0, 3.0]), 0.0, 2.5
+    y = np.clip(x, lo, hi)
+    opposite = [np.array([1, -1, 0, 1], np.int8), np.array([-1, -1, -1, 1], np.int8)]
+    got = ns._replayed("clip", (x, lo, hi), {}, y, opposite)
+    # below lo by the recording at 0.5; inside at -1.0 (x kept); at a tie, clip's own
+    assert got.tolist() == [-1.0, 0.0, 2.0, 2.5]
+    assert ns._replayed("relu", (x,), {}, np.maximum(x, 0), [np.array([1, -1, 0, 0])]).tolist() == [
+        -1.0,
+        0.0,
+        2.0,
+        3.0,
+    ]
+    a, b = np.array([1.0, 2.0, 3.0]), np.array([2.0, 1.0, 3.0])
+    signs = [np.array([1, -1, 0], np.int8)]  # the recording: a > b, a < b, a tie
+    assert ns._replayed("max", (a, b), {}, np.maximum(a, b), signs).tolist() == [1.0, 1.0, 3.0]
+    assert ns._replayed("min", (a, b), {}, np.minimum(a, b), signs).tolist() == [2.0, 2.0, 3.0]
+    leaky = ns._replayed("leaky_relu", (x, 0.1), {}, x, [np.array([-1, 1, 1, 1], np.int8)])
+    assert leaky.tolist() == [-0.1, 0.5, 2.0, 3.0]
+    assert ns._kinks("leaky_relu", (x,), {"alpha": 0.2})[0][1] == 0.0
+    assert ns._kinks("leaky_relu", (x,), {}) == []  # its slope unknown: left ungated
 
 
 def test_a_less_accurate_formula_fails_on_every_nudged_draw(tmp_path) -> None:

@@ -65,7 +65,8 @@ TF.spell(
         "Max": "tf.math.maximum({0}, {1})",
         "Min": "tf.math.minimum({0}, {1})",
         "Celu": "tf.nn.elu({0} / {alpha}) * {alpha}",
-        "LeakyRelu": "tf.nn.leaky_relu({0}, alpha={alpha})",
+        # tf.nn.leaky_relu's alpha is a float32 attribute: _leaky_relu keeps the slope exact
+        "LeakyRelu": "_leaky_relu({0}, {alpha})",
         # fused kernels (issue 15): _gelu (tf.nn.gelu's constants are float32), tf.nn.softmax /
         # log_softmax; the normalisations are helpers over tf.nn.moments (TF has no fused layer
         # norm; Keras' batch-norm update through tf.nn.batch_normalization)

@@ -164,6 +164,33 @@ def _runs(step: Step, params: dict[str, Any], trainable: list[str]) -> list:
     ]
 
 
+def _gate_table() -> dict[str, Any]:
+    """The gates this target's programs call (the parity check's _GateView:
+    ops whose derivative jumps at a kink), by the global each is reached
+    through and its attribute path: relu, clip (bounds), max and min
+    (between operands), leaky_relu."""
+    return {
+        "jax": {"nn": {"relu": "relu", "leaky_relu": "leaky_relu"}},
+        "jnp": {"maximum": "max", "minimum": "min", "clip": "clip"},
+    }
+
+
+def _gate_sign(value: jax.Array, kink: Any) -> jax.Array:
+    """sign(value - kink) per element, as the comparisons decide it (int8)."""
+    return jnp.asarray(value > kink, jnp.int8) - jnp.asarray(value < kink, jnp.int8)
+
+
+def _gate_where(mask: np.ndarray, x: Any, y: jax.Array) -> jax.Array:
+    """x where the recorded mask holds, else y (x may be a bound: a number)."""
+    return jnp.where(mask, x, y)
+
+
+def _run(step: Step, params: dict[str, Any], trainable: list[str]) -> tuple:
+    """The one run a draw or a gate-matched reference takes: jitted, as a
+    training step runs (the parity check's default would run both of _runs)."""
+    return _value_and_grads(step, params, trainable, jit=True)
+
+
 def _batch_norm_train(
     x: jax.Array,
     scale: jax.Array,
@@ -591,4 +618,13 @@ INLINED = (
     "init_from",
 )
 # The parity check's (tracelog.emit.harness): inlined into standalone programs only.
-CHECK = ("_numpy", "_value_and_grads", "_runs", "_module_params")
+CHECK = (
+    "_numpy",
+    "_value_and_grads",
+    "_runs",
+    "_run",
+    "_module_params",
+    "_gate_table",
+    "_gate_sign",
+    "_gate_where",
+)

@@ -44,6 +44,9 @@ if TYPE_CHECKING:  # defined by the program: its target's runtime and its genera
         trainable: list[str],
     ) -> tuple[dict[str, Any], Any, list[Any]]: ...
     def sample_step(params: dict[str, Any], sample: dict[str, np.ndarray]) -> tuple[Any, Any]: ...
+    def _gate_table() -> dict[str, Any]: ...
+    def _gate_sign(value: Any, kink: Any) -> Any: ...
+    def _gate_where(mask: np.ndarray, x: Any, y: Any) -> Any: ...
 
 
 # (output, max abs err, max rel err, ok, the source's own float32 error, ratio); the
@@ -68,6 +71,157 @@ NEAR_ZERO = 1e-5
 # rounding (an activation's input within float32 error of its kink), a draw the
 # source could as well have lost, not this program's accuracy (_redrawn).
 REDRAWS = 3
+# Gates: ops whose derivative jumps where an input crosses a kink (a ReLU at 0, a
+# clamp at its bounds, max and min where their operands meet). Rounding puts an
+# input within float32 error of a kink on either side of it, and the gradient
+# then flows in one run and is blocked in the other, whatever either run's
+# accuracy (Keras ResNet50 to JAX: one conv4_block2_1 ReLU input, 1.1e-5 in
+# float64, below 0 in float32, read 3.02x TensorFlow's error on that layer's
+# kernel gradient). So the recorded-dtype run is judged against this program in
+# float64 taking the recorded-dtype run's decision at each gate (_gate_matched):
+# its rounding, not its coin flips. The outputs entry a run returns its gates in:
+GATES_KEY = "gates"
+
+
+class _GateMismatch(Exception):
+    """A replay met other gates than its recording made (_Gates.call)."""
+
+
+class _Gates:
+    """The gates one run passes, through the target's gate functions
+    (_gate_table). Recording: each call's decisions, sign(value - kink) per
+    element and kink, as the framework's int8 arrays (in `seen`). Replaying:
+    each call takes the next recorded decisions in order (numpy arrays, in
+    `replay`), the framework's own op deciding only at a recorded tie."""
+
+    def __init__(self, replay: list[np.ndarray] | None = None) -> None:
+        self.seen: list[Any] = []
+        self.replay = replay
+        self.at = 0
+
+    def call(self, kind: str, run: Callable[..., Any], *args: Any, **kwargs: Any) -> Any:
+        y = run(*args, **kwargs)
+        kinks = _kinks(kind, args, kwargs)
+        if self.replay is None:
+            self.seen.extend(_gate_sign(value, kink) for value, kink in kinks)
+            return y
+        signs = self.replay[self.at : self.at + len(kinks)]
+        self.at += len(kinks)
+        shape = tuple(int(d) for d in y.shape)
+        if len(signs) < len(kinks) or any(s.shape != shape for s in signs):
+            raise _GateMismatch(f"gate {self.at} ({kind}) is not the recorded one")
+        return _replayed(kind, args, kwargs, y, signs) if kinks else y
+
+
+def _bounds(kind: str, args: tuple, kwargs: dict[str, Any]) -> tuple[Any, Any]:
+    """A clip's (lower, upper) bounds, None where absent (torch.clamp's min=,
+    jnp.clip's a_min= or min=)."""
+    lo = args[1] if len(args) > 1 else kwargs.get("min", kwargs.get("a_min"))
+    hi = args[2] if len(args) > 2 else kwargs.get("max", kwargs.get("a_max"))
+    return lo, hi
+
+
+def _kinks(kind: str, args: tuple, kwargs: dict[str, Any]) -> list[tuple[Any, Any]]:
+    """A gate call's (value, kink) pairs: the gate opens where value > kink.
+    None where the call is not spelled as the programs spell it (its operand
+    by keyword): that call is left ungated."""
+    if not args:
+        return []
+    if kind in ("relu", "leaky_relu"):
+        given = kind == "relu" or _slope(args, kwargs) is not None
+        return [(args[0], 0.0)] if given else []
+    if kind == "clip":
+        return [(args[0], b) for b in _bounds(kind, args, kwargs) if b is not None]
+    return [(args[0], args[1])] if len(args) > 1 else []
+
+
+def _replayed(kind: str, args: tuple, kwargs: dict[str, Any], y: Any, signs: list[Any]) -> Any:
+    """A gate's result on the side of each kink that the recorded `signs`
+    (_kinks' order) say, with that side's gradient; `y`, the framework's own
+    result, where a sign is a tie."""
+    x = args[0]
+    if kind in ("relu", "leaky_relu"):
+        below = x * 0 if kind == "relu" else x * _slope(args, kwargs)
+        return _gate_where(signs[0] > 0, x, _gate_where(signs[0] < 0, below, y))
+    if kind == "clip":  # min(max(x, lo), hi), as torch.clamp and jnp.clip
+        lo, hi = _bounds(kind, args, kwargs)
+        sides = iter(signs)
+        low = next(sides) if lo is not None else None
+        high = next(sides) if hi is not None else None
+        inside = np.ones(signs[0].shape, dtype=bool)
+        if low is not None:
+            inside &= low > 0
+        if high is not None:
+            inside &= high < 0
+        out = _gate_where(inside, x, y)
+        if low is not None:
+            out = _gate_where(low < 0, lo, out)
+        if high is not None:
+            out = _gate_where(high > 0, hi, out)
+        return out
+    first, second = (signs[0] > 0, signs[0] < 0) if kind == "max" else (signs[0] < 0, signs[0] > 0)
+    return _gate_where(first, x, _gate_where(second, args[1], y))
+
+
+def _slope(args: tuple, kwargs: dict[str, Any]) -> Any:
+    """A leaky ReLU's negative slope (torch and JAX by position or as
+    negative_slope=, TensorFlow as alpha=); None where not given."""
+    return args[1] if len(args) > 1 else kwargs.get("negative_slope", kwargs.get("alpha"))
+
+
+class _GateView:
+    """A framework module as a gated run sees it: the functions its `table`
+    names (the target's _gate_table: attribute, or a nested table for a
+    submodule) call through `gates`; everything else as it is."""
+
+    def __init__(self, module: Any, table: dict[str, Any], gates: _Gates) -> None:
+        self._module, self._table, self._gates = module, table, gates
+
+    def __getattr__(self, name: str) -> Any:
+        attr = getattr(self._module, name)
+        kind = self._table.get(name)
+        if isinstance(kind, dict):
+            return _GateView(attr, kind, self._gates)
+        if kind is None:
+            return attr
+        gates = self._gates
+
+        def gate(*args: Any, **kwargs: Any) -> Any:
+            return gates.call(kind, attr, *args, **kwargs)
+
+        return gate
+
+
+@contextlib.contextmanager
+def _gated(gates: _Gates) -> Iterator[None]:
+    """Run this program's own code with its gate functions through `gates`."""
+    names = globals()
+    table = _gate_table()
+    saved = {name: names[name] for name in table if name in names}
+    names.update({name: _GateView(module, table[name], gates) for name, module in saved.items()})
+    try:
+        yield
+    finally:
+        names.update(saved)
+
+
+def _with_gates(
+    step: Callable[[dict[str, Any]], tuple[Any, Any]], gates: _Gates
+) -> Callable[[dict[str, Any]], tuple[Any, Any]]:
+    """`step`, each run of it starting its gates afresh and returning what it
+    recorded in its outputs (under jax.jit: as the traced function's results)."""
+
+    def run(p: dict[str, Any]) -> tuple[Any, Any]:
+        gates.seen, gates.at = [], 0
+        outputs, loss = step(p)
+        return {**outputs, GATES_KEY: gates.seen}, loss
+
+    return run
+
+
+def _signs(run: tuple[dict[str, Any], Any, list[Any]]) -> list[np.ndarray]:
+    """The gate decisions a recording run returned (_with_gates)."""
+    return [np.asarray(_numpy(s), dtype=np.int8) for s in run[0].get(GATES_KEY, [])]
 
 
 def _compare(name: str, got: Any, want: np.ndarray, atol: float, rtol: float) -> Row:
@@ -300,6 +454,14 @@ def _runs(
     return [("", _value_and_grads(step, params, trainable))]
 
 
+def _run(
+    step: Callable[[dict[str, Any]], tuple[Any, Any]], params: dict[str, Any], trainable: list[str]
+) -> tuple[dict[str, Any], Any, list[Any]]:
+    """The one run a draw or a gate-matched reference takes: the first of
+    _runs (a target's runtime may define it: JAX's runs only the jitted one)."""
+    return _runs(step, params, trainable)[0][1]
+
+
 def _outputs(
     sample: dict[str, np.ndarray], trainable: list[str], run: tuple[dict[str, Any], Any, list[Any]]
 ) -> list[tuple[str, Any, str, bool]]:
@@ -320,9 +482,12 @@ def _outputs(
     return found
 
 
-def _translation(log_dir: str, sample: dict[str, np.ndarray], trainable: list[str]) -> list[Row]:
+def _translation(
+    log_dir: str, sample: dict[str, np.ndarray], trainable: list[str]
+) -> tuple[list[Row], list[np.ndarray] | None]:
     """The translation check: this program in float64 against the reference
-    (rows "... [float64]"); one row saying why where it cannot run."""
+    (rows "... [float64]"); one row saying why where it cannot run. With the
+    rows, the run's gate decisions (_Gates; None where it did not run)."""
     wide = _promoted(sample)
     medians = _typical_scales(sample)
 
@@ -330,10 +495,14 @@ def _translation(log_dir: str, sample: dict[str, np.ndarray], trainable: list[st
         return sample_step(p, wide)
 
     rows = []
+    gates = _Gates()
+    signs = None
     try:
         with _in_float64():
             params = _module_params(sample_params(log_dir, float64=True))
-            runs = _runs(step64, params, trainable)
+            with _gated(gates):
+                runs = _runs(_with_gates(step64, gates), params, trainable)
+            signs = _signs(runs[0][1])
             for label, run in runs:
                 for name, value, key, is_grad in _outputs(sample, trainable, run):
                     if reference_key(key) in sample:
@@ -347,7 +516,95 @@ def _translation(log_dir: str, sample: dict[str, np.ndarray], trainable: list[st
     except Exception as e:
         reason = f"{type(e).__name__}: {str(e).splitlines()[0][:100] if str(e) else ''}"
         rows = [(f"[float64] not run ({reason})", float("nan"), float("nan"), True, None, None)]
+        signs = None
+    return rows, signs
+
+
+def _flips(narrow: list[np.ndarray], wide: list[np.ndarray] | None) -> int | None:
+    """How many gate elements two runs decided differently; None where their
+    gates do not pair up one to one."""
+    if wide is None or len(narrow) != len(wide):
+        return None
+    if any(a.shape != b.shape for a, b in zip(narrow, wide, strict=True)):
+        return None
+    return sum(int(np.count_nonzero(a != b)) for a, b in zip(narrow, wide, strict=True))
+
+
+def _gate_matched(
+    log_dir: str,
+    sample: dict[str, np.ndarray],
+    trainable: list[str],
+    signs: list[np.ndarray] | None,
+    draw: int = 0,
+) -> dict[str, np.ndarray] | None:
+    """This program in float64 on the sample (nudged by `draw`: _nudged),
+    taking at each gate the decisions `signs` that a recorded-dtype run made
+    there (_Gates): {sample key: output}. The translation check has shown
+    that the program in float64 computes the reference's function; this run
+    computes it on the branches the recorded-dtype run took. None where the
+    replay met other gates than were recorded; `signs` None: on its own
+    branches."""
+    wide = _promoted(_nudged(sample, draw))
+    gates = _Gates(replay=signs)
+
+    def step64(p: dict[str, Any]) -> tuple[Any, Any]:
+        return sample_step(p, wide)
+
+    try:
+        with _in_float64():
+            params = _module_params(sample_params(log_dir, float64=True, draw=draw))
+            with _gated(gates):
+                run = _run(_with_gates(step64, gates), params, trainable)
+    except _GateMismatch:
+        return None
+    if signs is not None and gates.at != len(signs):
+        return None
+    return {key: _numpy(v) for _, v, key, _ in _outputs(sample, trainable, run)}
+
+
+def _judged(
+    sample: dict[str, np.ndarray],
+    trainable: list[str],
+    run: tuple[dict[str, Any], Any, list[Any]],
+    typical: dict[str, float],
+    medians: dict[bool, float],
+    refs: dict[str, np.ndarray] | None = None,
+    label: str = "",
+    only: str | None = None,
+) -> list[Row]:
+    """A recorded-dtype run's rows for the outputs with a reference (`only`:
+    that sample key's), by _calibrated; against `refs` where given (a
+    gate-matched or nudged run's outputs), the source's error still against
+    the recorded reference."""
+    rows = []
+    for name, value, key, is_grad in _outputs(sample, trainable, run):
+        if reference_key(key) not in sample or (only is not None and key != only):
+            continue
+        ref = sample[reference_key(key)]
+        rows.append(
+            _calibrated(
+                name + label,
+                value,
+                sample[key],
+                ref if refs is None else refs[key],
+                typical[_kind(key)],
+                _floor(sample, key, medians, is_grad),
+                medians[is_grad],
+                source_ref=None if refs is None else ref,
+            )
+        )
     return rows
+
+
+def _matched_note(gates: int, flips: int | None) -> Row:
+    """The row saying the float32 rows below are judged gate-matched."""
+    flipped = "gates that did not pair up with" if flips is None else f"{flips} elements"
+    note = (
+        f"[float32] judged against this program in float64 taking the float32 run's "
+        f"decisions at its {gates} gates (ReLU, clamp, max, min): rounding put "
+        f"{flipped} on the other side of a kink than the float64 run"
+    )
+    return note, float("nan"), float("nan"), True, None, None
 
 
 def check_parity(
@@ -377,14 +634,8 @@ def check_parity(
     trainable = [name for name, flag, *_ in PARAMETERS if flag]
     has_reference = any(reference_key(k) in sample for k in sample)
     if draw:
-        if not has_reference:
-            raise ValueError("a draw is judged against a float64 reference: this sample has none")
-        stored = _load(os.path.join(log_dir, "sample.safetensors"), narrow=True)
-        if not all(isinstance(v, np.ndarray) for v in stored.values()):
-            raise ValueError("a draw nudges float32 values: this sample holds bfloat16 ones")
-        medians = _typical_scales(sample)
-        return _drawn(log_dir, sample, trainable, _typical_error(sample, medians), medians, draw)
-    rows = _translation(log_dir, sample, trainable) if has_reference else []
+        return _draw_only(log_dir, sample, trainable, has_reference, draw)
+    rows, signs64 = _translation(log_dir, sample, trainable) if has_reference else ([], None)
     if has_reference and np.asarray(sample["loss"]).dtype == np.float64:
         return rows  # recorded in float64: the translation check is the whole check
     params = _module_params(sample_params(log_dir))
@@ -396,35 +647,57 @@ def check_parity(
     def step(p: dict[str, Any]) -> tuple[Any, Any]:
         return sample_step(p, feeds)
 
-    runs = _runs(step, params, trainable)
+    gates = _Gates()
     if has_reference:
-        # float32 accuracy is the program's as it trains (JAX: jitted); that its
-        # other runs compute the same function, the translation check has shown
-        runs = runs[:1]
-    narrow: list[Row] = []
-    for label, run in runs:
-        for name, value, key, is_grad in _outputs(sample, trainable, run):
-            if reference_key(key) in sample:
-                ref = sample[reference_key(key)]
-                floor = _floor(sample, key, medians, is_grad)
-                found = _calibrated(
-                    name + label,
-                    value,
-                    sample[key],
-                    ref,
-                    typical[_kind(key)],
-                    floor,
-                    medians[is_grad],
-                )
-                narrow.append(found)
-            else:
-                tol = grad_atol if is_grad else atol
-                narrow.append(_compare(name + label, value, sample[key], tol, rtol))
+        with _gated(gates):
+            # float32 accuracy is the program's as it trains (JAX: jitted); that its
+            # other runs compute the same function, the translation check has shown
+            runs = _runs(_with_gates(step, gates), params, trainable)[:1]
+    else:
+        runs = _runs(step, params, trainable)
+
+    def judged(refs: dict[str, np.ndarray] | None) -> list[Row]:
+        found: list[Row] = []
+        for label, run in runs:
+            for name, value, key, is_grad in _outputs(sample, trainable, run):
+                if reference_key(key) in sample:
+                    found += _judged(sample, trainable, run, typical, medians, refs, label, key)
+                else:
+                    tol = grad_atol if is_grad else atol
+                    found.append(_compare(name + label, value, sample[key], tol, rtol))
+        return found
+
+    narrow = judged(None)
     translated = bool(rows) and all(r[3] and r[5] is None and r[1] == r[1] for r in rows)
+    if has_reference and translated:
+        # judged on the branches the float32 run took: against this program in
+        # float64 taking its decisions, where any differ from the float64 run's
+        signs = _signs(runs[0][1])
+        flips = _flips(signs, signs64)
+        refs = _gate_matched(log_dir, sample, trainable, signs) if flips != 0 else None
+        if refs is not None:
+            narrow = [_matched_note(len(signs), flips), *judged(refs)]
     all_arrays = all(isinstance(v, np.ndarray) for v in feeds.values())  # no bfloat16
     if has_reference and translated and all_arrays and not all(r[3] for r in narrow):
         narrow = _redrawn(log_dir, sample, trainable, narrow, typical, medians)
     return rows + narrow
+
+
+def _draw_only(
+    log_dir: str,
+    sample: dict[str, np.ndarray],
+    trainable: list[str],
+    has_reference: bool,
+    draw: int,
+) -> list[Row]:
+    """check_parity(draw=k): the rows of draw k (_drawn), where it can be taken."""
+    if not has_reference:
+        raise ValueError("a draw is judged against a float64 reference: this sample has none")
+    stored = _load(os.path.join(log_dir, "sample.safetensors"), narrow=True)
+    if not all(isinstance(v, np.ndarray) for v in stored.values()):
+        raise ValueError("a draw nudges float32 values: this sample holds bfloat16 ones")
+    medians = _typical_scales(sample)
+    return _drawn(log_dir, sample, trainable, _typical_error(sample, medians), medians, draw)
 
 
 def _drawn(
@@ -436,41 +709,24 @@ def _drawn(
     draw: int,
 ) -> list[Row]:
     """The recorded-dtype rows of one draw: this program on the sample nudged
-    by one ulp (_nudged) against itself in float64 on the same values (which
-    the translation check has shown computes the reference's function), each
+    by one ulp (_nudged) against itself in float64 on the same values, taking
+    the recorded-dtype run's gate decisions (_gate_matched; which the
+    translation check has shown computes the reference's function), each
     judged by the source's own error against the recorded reference."""
-    wide = _promoted(_nudged(sample, draw))
     feeds = _nudged(_load(os.path.join(log_dir, "sample.safetensors"), narrow=True), draw)
-
-    def step64(p: dict[str, Any]) -> tuple[Any, Any]:
-        return sample_step(p, wide)
 
     def step(p: dict[str, Any]) -> tuple[Any, Any]:
         return sample_step(p, feeds)
 
-    with _in_float64():
-        params64 = _module_params(sample_params(log_dir, float64=True, draw=draw))
-        run64 = _runs(step64, params64, trainable)[0][1]
-    refs = {key: _numpy(v) for _, v, key, _ in _outputs(sample, trainable, run64)}
+    gates = _Gates()
     params = _module_params(sample_params(log_dir, draw=draw))
-    run = _runs(step, params, trainable)[0][1]
-    rows = []
-    for name, value, key, is_grad in _outputs(sample, trainable, run):
-        if reference_key(key) not in sample:
-            continue
-        rows.append(
-            _calibrated(
-                name,
-                value,
-                sample[key],
-                refs[key],
-                typical[_kind(key)],
-                _floor(sample, key, medians, is_grad),
-                medians[is_grad],
-                source_ref=sample[reference_key(key)],
-            )
-        )
-    return rows
+    with _gated(gates):
+        run = _run(_with_gates(step, gates), params, trainable)
+    refs = _gate_matched(log_dir, sample, trainable, _signs(run), draw)
+    if refs is None:  # gates that did not replay: the float64 run on its own branches
+        refs = _gate_matched(log_dir, sample, trainable, None, draw)
+    assert refs is not None
+    return _judged(sample, trainable, run, typical, medians, refs)
 
 
 def _redrawn(
@@ -555,8 +811,21 @@ INLINED = (
     "_translation",
     "_module_params",
     "_runs",
+    "_run",
     "_outputs",
     "_nudged",
+    "_bounds",
+    "_slope",
+    "_kinks",
+    "_replayed",
+    "_gated",
+    "_with_gates",
+    "_signs",
+    "_flips",
+    "_gate_matched",
+    "_judged",
+    "_matched_note",
+    "_draw_only",
     "_drawn",
     "_redrawn",
     "check_parity",

@@ -140,6 +140,29 @@ def _value_and_grads(step: Step, params: dict[str, Any], trainable: list[str]) -
     return outputs, loss, [None if g is None else tf.convert_to_tensor(g) for g in grads]
 
 
+def _gate_table() -> dict[str, Any]:
+    """The gates this target's programs call (the parity check's _GateView:
+    ops whose derivative jumps at a kink), by the global each is reached
+    through and its attribute path: relu, max and min (a clip is the two),
+    leaky_relu."""
+    return {
+        "tf": {
+            "nn": {"relu": "relu", "leaky_relu": "leaky_relu"},
+            "math": {"maximum": "max", "minimum": "min"},
+        }
+    }
+
+
+def _gate_sign(value: tf.Tensor, kink: Any) -> tf.Tensor:
+    """sign(value - kink) per element, as the comparisons decide it (int8)."""
+    return tf.cast(value > kink, tf.int8) - tf.cast(value < kink, tf.int8)
+
+
+def _gate_where(mask: np.ndarray, x: Any, y: tf.Tensor) -> tf.Tensor:
+    """x where the recorded mask holds, else y, in y's dtype."""
+    return tf.where(mask, tf.cast(x, y.dtype), y)
+
+
 def _batch_norm_train(
     x: tf.Tensor,
     scale: tf.Tensor,
@@ -227,6 +250,16 @@ def _gelu(x: tf.Tensor, approximate: bool) -> tf.Tensor:
         inner = 0.7978845608028654 * (x + 0.044715 * x * x * x)
         return 0.5 * x * (1.0 + tf.math.tanh(inner))
     return 0.5 * x * (1.0 + tf.math.erf(x * 0.7071067811865476))
+
+
+def _leaky_relu(x: tf.Tensor, alpha: float) -> tf.Tensor:
+    """LeakyRelu as relu(x) + alpha (x - relu(x)): exact on either side of 0
+    in any dtype (alpha x in float32 is the kernel's own product), with the
+    slope as its gradient at 0, as PyTorch and TF's kernel have it.
+    (tf.nn.leaky_relu takes alpha as a float32 attribute: 0.1 is
+    0.10000000149 in a float64 run, 1.5e-8 off.)"""
+    positive = tf.nn.relu(x)
+    return positive + (x - positive) * alpha
 
 
 def _layer_norm(
@@ -645,4 +678,4 @@ def _rnn(
 
 INLINED = ("_as_param", "_as_const", "_bfloat16", "module_attr")
 # The parity check's (tracelog.emit.harness): inlined into standalone programs only.
-CHECK = ("_numpy", "_value_and_grads", "_module_params")
+CHECK = ("_numpy", "_value_and_grads", "_module_params", "_gate_table", "_gate_sign", "_gate_where")

@@ -107,6 +107,27 @@ def _value_and_grads(step: Step, params: dict[str, Any], trainable: list[str]) -
     return outputs, loss, grads
 
 
+def _gate_table() -> dict[str, Any]:
+    """The gates this target's programs call (the parity check's _GateView:
+    ops whose derivative jumps at a kink), by the global each is reached
+    through and its attribute: relu, clip (bounds), max and min (between
+    operands), leaky_relu."""
+    return {
+        "torch": {"relu": "relu", "clamp": "clip", "maximum": "max", "minimum": "min"},
+        "F": {"relu": "relu", "leaky_relu": "leaky_relu"},
+    }
+
+
+def _gate_sign(value: torch.Tensor, kink: Any) -> torch.Tensor:
+    """sign(value - kink) per element, as the comparisons decide it (int8)."""
+    return (value > kink).to(torch.int8) - (value < kink).to(torch.int8)
+
+
+def _gate_where(mask: np.ndarray, x: Any, y: torch.Tensor) -> torch.Tensor:
+    """x where the recorded mask holds, else y (x may be a bound: a number)."""
+    return torch.where(torch.from_numpy(mask).to(y.device), x, y)
+
+
 def _batch_norm_train(
     x: torch.Tensor,
     scale: torch.Tensor,
@@ -420,7 +441,7 @@ def _module_params(params: dict[str, Any]) -> dict[str, Any]:
 # Inlined into every program; every other function here is a helper, inlined on use.
 INLINED = ("_as_param", "_as_const", "_bfloat16", "state_key", "_declare", "state_dict_from")
 # The parity check's (tracelog.emit.harness): inlined into standalone programs only.
-CHECK = ("_numpy", "_value_and_grads", "_module_params")
+CHECK = ("_numpy", "_value_and_grads", "_module_params", "_gate_table", "_gate_sign", "_gate_where")
 
 
 def _resize_axes(
