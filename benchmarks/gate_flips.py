@@ -1,8 +1,9 @@
 """Which gates float32 rounding flipped: a log's program run forward on its
 sample (and on draws nudged by one ulp, as ``tracelog.check(..., draw=k)``
 runs them) in float32 and in float64, and every gate it passes compared
-element by element: a ReLU's input, a clamp's or clip's against each bound,
-a ``maximum``/``minimum``'s two operands. A flip is an element on one side of
+element by element: the gates the check itself matches (the target's
+``_gate_table`` and the check's ``_kinks``): a ReLU's input, a clamp's or
+clip's against each bound, a ``maximum``/``minimum``'s two operands. A flip is an element on one side of
 its kink in float32 and on the other in float64; the gradient then flows in
 one run and is blocked in the other, whatever each run's accuracy.
 
@@ -24,7 +25,7 @@ import argparse
 import linecache
 import runpy
 import sys
-from collections.abc import Callable, Iterator
+from collections.abc import Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
@@ -55,69 +56,40 @@ def _caller() -> str:
     return f"{frame.f_code.co_name} {under}line {frame.f_lineno}: {line}"
 
 
-# A gate's kinks from its arguments, as (value, kink) pairs in the framework's
-# own values: the gate opens where value > kink.
-Kinks = Callable[..., list[tuple[Any, Any]]]
-
-
-def _at_zero(x: Any, *args: Any, **kwargs: Any) -> list[tuple[Any, Any]]:
-    return [(x, 0.0)]
-
-
-def _at_bounds(x: Any, lo: Any = None, hi: Any = None) -> list[tuple[Any, Any]]:
-    return [(x, b) for b in (lo, hi) if b is not None]
-
-
-def _between(a: Any, b: Any, *args: Any, **kwargs: Any) -> list[tuple[Any, Any]]:
-    return [(a, b)]
-
-
-# per target: (module, attribute, its kinks)
-GATES: dict[str, list[tuple[str, str, Kinks]]] = {
-    "torch": [
-        ("torch", "relu", _at_zero),
-        ("torch", "clamp", _at_bounds),
-        ("torch.nn.functional", "leaky_relu", _at_zero),
-        ("torch", "maximum", _between),
-        ("torch", "minimum", _between),
-    ],
-    "jax": [
-        ("jax.nn", "relu", _at_zero),
-        ("jax.numpy", "clip", _at_bounds),
-        ("jax.nn", "leaky_relu", _at_zero),
-        ("jax.numpy", "maximum", _between),
-        ("jax.numpy", "minimum", _between),
-    ],
-    "tensorflow": [
-        ("tensorflow.nn", "relu", _at_zero),
-        ("tensorflow.nn", "leaky_relu", _at_zero),
-        ("tensorflow.math", "maximum", _between),
-        ("tensorflow.math", "minimum", _between),
-    ],
-}
+def _module_gates(
+    ns: dict[str, Any], table: dict[str, Any], module: Any
+) -> Iterator[tuple[Any, str, str]]:
+    """(module, attribute, kind) for each gate a target's _gate_table names,
+    its nested tables walked down to the module that holds the function."""
+    for name, entry in table.items():
+        found = getattr(module, name) if module is not None else ns.get(name)
+        if found is None:  # a module this program does not import
+            continue
+        if isinstance(entry, dict):
+            yield from _module_gates(ns, entry, found)
+        else:
+            yield module, name, entry
 
 
 @contextmanager
-def gates_seen(target: str, seen: list[tuple[str, list[tuple[Any, Any]]]]) -> Iterator[None]:
-    """The target's gate functions wrapped: each call appends where it ran and
-    its (value, kink) pairs."""
-    import importlib
-
+def gates_seen(ns: dict[str, Any], seen: list[tuple[str, list[tuple[Any, Any]]]]) -> Iterator[None]:
+    """The program's gate functions (its target's _gate_table, the parity
+    check's gates) wrapped in their modules: each call appends where it ran
+    and its (value, kink) pairs (the check's _kinks)."""
     saved = []
-    for module_name, attr, kinks in GATES[target]:
-        module = importlib.import_module(module_name)
+    for module, attr, kind in _module_gates(ns, ns["_gate_table"](), None):
         original = getattr(module, attr)
         saved.append((module, attr, original))
 
-        def wrapper(*args: Any, _run: Any = original, _kinks: Kinks = kinks, **kwargs: Any) -> Any:
-            seen.append((_caller(), _kinks(*args, **kwargs)))
+        def wrapper(*args: Any, _run: Any = original, _kind: str = kind, **kwargs: Any) -> Any:
+            seen.append((_caller(), ns["_kinks"](_kind, args, kwargs)))
             return _run(*args, **kwargs)
 
         setattr(module, attr, wrapper)
     try:
         yield
     finally:
-        for module, attr, original in saved:
+        for module, attr, original in reversed(saved):
             setattr(module, attr, original)
 
 
@@ -133,7 +105,7 @@ def forward_gates(ns: dict[str, Any], log_dir: Path, target: str, draw: int) -> 
         sample = ns["_load"](str(log_dir / "sample.safetensors"), narrow=not float64)
         sample = ns["_nudged"](sample, draw)
         seen: list[tuple[str, list[tuple[Any, Any]]]] = []
-        with gates_seen(target, seen):
+        with gates_seen(ns, seen):
             if float64:
                 with ns["_in_float64"]():
                     ns["sample_step"](params, ns["_promoted"](sample))
@@ -146,7 +118,7 @@ def forward_gates(ns: dict[str, Any], log_dir: Path, target: str, draw: int) -> 
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("log_dir", type=Path)
-    parser.add_argument("--target", default="torch", choices=sorted(GATES))
+    parser.add_argument("--target", default="torch", choices=["jax", "tensorflow", "torch"])
     parser.add_argument("--draws", type=int, default=2, help="nudged draws beside the recorded")
     parser.add_argument("--top", type=int, default=3, help="largest ratios printed per draw")
     args = parser.parse_args()
