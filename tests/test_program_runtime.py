@@ -310,6 +310,18 @@ def test_the_float32_run_is_judged_on_the_branches_it_took(tmp_path) -> None:
     assert len(note) == 1 and "at its 1 gates" in note[0] and "1 elements" in note[0]
     assert next(r for r in rows if r[0] == "prediction")[1] == 0.0
     assert next(r for r in rows if r[0] == "prediction")[4] < 1e-7  # the source's own error
+    # gates that cannot be recorded (a gate inside a transformation of the program's
+    # own: JAX's lax.scan): the runs go on without them, as with no gates
+    ns = _gated_one_param(tmp_path, w, pred64, "xp")
+
+    def unrecordable(value, kink):
+        raise RuntimeError("a tracer of an inner transformation")
+
+    ns.check_parity.__globals__["_gate_sign"] = unrecordable
+    rows = ns.check_parity(str(tmp_path))
+    note = [r[0] for r in rows if r[0].startswith("[float32]")]
+    assert len(note) == 1 and "outputs failed on the recorded values" in note[0]
+    assert all(r[3] for r in rows if r[0].endswith("[float64]"))
     # the same program with its max ungated: the recorded values fail; a nudged draw passes
     rows = _gated_one_param(tmp_path, w, pred64, "np").check_parity(str(tmp_path))
     note = [r[0] for r in rows if r[0].startswith("[float32]")]

@@ -540,11 +540,20 @@ def _recurrent_direction(
     return y, list(final)
 
 
-def _recurrent_cell(cell: str, carry: tuple, xw: jax.Array, r: jax.Array, rb: jax.Array) -> tuple:
+def _recurrent_cell(
+    cell: str,
+    carry: tuple,
+    xw: jax.Array,
+    r: jax.Array,
+    rb: jax.Array,
+    relu: Callable[[jax.Array], jax.Array] = jax.nn.relu,
+) -> tuple:
     """One step, from xw = x W^T + Wb: an LSTM (ONNX's gates i, o, f, c), a GRU (z, r, h;
     "gru": linear_before_reset=1, as torch and Keras' default compute it: the reset gate
     scales h R_h^T + Rb_h; "gru0": it scales h before R_h, Keras' reset_after=False) or
-    an RNN with tanh or relu."""
+    an RNN with tanh or relu. (`relu` is bound as the program loads: a gate inside
+    lax.scan's step is no gate the parity check can record, its values being the
+    scan's own tracers.)"""
     h = carry[0]
     if cell == "gru0":
         hidden = h.shape[-1]
@@ -564,7 +573,7 @@ def _recurrent_cell(cell: str, carry: tuple, xw: jax.Array, r: jax.Array, rb: ja
         z = jax.nn.sigmoid(xz + hz)
         n = jnp.tanh(xh + jax.nn.sigmoid(xr + hr_) * hh)
         return ((1.0 - z) * n + z * h,)
-    return (jax.nn.relu(xw + hr) if cell == "relu" else jnp.tanh(xw + hr),)
+    return (relu(xw + hr) if cell == "relu" else jnp.tanh(xw + hr),)
 
 
 def _lstm(

@@ -219,6 +219,25 @@ def _with_gates(
     return run
 
 
+def _recorded(
+    runner: Callable[..., Any],
+    step: Callable[[dict[str, Any]], tuple[Any, Any]],
+    params: dict[str, Any],
+    trainable: list[str],
+    gates: _Gates,
+) -> Any:
+    """runner(step, params, trainable) (_runs or _run) with the gates
+    recorded in `gates`; where recording fails, without (its decisions then
+    pair up with no other run's): a gate the program calls inside a
+    transformation of its own, whose values do not outlive it."""
+    try:
+        with _gated(gates):
+            return runner(_with_gates(step, gates), params, trainable)
+    except Exception:
+        gates.seen = []
+        return runner(step, params, trainable)
+
+
 def _signs(run: tuple[dict[str, Any], Any, list[Any]]) -> list[np.ndarray]:
     """The gate decisions a recording run returned (_with_gates)."""
     return [np.asarray(_numpy(s), dtype=np.int8) for s in run[0].get(GATES_KEY, [])]
@@ -500,8 +519,7 @@ def _translation(
     try:
         with _in_float64():
             params = _module_params(sample_params(log_dir, float64=True))
-            with _gated(gates):
-                runs = _runs(_with_gates(step64, gates), params, trainable)
+            runs = _recorded(_runs, step64, params, trainable, gates)
             signs = _signs(runs[0][1])
             for label, run in runs:
                 for name, value, key, is_grad in _outputs(sample, trainable, run):
@@ -550,13 +568,16 @@ def _gate_matched(
     def step64(p: dict[str, Any]) -> tuple[Any, Any]:
         return sample_step(p, wide)
 
-    try:
-        with _in_float64():
-            params = _module_params(sample_params(log_dir, float64=True, draw=draw))
-            with _gated(gates):
-                run = _run(_with_gates(step64, gates), params, trainable)
-    except _GateMismatch:
-        return None
+    with _in_float64():
+        params = _module_params(sample_params(log_dir, float64=True, draw=draw))
+        if signs is None:
+            run = _run(step64, params, trainable)
+        else:
+            try:
+                with _gated(gates):
+                    run = _run(_with_gates(step64, gates), params, trainable)
+            except _GateMismatch:
+                return None
     if signs is not None and gates.at != len(signs):
         return None
     return {key: _numpy(v) for _, v, key, _ in _outputs(sample, trainable, run)}
@@ -649,10 +670,9 @@ def check_parity(
 
     gates = _Gates()
     if has_reference:
-        with _gated(gates):
-            # float32 accuracy is the program's as it trains (JAX: jitted); that its
-            # other runs compute the same function, the translation check has shown
-            runs = _runs(_with_gates(step, gates), params, trainable)[:1]
+        # float32 accuracy is the program's as it trains (JAX: jitted); that its
+        # other runs compute the same function, the translation check has shown
+        runs = _recorded(_runs, step, params, trainable, gates)[:1]
     else:
         runs = _runs(step, params, trainable)
 
@@ -720,8 +740,7 @@ def _drawn(
 
     gates = _Gates()
     params = _module_params(sample_params(log_dir, draw=draw))
-    with _gated(gates):
-        run = _run(_with_gates(step, gates), params, trainable)
+    run = _recorded(_run, step, params, trainable, gates)
     refs = _gate_matched(log_dir, sample, trainable, _signs(run), draw)
     if refs is None:  # gates that did not replay: the float64 run on its own branches
         refs = _gate_matched(log_dir, sample, trainable, None, draw)
@@ -820,6 +839,7 @@ INLINED = (
     "_replayed",
     "_gated",
     "_with_gates",
+    "_recorded",
     "_signs",
     "_flips",
     "_gate_matched",
