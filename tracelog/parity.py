@@ -64,9 +64,9 @@ def check(
 
     `draw` k > 0 (program targets, a sample with a float64 reference): only
     the float32 rows of the batch and weights nudged by one ulp in pattern k,
-    each against the program in float64 on the same values: another draw of
-    float32 rounding on the sample (a ratio above 2 that is one draw's
-    reads near 1 on another)."""
+    each against the program in float64 on the same values and the draw's
+    own gate decisions: another draw of float32 rounding on the sample (a
+    ratio above 2 that is one draw's reads near 1 on another)."""
     spec = targets.get(target)
     return spec.check(log_dir, atol=atol, rtol=rtol, grad_atol=grad_atol, draw=draw)
 
@@ -92,8 +92,8 @@ def check_program(
     if draw:
         title = (
             f"{path.name}: float32 on the sample nudged by one ulp (draw {draw}) vs the "
-            f"program in float64 on the same values, within {FLOAT32_FACTOR:g}x the "
-            "source's own error: the ratio"
+            f"program in float64 on the same values and the float32 run's gates, within "
+            f"{FLOAT32_FACTOR:g}x the source's own error: the ratio"
         )
         return Report(title, comparisons)
     if any(c.name.endswith(" [float64]") for c in comparisons):
