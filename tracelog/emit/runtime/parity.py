@@ -113,7 +113,7 @@ class _Gates:
         return _replayed(kind, args, kwargs, y, signs) if kinks else y
 
 
-def _bounds(kind: str, args: tuple, kwargs: dict[str, Any]) -> tuple[Any, Any]:
+def _bounds(args: tuple, kwargs: dict[str, Any]) -> tuple[Any, Any]:
     """A clip's (lower, upper) bounds, None where absent (torch.clamp's min=,
     jnp.clip's a_min= or min=)."""
     lo = args[1] if len(args) > 1 else kwargs.get("min", kwargs.get("a_min"))
@@ -123,15 +123,15 @@ def _bounds(kind: str, args: tuple, kwargs: dict[str, Any]) -> tuple[Any, Any]:
 
 def _kinks(kind: str, args: tuple, kwargs: dict[str, Any]) -> list[tuple[Any, Any]]:
     """A gate call's (value, kink) pairs: the gate opens where value > kink.
-    None where the call is not spelled as the programs spell it (its operand
-    by keyword): that call is left ungated."""
+    None for a call not spelled as the programs spell it (its operand, or a
+    leaky ReLU's slope, not given as these read them): it is left ungated."""
     if not args:
         return []
     if kind in ("relu", "leaky_relu"):
         given = kind == "relu" or _slope(args, kwargs) is not None
         return [(args[0], 0.0)] if given else []
     if kind == "clip":
-        return [(args[0], b) for b in _bounds(kind, args, kwargs) if b is not None]
+        return [(args[0], b) for b in _bounds(args, kwargs) if b is not None]
     return [(args[0], args[1])] if len(args) > 1 else []
 
 
@@ -144,7 +144,7 @@ def _replayed(kind: str, args: tuple, kwargs: dict[str, Any], y: Any, signs: lis
         below = x * 0 if kind == "relu" else x * _slope(args, kwargs)
         return _gate_where(signs[0] > 0, x, _gate_where(signs[0] < 0, below, y))
     if kind == "clip":  # min(max(x, lo), hi), as torch.clamp and jnp.clip
-        lo, hi = _bounds(kind, args, kwargs)
+        lo, hi = _bounds(args, kwargs)
         sides = iter(signs)
         low = next(sides) if lo is not None else None
         high = next(sides) if hi is not None else None
@@ -585,45 +585,40 @@ def _gate_matched(
 
 def _judged(
     sample: dict[str, np.ndarray],
-    trainable: list[str],
-    run: tuple[dict[str, Any], Any, list[Any]],
+    name: str,
+    value: Any,
+    key: str,
+    is_grad: bool,
     typical: dict[str, float],
     medians: dict[bool, float],
     refs: dict[str, np.ndarray] | None = None,
-    label: str = "",
-    only: str | None = None,
-) -> list[Row]:
-    """A recorded-dtype run's rows for the outputs with a reference (`only`:
-    that sample key's), by _calibrated; against `refs` where given (a
-    gate-matched or nudged run's outputs), the source's error still against
-    the recorded reference."""
-    rows = []
-    for name, value, key, is_grad in _outputs(sample, trainable, run):
-        if reference_key(key) not in sample or (only is not None and key != only):
-            continue
-        ref = sample[reference_key(key)]
-        rows.append(
-            _calibrated(
-                name + label,
-                value,
-                sample[key],
-                ref if refs is None else refs[key],
-                typical[_kind(key)],
-                _floor(sample, key, medians, is_grad),
-                medians[is_grad],
-                source_ref=None if refs is None else ref,
-            )
-        )
-    return rows
+) -> Row:
+    """A recorded-dtype run's row for an output with a reference, by
+    _calibrated; against `refs` where given (a gate-matched or nudged run's
+    outputs), the source's error still against the recorded reference."""
+    ref = sample[reference_key(key)]
+    return _calibrated(
+        name,
+        value,
+        sample[key],
+        ref if refs is None else refs[key],
+        typical[_kind(key)],
+        _floor(sample, key, medians, is_grad),
+        medians[is_grad],
+        source_ref=None if refs is None else ref,
+    )
 
 
 def _matched_note(gates: int, flips: int | None) -> Row:
     """The row saying the float32 rows below are judged gate-matched."""
-    flipped = "gates that did not pair up with" if flips is None else f"{flips} elements"
+    flipped = (
+        "the float64 run's gates did not pair up with them"
+        if flips is None
+        else f"rounding put {flips} elements on the other side of a kink than the float64 run"
+    )
     note = (
         f"[float32] judged against this program in float64 taking the float32 run's "
-        f"decisions at its {gates} gates (ReLU, clamp, max, min): rounding put "
-        f"{flipped} on the other side of a kink than the float64 run"
+        f"decisions at its {gates} gates (ReLU, clamp, max, min): {flipped}"
     )
     return note, float("nan"), float("nan"), True, None, None
 
@@ -681,7 +676,9 @@ def check_parity(
         for label, run in runs:
             for name, value, key, is_grad in _outputs(sample, trainable, run):
                 if reference_key(key) in sample:
-                    found += _judged(sample, trainable, run, typical, medians, refs, label, key)
+                    found.append(
+                        _judged(sample, name + label, value, key, is_grad, typical, medians, refs)
+                    )
                 else:
                     tol = grad_atol if is_grad else atol
                     found.append(_compare(name + label, value, sample[key], tol, rtol))
@@ -745,7 +742,11 @@ def _drawn(
     if refs is None:  # gates that did not replay: the float64 run on its own branches
         refs = _gate_matched(log_dir, sample, trainable, None, draw)
     assert refs is not None
-    return _judged(sample, trainable, run, typical, medians, refs)
+    return [
+        _judged(sample, name, value, key, is_grad, typical, medians, refs)
+        for name, value, key, is_grad in _outputs(sample, trainable, run)
+        if reference_key(key) in sample
+    ]
 
 
 def _redrawn(
