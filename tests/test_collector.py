@@ -161,3 +161,51 @@ def test_an_error_in_the_window_resumes_the_collector(tmp_path: Path) -> None:
             assert not gc.isenabled()
             raise ValueError("the user's error")
         assert gc.isenabled() and collector.paused() == 0
+
+
+def test_close_ends_a_window_left_open(tmp_path: Path) -> None:
+    """close() with a window still open (open_batch never closed): the window
+    ends there, its batch counted and recorded, and its recorder leaves the
+    dispatch stack: nothing records for a closed listener (a recorder left
+    there saw every later op of the process)."""
+    from torch.utils._python_dispatch import _get_current_dispatch_mode_stack
+
+    model = _models()[0]
+    listener = tracelog.Listener(model, tmp_path / "log", mode="exact")
+    x, y = _data(model)
+    with listener.batch():
+        F.cross_entropy(model(x), y).backward()
+    cm = listener.open_batch()
+    F.cross_entropy(model(x), y).backward()
+    assert cm is not None and len(_get_current_dispatch_mode_stack()) == 1
+    listener.close()
+    assert _get_current_dispatch_mode_stack() == []
+    assert gc.isenabled() and collector.paused() == 0
+    listener.close_batch(cm)  # the user's late exit: a no-op
+    log = tracelog.load(tmp_path / "log")
+    assert [(e.kind, e.usage.batches) for e in log.entries_sorted()] == [
+        ("prediction", 2),
+        ("loss", 2),
+    ]
+    assert log.failures == []
+
+
+def test_close_inside_a_batch_window_ends_it(tmp_path: Path) -> None:
+    """close() called inside ``with listener.batch():``: the block's exit
+    after it does nothing more."""
+    from torch.utils._python_dispatch import _get_current_dispatch_mode_stack
+
+    model = _models()[0]
+    x, y = _data(model)
+    listener = tracelog.Listener(model, tmp_path / "log", mode="exact")
+    with listener.batch():
+        F.cross_entropy(model(x), y).backward()
+        listener.close()
+        assert _get_current_dispatch_mode_stack() == []
+        model(x)  # not recorded: the listener is closed
+    assert [
+        (e.kind, e.usage.batches) for e in tracelog.load(tmp_path / "log").entries_sorted()
+    ] == [
+        ("prediction", 1),
+        ("loss", 1),
+    ]

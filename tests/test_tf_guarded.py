@@ -413,3 +413,28 @@ def test_a_tf_function_step_in_a_fast_window_is_followed(tmp_path: Path) -> None
         ("eval", 4),
     ]
     assert log.sample_info is not None and log.sample_info["phase"] == "train"
+
+
+def test_close_ends_a_window_left_open(tmp_path: Path) -> None:
+    """close() with a window still open (a ``batch()`` entered and never
+    exited): the window ends there, its batch counted, and its op callback
+    is removed: nothing records for a closed listener."""
+    from tensorflow.python.framework import op_callbacks
+
+    model = _net()
+    opt = keras.optimizers.SGD(0.01)
+    (x, y), (x2, y2) = _batches(2)
+    listener = _Listener(model, tmp_path / "log", strict=True, mode="exact")
+    _step(listener, model, opt, x, y)
+    assert not op_callbacks.should_invoke_op_callbacks()
+    cm = listener.batch()
+    cm.__enter__()
+    with tf.GradientTape() as tape:
+        loss = _LOSS(y2, model(x2, training=True))
+    tape.gradient(loss, model.trainable_variables)
+    assert op_callbacks.should_invoke_op_callbacks()
+    listener.close()
+    assert not op_callbacks.should_invoke_op_callbacks()
+    cm.__exit__(None, None, None)  # the user's late exit: a no-op
+    log = tracelog.load(tmp_path / "log")
+    assert [e.usage.batches for e in log.entries_sorted()] == [2, 2]

@@ -389,13 +389,17 @@ class _BatchWindow:
             self._end(e)
             raise
         self.watched = watched
+        listener._open_window = self
         return listener
 
     def __exit__(self, exc_type: Any, exc: BaseException | None, tb: Any) -> None:
-        if self.watched is None:  # an inert listener's
+        watched = self.watched
+        if watched is None:  # an inert listener's, or one close() ended
             return
+        self.watched = None
+        self.listener._open_window = None
         try:
-            self.watched.__exit__(exc_type, exc, tb)
+            watched.__exit__(exc_type, exc, tb)
         finally:
             self._end(exc)
 
@@ -461,6 +465,7 @@ class ListenerBase(ABC):
         self._sample_failed = False
         self.epoch = 0
         self._window: Any = None
+        self._open_window: _BatchWindow | None = None  # the batch() entered and not exited
         self._counters: dict[tuple[int, str], int] = {}
         self._errors_logged: set[str] = set()
         self._closed = False
@@ -558,6 +563,7 @@ class ListenerBase(ABC):
             self._detach()
             return self.log
         try:
+            self._end_open_window()
             self._resume_collector()  # a window opened by open_batch and never closed
             self._detach()
         finally:
@@ -569,6 +575,19 @@ class ListenerBase(ABC):
 
     def __exit__(self, *exc: object) -> None:
         self.close()
+
+    def _end_open_window(self) -> None:
+        """close() with a batch window still open (``open_batch`` never closed,
+        close() inside ``batch()``): the window ends here, as its exit would
+        have ended it (its batch counted, recorded if it ran), and its
+        recorder leaves: nothing records for a closed listener."""
+        cm = self._open_window
+        if cm is None:
+            return
+        try:
+            cm.__exit__(None, None, None)
+        except Exception as e:  # fail open: close() goes on
+            logger.warning("tracelog: the open batch window could not be ended: %s", describe(e))
 
     # -- what each framework supplies ------------------------------------------------------
     @abstractmethod
