@@ -175,6 +175,30 @@ def run_model(side: Any, case: Any, targets: list[str], root: Path) -> list[Row]
     return [run_target(case.name, log_dir, t, t0) for t in targets]
 
 
+def threads(n: int | None) -> str:
+    """Pin each framework's intra-op threads to ``n`` (before TensorFlow and
+    JAX start) and say what each runs with. Float32 readings depend on it:
+    torch picks another convolution kernel by thread count (oneDNN's 1x1
+    kernel from 2 threads, its own GEMM path with 1), whose rounding differs."""
+    import os
+
+    if n is not None:
+        os.environ["TF_NUM_INTRAOP_THREADS"] = os.environ["TF_NUM_INTEROP_THREADS"] = str(n)
+        if n == 1:  # XLA's CPU client: one thread for its Eigen ops
+            flags = os.environ.get("XLA_FLAGS", "")
+            os.environ["XLA_FLAGS"] = f"{flags} --xla_cpu_multi_thread_eigen=false".strip()
+    import torch
+
+    if n is not None:
+        torch.set_num_threads(n)
+    return (
+        f"threads: torch {torch.get_num_threads()}, TensorFlow "
+        f"{os.environ.get('TF_NUM_INTRAOP_THREADS', 'default')}, XLA "
+        f"{'1' if 'multi_thread_eigen=false' in os.environ.get('XLA_FLAGS', '') else 'default'}"
+        f" ({os.cpu_count()} CPUs)"
+    )
+
+
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("models", nargs="*", help="model names (default: all)")
@@ -184,8 +208,16 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument(
         "--extra", action="store_true", help="also the families no issue names (EXTRA_CASES)"
     )
+    parser.add_argument(
+        "--threads",
+        type=int,
+        metavar="N",
+        help="intra-op threads of torch, TensorFlow and (N=1) XLA; default: each "
+        "framework's own (the machine's cores)",
+    )
     args = parser.parse_args(argv)
     logging.getLogger("tracelog").setLevel(logging.ERROR)
+    print(threads(args.threads))
     if args.keras:
         import real_models_keras as side
 
