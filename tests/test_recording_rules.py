@@ -286,3 +286,67 @@ def test_listener_factory_and_misuse(tmp_path) -> None:
     listener.close()
     with pytest.raises(TypeError, match="no listener"):
         tracelog.Listener(object(), tmp_path / "x")
+
+
+class _StackSeen(torch.autograd.Function):
+    """Identity whose backward notes how many dispatch modes are on the stack."""
+
+    seen: list[int] = []
+
+    @staticmethod
+    def forward(ctx, x):  # type: ignore[no-untyped-def]
+        return x.clone()
+
+    @staticmethod
+    def backward(ctx, g):  # type: ignore[no-untyped-def]
+        from torch.utils._python_dispatch import _get_current_dispatch_mode_stack
+
+        _StackSeen.seen.append(len(_get_current_dispatch_mode_stack()))
+        return g
+
+
+@pytest.mark.parametrize("how", ["backward", "autograd.backward", "autograd.grad"])
+def test_the_recorder_leaves_as_backward_starts(tmp_path, how) -> None:
+    """Nothing from backward on is in either graph, so an exact window's
+    recorder leaves the dispatch stack as backward starts (backward's ops run
+    without it: issue 18's exact mode). The loss is backward's root, though a
+    later scalar was computed, and the graphs are those recorded before: a
+    batch whose backward starts some other way (the engine called directly)
+    keeps the recorder on the stack and gives the same graphs."""
+    torch.manual_seed(0)
+    model = nn.Sequential(nn.Linear(6, 8), nn.ReLU(), nn.Linear(8, 3))
+    x, y = torch.randn(4, 6), torch.randint(0, 3, (4,))
+    params = list(model.parameters())
+
+    def run(log_dir, start_backward):
+        _StackSeen.seen = []
+        with tracelog.Listener(model, log_dir, mode="exact") as listener:
+            for _ in range(2):
+                with listener.batch():
+                    out = _StackSeen.apply(model(x))
+                    loss = F.cross_entropy(out, y)
+                    (out.argmax(1) == y).float().mean()  # a later scalar: not the loss
+                    start_backward(loss)
+        return tracelog.load(log_dir)
+
+    starts = {
+        "backward": lambda loss: loss.backward(),
+        "autograd.backward": lambda loss: torch.autograd.backward([loss]),
+        "autograd.grad": lambda loss: torch.autograd.grad(loss, params),
+    }
+    log = run(tmp_path / "a", starts[how])
+    assert _StackSeen.seen == [0, 0]
+
+    def engine(loss):  # backward with no torch.autograd function on the way
+        seed = torch.ones_like(loss, memory_format=torch.preserve_format)  # as backward seeds it
+        torch.autograd.Variable._execution_engine.run_backward(
+            (loss,), (seed,), False, False, (), True, True
+        )
+
+    direct = run(tmp_path / "b", engine)
+    assert _StackSeen.seen == [1, 1]
+    rows = [(e.kind, e.hash, e.usage.batches) for e in log.entries_sorted()]
+    assert rows == [(e.kind, e.hash, e.usage.batches) for e in direct.entries_sorted()]
+    assert [kind for kind, _, _ in rows] == ["prediction", "loss"]
+    loss_ops = log.graphs[rows[1][1]].op_histogram()
+    assert "NegativeLogLikelihoodLoss" in loss_ops and "ArgMax" not in loss_ops, loss_ops

@@ -99,7 +99,9 @@ def input_key(args: Any, kwargs: Any) -> Hashable:
 
 
 # -- the loss read from its autograd graph as backward starts ------------------------------
-_READING = threading.local()  # .calls: the Calls waiting for this thread's backward
+# .calls: the Calls waiting for this thread's backward; .recorder: what an exact
+# window's recorder does as this thread's backward starts (listener.py)
+_READING = threading.local()
 _WRAPPED: dict[str, Callable[..., Any]] = {}  # torch.autograd's functions, as they were
 # per autograd node class: its saved plain values' names, and one getter of all of them
 _PLAIN_SAVED: dict[type, tuple[tuple[str, ...], Callable[[Any], tuple[Any, ...]] | None]] = {}
@@ -225,6 +227,11 @@ def _traced(run: Callable[..., Any], first: str) -> Callable[..., Any]:
             roots = args[0] if args else kwargs.get(first)
             if roots is not None:
                 _backward_starts(calls, roots)
+        recorder = getattr(_READING, "recorder", None)
+        if recorder is not None:
+            roots = args[0] if args else kwargs.get(first)
+            if roots is not None:
+                recorder(roots)
         return run(*args, **kwargs)
 
     return traced
@@ -394,4 +401,16 @@ class FastWindow:
         return (self.static, self.inputs, calls)
 
 
-__all__ = ["Calls", "FastWindow", "input_key"]
+def on_backward(recorder: Callable[[Any], None] | None) -> None:
+    """What this thread's next backward (``torch.autograd.backward``, ``grad``)
+    tells first, with its roots: an exact window's recorder (None: nothing)."""
+    if recorder is not None:
+        _wrap_autograd()
+    _READING.recorder = recorder
+
+
+def backward_recorder() -> Callable[[Any], None] | None:
+    return getattr(_READING, "recorder", None)
+
+
+__all__ = ["Calls", "FastWindow", "backward_recorder", "input_key", "on_backward"]

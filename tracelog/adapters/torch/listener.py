@@ -49,7 +49,7 @@ from .compiled import (
     unwrap_compiled,
 )
 from .distributed import LocalGrads, Ranks, facts_for_log, placement, unwrap, world
-from .guards import Calls, FastWindow, input_key
+from .guards import Calls, FastWindow, input_key, on_backward
 from .recurrent import InnerOps, RecurrentScopes
 from .reference import reference64
 from .rules import ATEN, VIEW_WRITE
@@ -140,6 +140,18 @@ class _Mode(TorchDispatchMode):
         # the window ops go to; None while the listener itself runs torch ops
         # inside a batch (closing one micro-batch and opening the next)
         self.window: _Window | None = window
+        # pushed and not popped: it leaves the stack as backward starts
+        # (TorchListener._backward_begins), and comes back for a next micro-batch
+        self.on_stack = False
+
+    def __enter__(self) -> Any:
+        out = super().__enter__()
+        self.on_stack = True
+        return out
+
+    def __exit__(self, *exc: Any) -> Any:
+        self.on_stack = False
+        return super().__exit__(*exc)
 
     @classmethod
     def ignore_compile_internals(cls) -> bool:
@@ -429,12 +441,16 @@ class _Watched:
     def __enter__(self) -> None:
         if self.mode is not None:
             self.mode.__enter__()
+            on_backward(self.listener._backward_begins)
 
     def __exit__(self, *exc: Any) -> None:
         late, self.listener._mode = self.listener._mode, None
+        if late is not None or self.mode is not None:
+            on_backward(None)
         if self.mode is not None:
-            self.mode.__exit__(*exc)
-        elif late is not None:
+            if self.mode.on_stack:  # else it left as backward started
+                self.mode.__exit__(*exc)
+        elif late is not None and late.on_stack:
             n = torch._C._len_torch_dispatch_stack()
             if n and torch._C._get_dispatch_stack_at(n - 1) is late:
                 late.__exit__(None, None, None)
@@ -777,10 +793,14 @@ class TorchListener(GuardedCounting, ListenerBase):
         return w
 
     def _push_recorder(self, w: _Window) -> None:
-        """The recorder for ``w``, pushed in a window that began without it."""
-        if self._mode is not None:
+        """The recorder for ``w``, pushed in a window that began without it
+        (or pushed again: it left the stack as the last micro-batch's backward
+        started)."""
+        mode = self._mode
+        if mode is not None and mode.on_stack:
             self._scopes(True)  # removed if a fast micro-batch came between
-            self._mode.window = w
+            mode.window = w
+            on_backward(self._backward_begins)
             return
         if torch._C._len_torch_dispatch_stack() != self._dispatch_depth:
             # a dispatch mode pushed inside the window and still there: the
@@ -789,8 +809,41 @@ class TorchListener(GuardedCounting, ListenerBase):
             return
         self._scopes(True)
         self._pause_collector()
-        mode = self._mode = _Mode(w)
+        if mode is None:
+            mode = self._mode = _Mode(w)
+        mode.window = w
         mode.__enter__()
+        on_backward(self._backward_begins)
+
+    def _backward_begins(self, roots: Any) -> None:
+        """``torch.autograd.backward`` or ``grad`` starts in an exact window:
+        no op from here on is in either graph (``on_op``), so the recorder
+        leaves the dispatch stack and backward's ops run without it, as do the
+        rest of the window's (an MLP's backward has more ops than its forward:
+        issue 18). The loss is the backward's root, as autograd's seed
+        (``ones_like`` of it, made inside backward) said while the recorder
+        saw it. Where backward starts some other way (the engine called
+        directly), the recorder stays and leaves its ops out as before."""
+        on_backward(None)  # once: a later micro-batch registers again
+        mode, w = self._mode, self._window
+        if self.busy or mode is None or not mode.on_stack or w is None or mode.window is not w:
+            return
+        if w.call is not None:  # a recurrent call in progress (recurrent.py) reads its ops
+            return
+        n = torch._C._len_torch_dispatch_stack()
+        if not n or torch._C._get_dispatch_stack_at(n - 1) is not mode:
+            return  # another mode above it: never pop another's
+        if not w.saw_backward:
+            root = roots if isinstance(roots, torch.Tensor) else None
+            if root is None and isinstance(roots, (tuple, list)) and len(roots) == 1:
+                root = roots[0]
+            if isinstance(root, torch.Tensor) and root.dim() == 0:
+                ref = w.refs.get(id(root))
+                if ref is not None and w.region() == "post":
+                    w.seed = ref
+            w.saw_backward = True
+        mode.__exit__(None, None, None)
+        self._dispatch_depth = n - 1  # where a next micro-batch's recorder goes
 
     def _next_micro_batch(self, w: _Window | FastWindow) -> None:
         """The root's forward starts again after a forward and its backward in
