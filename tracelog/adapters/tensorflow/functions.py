@@ -146,8 +146,6 @@ def install() -> None:
             w = active()
             if w is None:
                 return gradient(tape, *args, **kwargs)
-            if w.root_calls and not getattr(w, "fast", False):
-                w.listener._backward_begins(w)  # its ops, and all after, in neither graph
             # the sample's tape must not see the backward: under a tape, some
             # gradients are taken otherwise
             with w.suspend(), _tape_paused(w):

@@ -109,8 +109,6 @@ class _Window(WindowBase):
         self.thread = threading.current_thread()
         self.suspended = 0  # > 0: ops run now are not the batch's (a replay's bookkeeping)
         self.done = False  # the backward ran: later ops (the optimizer) are in neither graph
-        self.op_callback: Any = None  # the recorder's, while installed (_install)
-        self.callback_thread = 0
         self.step_key: str | None = None  # the traced step this window replayed
         self.counted_as: tuple[str, tuple[str, str | None] | str] | None = None
         # the guarded fast path's key of this batch (guards.py), read as a fast window reads it
@@ -511,24 +509,9 @@ class TFListener(GuardedCounting, ListenerBase):
             return None
 
         self._op_callbacks.add_op_callback(callback)
-        w.op_callback, w.callback_thread = callback, threading.get_ident()
-        self._installed.append(lambda: self._drop_callback(w))
+        self._installed.append(lambda: self._op_callbacks.remove_op_callback(callback))
         functions.push(w)
         self._installed.append(lambda: functions.pop(w))
-
-    def _drop_callback(self, w: _Window) -> None:
-        callback, w.op_callback = w.op_callback, None
-        if callback is not None:
-            self._op_callbacks.remove_op_callback(callback)
-
-    def _backward_begins(self, w: _Window) -> None:
-        """``tape.gradient`` of the model's loss starts in an exact window: no
-        op from here on is in either graph (``on_op``: the backward, the
-        optimizer's), so the op callback goes now, and those ops run without
-        it (issue 18). Only on the thread it was added on (a replica thread
-        of a strategy has callbacks of its own)."""
-        if w.callback_thread == threading.get_ident():
-            self._drop_callback(w)
 
     # -- the guarded fast path -------------------------------------------------------------
     def _forward_starts(
