@@ -192,3 +192,40 @@ def test_tracelog_keras_is_a_lazy_attribute() -> None:
     )
     done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True)
     assert done.returncode == 0, done.stderr[-2000:]
+
+
+def test_eager_fit_builds_each_graph_once(tmp_path, monkeypatch) -> None:
+    """fit(run_eagerly=True) in exact mode: train_step's work after its loss
+    (the loss tracker's running total, read as a constant, then the gradient
+    and the optimizer) is not recorded, so every training batch of one shape
+    gives the tape of the first and its graphs are built once (they were
+    built again on every batch: issue 18's exact mode)."""
+    from tracelog.adapters.tensorflow import TFListener
+    from tracelog.keras import TracelogCallback
+
+    built: list[int] = []
+    graphs = TFListener._graphs
+
+    def counted(self, w):  # type: ignore[no-untyped-def]
+        built.append(w.batch)
+        return graphs(self, w)
+
+    monkeypatch.setattr(TFListener, "_graphs", counted)
+    keras.utils.set_random_seed(0)
+    model = _cnn()
+    model.compile(
+        optimizer="sgd",
+        loss=keras.losses.SparseCategoricalCrossentropy(from_logits=True),
+        metrics=["accuracy"],
+        run_eagerly=True,
+    )
+    rng = np.random.default_rng(0)
+    x, y = rng.random((96, 8, 8, 1), dtype=np.float32), rng.integers(0, 10, 96)
+    cb = TracelogCallback(tmp_path / "log", strict=True, mode="exact")
+    model.fit(x, y, epochs=2, batch_size=16, verbose=0, callbacks=[cb], shuffle=False)
+    log = tracelog.load(tmp_path / "log")
+    assert [(e.kind, e.usage.batches, e.usage.guarded) for e in log.entries_sorted()] == [
+        ("prediction", 12, 0),
+        ("loss", 12, 0),
+    ]
+    assert built == [0]

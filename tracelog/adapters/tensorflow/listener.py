@@ -109,6 +109,7 @@ class _Window(WindowBase):
         self.thread = threading.current_thread()
         self.suspended = 0  # > 0: ops run now are not the batch's (a replay's bookkeeping)
         self.done = False  # the backward ran: later ops (the optimizer) are in neither graph
+        self.after_loss = False  # Keras' train step computed its loss (note_loss)
         self.step_key: str | None = None  # the traced step this window replayed
         self.counted_as: tuple[str, tuple[str, str | None] | str] | None = None
         # the guarded fast path's key of this batch (guards.py), read as a fast window reads it
@@ -169,7 +170,7 @@ class _Window(WindowBase):
 
     # -- ops --------------------------------------------------------------------------
     def on_op(self, op_type: Any, inputs: tuple, attrs: tuple, outputs: tuple, graph: Any) -> None:
-        if self.suspended or self.done or graph is not None:
+        if self.suspended or self.done or self.after_loss or graph is not None:
             # graph: a tf.function being traced; the window follows its call
             # instead (functions.py), eagerly: the trace itself computes nothing
             return
@@ -292,6 +293,12 @@ class _Window(WindowBase):
         ref = self.refs.get(id(loss))
         if ref is not None and ref[0] == "o":
             self.explicit_loss = ref
+            # what train_step does next (the loss tracker's update, the loss
+            # scaled, the gradient, the optimizer) is in neither graph: unrecorded,
+            # so a metric's running total, a constant of every batch's tape, does
+            # not make each batch's tape new (issue 18: fit(run_eagerly=True)
+            # rebuilt its graphs on every batch)
+            self.after_loss = True
 
 
 class TFListener(GuardedCounting, ListenerBase):
