@@ -409,8 +409,4 @@ def on_backward(recorder: Callable[[Any], None] | None) -> None:
     _READING.recorder = recorder
 
 
-def backward_recorder() -> Callable[[Any], None] | None:
-    return getattr(_READING, "recorder", None)
-
-
-__all__ = ["Calls", "FastWindow", "backward_recorder", "input_key", "on_backward"]
+__all__ = ["Calls", "FastWindow", "input_key", "on_backward"]

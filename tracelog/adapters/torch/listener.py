@@ -824,9 +824,11 @@ class TorchListener(GuardedCounting, ListenerBase):
         (``ones_like`` of it, made inside backward) said while the recorder
         saw it. Where backward starts some other way (the engine called
         directly), the recorder stays and leaves its ops out as before."""
+        if self.busy:  # the listener's own autograd (a sample's gradients)
+            return
         on_backward(None)  # once: a later micro-batch registers again
         mode, w = self._mode, self._window
-        if self.busy or mode is None or not mode.on_stack or w is None or mode.window is not w:
+        if mode is None or not mode.on_stack or w is None or mode.window is not w:
             return
         if w.call is not None:  # a recurrent call in progress (recurrent.py) reads its ops
             return
