@@ -149,3 +149,40 @@ def test_listener_picks_the_keras_adapter_for_a_user_subclass(tmp_path) -> None:
     assert isinstance(listener, TFListener)
     with pytest.raises(TypeError, match="no listener for builtins.object"):
         tracelog.Listener(object(), tmp_path / "other")
+
+
+def test_constant_digests_and_op_attributes_read_as_before() -> None:
+    """The recorder's cached reads (issue 18: an eager step makes a few dozen
+    small constants and repeats its ops' attributes every batch) give what
+    reading them afresh gives: a constant's digest is sha256 over its dtype,
+    shape and C-order bytes, whatever its size or layout; an op's attributes
+    are its (name, value) pairs sorted, values normalised."""
+    from tracelog.adapters.tensorflow.listener import _norm_attr, _op_kwargs
+    from tracelog.adapters.tensorflow.tensors import tensor_digest
+    from tracelog.ir import array_digest
+
+    rng = np.random.default_rng(0)
+    for value in [
+        np.float32(0.99),
+        np.array([1, 1, 1, 32], np.int32),
+        np.array(True),
+        rng.standard_normal((40, 40)).astype(np.float32),  # past the cache's size
+        np.asfortranarray(rng.standard_normal((3, 5))),
+    ]:
+        arr = np.asarray(value)
+        want = array_digest(str(arr.dtype), arr.shape, np.ascontiguousarray(arr).tobytes())
+        t = tf.constant(value)
+        assert tensor_digest(t) == want and tensor_digest(tf.constant(value)) == want
+    assert tensor_digest(tf.constant(0.5)) != tensor_digest(tf.constant(0.25))
+    assert tensor_digest(tf.constant([0.5])) != tensor_digest(tf.constant(0.5))  # shapes differ
+
+    def fresh(attrs):  # type: ignore[no-untyped-def]
+        pairs = zip(attrs[0::2], attrs[1::2], strict=True)
+        return tuple(sorted((str(n), _norm_attr(v)) for n, v in pairs))
+
+    for attrs in [
+        ("T", tf.float32, "transpose_a", False, "transpose_b", True),
+        ("padding", b"SAME", "strides", [1, 1, 1, 1], "T", tf.float32),  # a list: unhashable
+        (),
+    ]:
+        assert _op_kwargs(attrs) == fresh(attrs) == _op_kwargs(attrs)

@@ -88,6 +88,31 @@ def _norm_attr(v: Any) -> Any:
     return str(v)
 
 
+# an op's attributes as the tape holds them, by the attrs tuple TensorFlow passes
+# (most ops of a step repeat the attributes of the step before); bounded
+_KWARGS: dict[tuple[Any, ...], tuple[tuple[str, Any], ...]] = {}
+
+
+def _op_kwargs(attrs: Any) -> tuple[tuple[str, Any], ...]:
+    if not attrs:
+        return ()
+    try:
+        found = _KWARGS.get(attrs)
+    except TypeError:  # an unhashable value (a list): read each time
+        found, attrs_key = None, None
+    else:
+        attrs_key = attrs
+    if found is not None:
+        return found
+    names, values = attrs[0::2], attrs[1::2]
+    found = tuple(sorted((str(n), _norm_attr(v)) for n, v in zip(names, values, strict=True)))
+    if attrs_key is not None:
+        if len(_KWARGS) >= 4096:
+            _KWARGS.clear()
+        _KWARGS[attrs_key] = found
+    return found
+
+
 class _Window(WindowBase):
     """One batch window, as the op callback shows it: variable reads resolved
     to their paths, buffer assigns kept as updates, the dropout mask's
@@ -139,7 +164,8 @@ class _Window(WindowBase):
         return dtype_name(t.dtype)
 
     def shape_of(self, t: Any) -> tuple[int, ...]:
-        return tuple(t.shape)
+        shape = getattr(t, "_shape_tuple", None)  # an eager tensor's, in one C call
+        return shape() if shape is not None else tuple(t.shape)
 
     def is_float_scalar(self, t: Any) -> bool:
         return len(t.shape) == 0 and bool(t.dtype.is_floating)
@@ -211,9 +237,7 @@ class _Window(WindowBase):
         args = tuple(self.arg(t, region) for t in inputs)
         tainted = any(a.ref in self.taint for a in args)
         from_model = any(a.ref in self.model_refs or a.ref[0] in "ipbt" for a in args)
-        names = attrs[0::2] if attrs else ()
-        values = attrs[1::2] if attrs else ()
-        kwargs = tuple(sorted((str(n), _norm_attr(v)) for n, v in zip(names, values, strict=True)))
+        kwargs = _op_kwargs(attrs)
         # func: to execute it again (adapters/tensorflow/batch_dims.py)
         index = self.record(
             f"tf.{op_type}",

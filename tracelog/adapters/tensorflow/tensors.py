@@ -19,6 +19,23 @@ def to_numpy(t: Any) -> np.ndarray:
     return np.asarray(t.numpy() if hasattr(t, "numpy") else t)
 
 
+# small constants' digests by dtype and bytes: an eager Keras step makes a few
+# dozen new ones on every call (a momentum, an epsilon, reshape sizes), each
+# digested for the tape's fingerprint (issue 18); bounded
+_SMALL: dict[tuple[Any, tuple[int, ...], bytes], str] = {}
+
+
 def tensor_digest(t: Any) -> str:
-    arr = to_numpy(t)
-    return array_digest(str(arr.dtype), arr.shape, np.require(arr, requirements="C").tobytes())
+    arr = t.numpy() if hasattr(t, "numpy") else np.asarray(t)
+    if not isinstance(arr, np.ndarray):  # a scalar's numpy() is a NumPy scalar
+        arr = np.asarray(arr)
+    data = arr.tobytes()  # C order, whatever the layout
+    if len(data) > 256:
+        return array_digest(str(arr.dtype), arr.shape, data)
+    key = (arr.dtype, arr.shape, data)
+    found = _SMALL.get(key)
+    if found is None:
+        if len(_SMALL) >= 4096:
+            _SMALL.clear()
+        found = _SMALL[key] = array_digest(str(arr.dtype), arr.shape, data)
+    return found
