@@ -185,4 +185,6 @@ def test_constant_digests_and_op_attributes_read_as_before() -> None:
         ("padding", b"SAME", "strides", [1, 1, 1, 1], "T", tf.float32),  # a list: unhashable
         (),
     ]:
-        assert _op_kwargs(attrs) == fresh(attrs) == _op_kwargs(attrs)
+        assert _op_kwargs(attrs, "Op") == fresh(attrs) == _op_kwargs(attrs, "Op")
+    assert _op_kwargs(("keep_dims", True), "A") == (("keep_dims", True),)
+    assert _op_kwargs(("keep_dims", 1), "B") == (("keep_dims", 1),)

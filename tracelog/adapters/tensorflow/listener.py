@@ -88,20 +88,21 @@ def _norm_attr(v: Any) -> Any:
     return str(v)
 
 
-# an op's attributes as the tape holds them, by the attrs tuple TensorFlow passes
-# (most ops of a step repeat the attributes of the step before); bounded
+# an op's attributes as the tape holds them, by its type and the attrs tuple
+# TensorFlow passes (most ops of a step repeat the attributes of the step before;
+# the type: an attribute's kind is the op's, and True == 1 as a key); bounded
 _KWARGS: dict[tuple[Any, ...], tuple[tuple[str, Any], ...]] = {}
 
 
-def _op_kwargs(attrs: Any) -> tuple[tuple[str, Any], ...]:
+def _op_kwargs(attrs: Any, op_type: str = "") -> tuple[tuple[str, Any], ...]:
     if not attrs:
         return ()
+    key = (op_type, attrs)
+    attrs_key: tuple[Any, ...] | None = key
     try:
-        found = _KWARGS.get(attrs)
+        found = _KWARGS.get(key)
     except TypeError:  # an unhashable value (a list): read each time
         found, attrs_key = None, None
-    else:
-        attrs_key = attrs
     if found is not None:
         return found
     names, values = attrs[0::2], attrs[1::2]
@@ -237,7 +238,7 @@ class _Window(WindowBase):
         args = tuple(self.arg(t, region) for t in inputs)
         tainted = any(a.ref in self.taint for a in args)
         from_model = any(a.ref in self.model_refs or a.ref[0] in "ipbt" for a in args)
-        kwargs = _op_kwargs(attrs)
+        kwargs = _op_kwargs(attrs, op_type)
         # func: to execute it again (adapters/tensorflow/batch_dims.py)
         index = self.record(
             f"tf.{op_type}",
