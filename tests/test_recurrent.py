@@ -14,8 +14,11 @@ import pytest
 
 torch = pytest.importorskip("torch", reason="the PyTorch adapter needs torch")
 
+import numpy as np  # noqa: E402
+
 import tracelog  # noqa: E402
 from tracelog.emit import TARGETS, targets  # noqa: E402
+from tracelog.sample import LOSS_KEY, output_key, reference_key  # noqa: E402
 from tracelog.verify import verify  # noqa: E402
 
 nn = torch.nn
@@ -132,6 +135,26 @@ def test_ir_means_what_torch_computed(recorded: dict[str, Path], case: str) -> N
         assert report.ok, report.table()
 
 
+@pytest.mark.parametrize("case", CASES)
+def test_float64_reference_keeps_the_dropout_between_layers(
+    recorded: dict[str, Path], case: str
+) -> None:
+    # the sample's float64 replay of the batch runs the call a layer at a time with
+    # the keep masks the kernel drew: every output, the loss and each gradient
+    # within float32 rounding of what torch computed (a mask left out, or laid over
+    # the batch-first output untransposed, moves them by the dropout's size)
+    log = tracelog.load(recorded[case])
+    assert log.sample_info is not None and log.sample_info["reference"] == "float64"
+    assert log.sample_info["masks"] == 1  # the first call's mask between its layers
+    sample = log.sample()
+    grads = [k for k in sample if k.startswith("grad/")]
+    assert any(k.endswith("weight_hh_l1") for k in grads)
+    for key in [LOSS_KEY, output_key("prediction"), *grads]:
+        ref = sample[reference_key(key)]
+        assert ref.dtype == np.float64
+        np.testing.assert_allclose(sample[key], ref, rtol=1e-5, atol=1e-6, err_msg=key)
+
+
 @pytest.mark.parametrize("target", TARGETS)
 @pytest.mark.parametrize("case", CASES)
 def test_parity_with_gradients(recorded: dict[str, Path], case: str, target: str) -> None:
@@ -139,6 +162,7 @@ def test_parity_with_gradients(recorded: dict[str, Path], case: str, target: str
     pytest.importorskip(framework, reason=f"the {target} target needs {framework} installed")
     report = tracelog.check(recorded[case], target)
     assert report.ok, report.table()
+    assert any("[float64]" in c.name for c in report.comparisons)  # the translation verdict
     if target != "onnx":
         assert any(c.name.startswith("grad first.weight_hh_l0") for c in report.comparisons)
 

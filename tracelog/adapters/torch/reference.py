@@ -31,6 +31,14 @@ from .tensors import flatten_tensors
 # until div_ scales it in place, so its nonzeros are the draw)
 _DRAWS = {"aten.bernoulli_.float", "aten.bernoulli_.Tensor", "aten.bernoulli.default"}
 _RANDOM = {"aten.uniform_.default", "aten.normal_.default", "aten.rand_like.default"}
+# a recurrent layer's whole call (adapters/torch/recurrent.py): with dropout between its
+# layers, replayed a layer at a time with the keep masks its MASK_OP records kept
+_RECURRENT = {
+    "aten.lstm.input": torch.ops.aten.lstm.input,
+    "aten.gru.input": torch.ops.aten.gru.input,
+    "aten.rnn_tanh.input": torch.ops.aten.rnn_tanh.input,
+    "aten.rnn_relu.input": torch.ops.aten.rnn_relu.input,
+}
 
 
 class ReferenceUnavailable(Exception):
@@ -46,9 +54,15 @@ def _up(t: torch.Tensor) -> torch.Tensor:
 
 
 class _Replay:
-    def __init__(self, sources: Mapping[Ref, torch.Tensor], drawn: Mapping[int, list[Any]]):
+    def __init__(
+        self,
+        sources: Mapping[Ref, torch.Tensor],
+        drawn: Mapping[int, list[Any]],
+        recs: list[Any],
+    ):
         self.values: dict[Ref, torch.Tensor] = dict(sources)
         self.drawn = drawn
+        self.recs = recs
 
     def sub(self, obj: Any) -> Any:
         if isinstance(obj, TArg):
@@ -67,7 +81,11 @@ class _Replay:
             outs = self._drawn(rec)
         elif rec.op == VIEW_WRITE:
             outs = [self._view_write(rec)]
-        elif rec.op == MASK_OP or rec.func is None:
+        elif rec.op == MASK_OP:
+            outs = [self.drawn[rec.index][0].detach() != 0]  # read by the call before it
+        elif rec.op in _RECURRENT:
+            outs = self._recurrent(rec)
+        elif rec.func is None:
             raise ReferenceUnavailable(f"{rec.op} has no float64 replay")
         else:
             args = [self.sub(a) for a in rec.args]
@@ -89,6 +107,62 @@ class _Replay:
                 target.copy_(drawn[0])
             return [target]
         return drawn
+
+    def _recurrent(self, rec: Any) -> list[torch.Tensor]:
+        """A recurrent call (x, hx, params, biased, layers, dropout, train,
+        bidirectional, batch_first) as torch runs it (aten/src/ATen/native/RNN.cpp,
+        apply_layer_stack): layer after layer, each on its slice of the initial
+        states and of the parameters, the dropout between layers the batch's own
+        keep masks (time-major, as the kernel drew them) times 1 / keep."""
+        x, hx, params, biased, layers, dropout, train, bidirectional, batch_first = (
+            self.sub(a) for a in rec.args
+        )
+        masks: list[tuple[torch.Tensor, float]] = []
+        k = rec.index + 1
+        while k < len(self.recs) and self.recs[k].op == MASK_OP:
+            kept = self.drawn[k][0].detach() != 0
+            masks.append(
+                (kept.transpose(0, 1) if batch_first else kept, float(self.recs[k].args[2]))
+            )
+            k += 1
+        drops = dropout > 0 and train and layers > 1
+        if len(masks) != (layers - 1 if drops else 0):
+            raise ReferenceUnavailable(
+                f"{rec.op} drew {len(masks)} dropout masks between {layers} layers"
+            )
+        overload = _RECURRENT[rec.op]
+        if not masks:  # one kernel call, as the batch ran it (no draw to reproduce)
+            outs: list[torch.Tensor] = []
+            flatten_tensors(
+                overload(x, hx, params, biased, layers, 0.0, False, bidirectional, batch_first),
+                outs,
+            )
+            return outs
+        dirs = 2 if bidirectional else 1
+        states = list(hx) if isinstance(hx, list) else [hx]
+        per = len(params) // (layers * dirs)  # w_ih, w_hh[, b_ih, b_hh][, w_hr]
+        finals: list[list[torch.Tensor]] = [[] for _ in states]
+        for layer in range(layers):
+            lo, hi = layer * dirs, (layer + 1) * dirs
+            layer_states = [s[lo:hi] for s in states]
+            y, *last = overload(
+                x,
+                layer_states if isinstance(hx, list) else layer_states[0],
+                params[lo * per : hi * per],
+                biased,
+                1,
+                0.0,
+                False,
+                bidirectional,
+                batch_first,
+            )
+            for kept_states, s in zip(finals, last, strict=True):
+                kept_states.append(s)
+            if layer < len(masks):
+                kept, keep = masks[layer]
+                y = y * (kept.to(y.dtype) / keep)
+            x = y
+        return [x, *(torch.cat(s, 0) for s in finals)]
 
     def _view_write(self, rec: Any) -> torch.Tensor:
         """The base with the region a slice or select view covers replaced."""
@@ -140,9 +214,11 @@ def reference64(
     for k, c in enumerate(tape.consts):
         sources[("c", k)] = _up(c.tensor)
     drawn = {
-        rec.index: rec_out[rec.index] for rec in tape.recs if rec.op in _DRAWS or rec.op in _RANDOM
+        rec.index: rec_out[rec.index]
+        for rec in tape.recs
+        if rec.op in _DRAWS or rec.op in _RANDOM or rec.op == MASK_OP
     }
-    replay = _Replay(sources, drawn)
+    replay = _Replay(sources, drawn, tape.recs)
     with torch.enable_grad():
         for rec in tape.recs:
             try:
