@@ -97,3 +97,39 @@ def test_one_tensor_rule_records_what_torch_computes(key: str, tmp_path: Path) -
     assert log.unrecorded == 0, log.failures
     report = verify(tmp_path / "log")
     assert report.ok, report.table()
+
+
+class _Counts(torch.nn.Module):
+    """Sums whose output dtype is not their input's: a count of non-pad tokens
+    (a bool sum, int64 in torch; mBART's shift_tokens_right), an int32 sum and
+    a float sum asked for in float64."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.embed = torch.nn.Embedding(10, 4)
+
+    def forward(self, ids: torch.Tensor) -> torch.Tensor:
+        h = self.embed(ids)
+        tokens = (ids != 0).sum(dim=1)  # bool -> int64
+        total = ids.to(torch.int32).sum()  # int32 -> int64
+        wide = h.sum(dim=1, dtype=torch.float64).to(h.dtype)
+        return wide / tokens.unsqueeze(-1).to(h.dtype) + total.to(h.dtype)
+
+
+@pytest.mark.parametrize("target", ["onnx", "torch", "tensorflow", "jax"])
+def test_a_sum_runs_in_its_output_dtype(target: str, tmp_path: Path) -> None:
+    """ReduceSum on bools is no op of ONNX or TensorFlow (the program failed to
+    load or run): the input is cast to the sum's dtype first, as torch sums."""
+    import tracelog
+    from tracelog.emit import targets
+
+    framework = targets.get(target).framework
+    pytest.importorskip(framework, reason=f"the {target} target needs {framework} installed")
+    torch.manual_seed(0)
+    model = _Counts()
+    ids = torch.tensor([[3, 4, 0, 0], [1, 2, 5, 0], [7, 8, 9, 6]])
+    with TorchListener(model, tmp_path, strict=True) as listener, listener.batch():
+        (model(ids) ** 2).mean().backward()
+    assert verify(tmp_path).ok
+    report = tracelog.check(tmp_path, target)
+    assert report.ok, report.table()

@@ -275,3 +275,46 @@ def test_flat_named_blocks_are_kind_functions() -> None:
     got = scope["f"](params, x)["prediction"]
     want = scope["g"](params, x)["prediction"]
     assert np.array_equal(np.asarray(got), np.asarray(want))
+
+
+class _SharedLayer(torch.nn.Module):
+    """ALBERT's shape: one block module called at every depth (its parameters
+    shared), so every call of the kind has the same module path."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.block = torch.nn.Sequential(
+            torch.nn.Linear(8, 8), torch.nn.GELU(), torch.nn.LayerNorm(8)
+        )
+        self.head = torch.nn.Linear(8, 2)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        for _ in range(3):
+            x = x + self.block(x)
+        return self.head(x)
+
+
+def test_onnx_names_each_call_of_a_shared_module_once(tmp_path: Path) -> None:
+    """onnxruntime refuses a model whose nodes share a name (the checker does
+    not look): the later calls of a module called more than once are :2, :3."""
+    pytest.importorskip("onnx", reason="the ONNX target needs onnx installed")
+    ort = pytest.importorskip("onnxruntime", reason="the check runs on onnxruntime")
+    from tracelog.emit.onnx_model import MODULES_DOMAIN, build_model
+
+    torch.manual_seed(0)
+    model = _SharedLayer()
+    with tracelog.Listener(model, tmp_path) as listener, listener.batch():
+        x, y = torch.randn(4, 8), torch.randn(4, 2)
+        torch.nn.functional.mse_loss(model(x), y).backward()
+    onnx_model = build_model(TraceLog.load(tmp_path))
+    names = [
+        node.name
+        for graph in (onnx_model.graph, *onnx_model.functions)
+        for node in graph.node
+        if node.domain == MODULES_DOMAIN
+    ]
+    assert len(set(names)) == len(names), names
+    assert {"block.0/linear", "block.0/linear:2", "block.0/linear:3"} <= set(names), names
+    ort.InferenceSession(onnx_model.SerializeToString())  # raised: two nodes with same name
+    report = tracelog.check(tmp_path, "onnx")
+    assert report.ok, report.table()

@@ -76,6 +76,9 @@ class _Modules:
         self.constants = constants
         self.functions: dict[str, Any] = {}  # kind function name -> FunctionProto
         self.op_functions: dict[str, Any] = {}
+        # node names are unique in a model (onnxruntime refuses a repeat); a module
+        # called more than once (ALBERT's one shared layer) names its later calls :2, :3
+        self.called: dict[str, int] = {}
 
     def nodes(self, graph: Graph, call: ModuleCall, mask_base: int) -> tuple[list[Any], list[Any]]:
         """The NodeProtos of the call's nodes (its children of a kind written
@@ -114,12 +117,14 @@ class _Modules:
         kf = self.kinds[call.kind]
         self._define(kf)
         masks = [m.name for m in self._masks(graph, call, k)]
+        name = f"{call.path}/{kf.name}"
+        seen = self.called[name] = self.called.get(name, 0) + 1
         return _onnx().helper.make_node(
             kf.name,
             [*call.inputs, *call.params, *masks],
             call.outputs,
             domain=MODULES_DOMAIN,
-            name=f"{call.path}/{kf.name}",
+            name=name if seen == 1 else f"{name}:{seen}",
             doc_string=f"{call.path} ({call.module_type})",
         )
 

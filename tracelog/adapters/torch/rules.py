@@ -431,13 +431,18 @@ def _axes(dims: int | Sequence[int] | None) -> list[int] | None:
 
 def _reduce_rule(op: str, all_dims_overload: bool) -> Converter:
     def rule(ctx: Ctx) -> Names:
+        x, src, out = ctx.t(0), ctx.in_type(0), ctx.out_type()
+        if src.dtype != out.dtype:
+            # the reduction runs in its output's dtype: a sum of bools or int32 counts
+            # in int64 (mBART's count of non-pad tokens), sum/mean(dtype=) in that dtype
+            x = ctx.helper("Cast", [x], TensorType(out.dtype, src.shape), to=out.dtype)
         if all_dims_overload:
-            return ctx.one(op, [ctx.t(0)], keepdims=0)
+            return ctx.one(op, [x], keepdims=0)
         axes = _axes(ctx.arg(1, "dim"))
         keep = int(bool(ctx.arg(2, "keepdim", False)))
         if not axes:
-            return ctx.one(op, [ctx.t(0)], keepdims=keep)
-        return ctx.one(op, [ctx.t(0), ctx.ints(axes)], keepdims=keep)
+            return ctx.one(op, [x], keepdims=keep)
+        return ctx.one(op, [x, ctx.ints(axes)], keepdims=keep)
 
     return rule
 
