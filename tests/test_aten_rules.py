@@ -133,3 +133,54 @@ def test_a_sum_runs_in_its_output_dtype(target: str, tmp_path: Path) -> None:
     assert verify(tmp_path).ok
     report = tracelog.check(tmp_path, target)
     assert report.ok, report.table()
+
+
+class _NormsAndRelayouts(torch.nn.Module):
+    """Vector norms (ConvNeXt V2's global response norm, F.normalize, orders 1
+    and inf), an in-place dropout (MobileViT's classifier) and an adaptive
+    average pool over a sequence (Swin's pooler: its CPU kernel restrides the
+    mean with as_strided_)."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.conv = torch.nn.Conv2d(3, 4, 3, padding=1)
+        self.gamma = torch.nn.Parameter(torch.full((1, 4, 1, 1), 0.5))
+        self.pool = torch.nn.AdaptiveAvgPool1d(1)
+        self.drop = torch.nn.Dropout(0.25, inplace=True)
+        self.head = torch.nn.Linear(4, 3)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        h = self.conv(x)
+        h = h * (h.shape[1] > 0)  # keeps h; the zero plane below is a zero norm
+        h = torch.cat([h[:, :3], torch.zeros_like(h[:, 3:])], dim=1)
+        g = torch.linalg.vector_norm(h, ord=2, dim=(2, 3), keepdim=True)
+        n = g / (g.mean(dim=1, keepdim=True) + 1e-6)
+        h = h + self.gamma * (h * n)  # GRN
+        seq = torch.nn.functional.normalize(h.flatten(2), dim=1)  # [B, C, HW]
+        pooled = self.pool(seq).squeeze(-1)  # [B, C]
+        ones = torch.linalg.vector_norm(h, ord=1, dim=(2, 3))
+        peak = torch.linalg.vector_norm(h, ord=float("inf"), dim=(2, 3))
+        return self.head(self.drop(pooled + 0.01 * ones + 0.1 * peak))
+
+
+@pytest.mark.parametrize("target", ["onnx", "torch", "tensorflow", "jax"])
+def test_norms_in_place_dropout_and_a_restrided_pool(target: str, tmp_path: Path) -> None:
+    """Every op recorded (no Unsupported node), and parity on every target,
+    gradients included: a zero norm's gradient is 0, as torch's."""
+    import tracelog
+    from tracelog.emit import targets
+
+    framework = targets.get(target).framework
+    pytest.importorskip(framework, reason=f"the {target} target needs {framework} installed")
+    torch.manual_seed(0)
+    model = _NormsAndRelayouts()
+    x, y = torch.randn(4, 3, 5, 5), torch.tensor([0, 2, 1, 1])
+    with TorchListener(model, tmp_path, strict=True) as listener, listener.batch():
+        torch.nn.functional.cross_entropy(model(x), y).backward()
+    log = tracelog.load(tmp_path)
+    ops = {n.op for g in log.graphs.values() for n in g.nodes}
+    assert "Unsupported" not in ops and "Dropout" in ops
+    assert torch.isfinite(model.conv.weight.grad).all()
+    report = tracelog.check(tmp_path, target)
+    assert report.ok, report.table()
+    assert any("[float64]" in c.name for c in report.comparisons)

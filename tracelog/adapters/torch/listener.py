@@ -52,7 +52,7 @@ from .distributed import LocalGrads, Ranks, facts_for_log, placement, unwrap, wo
 from .guards import Calls, FastWindow, input_key, on_backward
 from .recurrent import InnerOps, RecurrentScopes
 from .reference import reference64
-from .rules import ATEN, VIEW_WRITE
+from .rules import ATEN, RESTRIDE, VIEW_WRITE
 from .tensors import _DTYPES, dtype_name, flatten_tensors, tensor_digest, to_array, to_numpy
 
 logger = logging.getLogger("tracelog")
@@ -102,6 +102,29 @@ def _mutated_args(func: Any, info: _OpInfo, args: tuple[Any, ...]) -> tuple[int,
     if func is torch.ops.aten.native_batch_norm.default and args[5] and args[3] is not None:
         return (3, 4)
     return info.mutated
+
+
+_RESTRIDES = ("aten.as_strided_.default", "aten.as_strided.default")
+
+
+def _keeps_values(args: tuple[Any, ...]) -> bool:
+    """as_strided(x, size, stride[, offset]) that reads x's own elements in
+    x's order: the same sizes, the same offset, and x's stride on every dim
+    longer than 1 (a unit dim's stride reads nothing)."""
+    x, size, stride = args[0], args[1], args[2]
+    offset = args[3] if len(args) > 3 else None
+    return (
+        isinstance(x, torch.Tensor)
+        and list(size) == list(x.shape)
+        and (offset is None or offset == x.storage_offset())
+        and all(s == t for s, t, n in zip(stride, x.stride(), size, strict=True) if n > 1)
+    )
+
+
+def _restrided(x: torch.Tensor, *_: Any) -> torch.Tensor:
+    """A RESTRIDE record replayed (the batch-dim replay, the float64 reference):
+    the values are x's."""
+    return x
 
 
 def _view_write_replay(base: torch.Tensor, *_: Any) -> torch.Tensor:
@@ -347,6 +370,11 @@ class _Window(WindowBase):
         )
         outs.extend([args[i] for i in mutated])
         name = info.name
+        if name in _RESTRIDES and _keeps_values(args):
+            # a relayout of the same values (adaptive_avg_pool's output restrided
+            # to the input's memory format): the tensor itself, base untouched
+            self.record(RESTRIDE, region, nargs, nkwargs, outs, n_returned, tainted, _restrided)
+            return
         index = self.record(name, region, nargs, nkwargs, outs, n_returned, tainted, func, mutated)
         self.track_views(name, info, args, outs, region, index)
         if region == "post" and name == "aten.ones_like.default":

@@ -59,7 +59,13 @@ def _detach(ctx: Ctx) -> Names:
     return ctx.one("StopGradient", [ctx.t(0)], domain="tracelog")
 
 
+# as_strided(_) that keeps a tensor's values where they were (listener.py reads the
+# strides when it runs; any other as_strided stays unsupported)
+RESTRIDE = "tracelog.restride"
+
+
 @ATEN.register(
+    RESTRIDE,
     "aten.alias.default",
     "aten.lift_fresh.default",
     "aten.lift_fresh_copy.default",
@@ -181,7 +187,7 @@ def _binary_rule(op: str) -> Converter:
 
 
 # mul.Tensor and div_.Scalar also carry CPU dropout; their rules are below.
-_DROPOUT_KEYS = ("aten.mul.Tensor", "aten.div_.Scalar")
+_DROPOUT_KEYS = ("aten.mul.Tensor", "aten.mul_.Tensor", "aten.div_.Scalar")
 for _aten, _op in _BINARY.items():
     for _overload in ("Tensor", "Scalar"):
         for _key in (f"aten.{_aten}.{_overload}", f"aten.{_aten}_.{_overload}"):
@@ -455,6 +461,38 @@ ATEN.add("aten.mean.dim", _reduce_rule("ReduceMean", False))
 ATEN.add("aten.sum.dim_IntList", _reduce_rule("ReduceSum", False))
 ATEN.add("aten.amax.default", _reduce_rule("ReduceMax", False))
 ATEN.add("aten.amin.default", _reduce_rule("ReduceMin", False))
+
+
+@ATEN.register("aten.linalg_vector_norm.default")
+def _vector_norm(ctx: Ctx) -> Names:
+    """torch.linalg.vector_norm (torch.norm, F.normalize, ConvNeXt V2's global
+    response norm): the sum of |x|^ord over `dim`, to the 1/ord, as the CPU
+    kernel takes it (no rescaling); ord inf and -inf the largest and least |x|."""
+    order = float(ctx.arg(1, "ord", 2))
+    axes = _axes(ctx.arg(2, "dim"))
+    keep = int(bool(ctx.arg(3, "keepdim", False)))
+    x, src, out = ctx.t(0), ctx.in_type(0), ctx.out_type()
+    if src.dtype != out.dtype:  # dtype=: the norm is taken in it
+        x = ctx.helper("Cast", [x], TensorType(out.dtype, src.shape), to=out.dtype)
+    wide = TensorType(out.dtype, src.shape)
+    reduced = [ctx.ints(axes)] if axes else []
+    if order in (math.inf, -math.inf):
+        a = ctx.helper("Abs", [x], wide)
+        return ctx.one("ReduceMax" if order > 0 else "ReduceMin", [a, *reduced], keepdims=keep)
+    if order == 1:
+        a = ctx.helper("Abs", [x], wide)
+        return ctx.one("ReduceSum", [a, *reduced], keepdims=keep)
+    if order != 2:
+        raise NotSupported(f"a vector norm of order {order:g}")
+    squares = ctx.helper("Mul", [x, x], wide)
+    total = ctx.helper("ReduceSum", [squares, *reduced], out, keepdims=keep)
+    # torch's gradient of a zero norm is 0 (norm_backward masks it); sqrt's is
+    # inf there, so the root is taken of 1 where the sum is 0 and its result
+    # replaced: no inf * 0 reaches the gradient
+    zero = ctx.helper("Equal", [total, ctx.const(0.0, out.dtype)], TensorType("bool", out.shape))
+    safe = ctx.helper("Where", [zero, ctx.const(1.0, out.dtype), total], out)
+    root = ctx.helper("Sqrt", [safe], out)
+    return ctx.one("Where", [zero, ctx.const(0.0, out.dtype), root])
 
 
 def _max_dim_rule(op: str) -> Converter:
@@ -768,7 +806,7 @@ def _div_scalar_inplace(ctx: Ctx) -> Names:
     return _dropout_scale(ctx) or _plain_div(ctx)
 
 
-@ATEN.register("aten.mul.Tensor")
+@ATEN.register("aten.mul.Tensor", "aten.mul_.Tensor")  # mul_: nn.Dropout(inplace=True)
 def _mul_tensor(ctx: Ctx) -> Names:
     return _dropout_mul(ctx) or _plain_mul(ctx)
 
