@@ -334,6 +334,10 @@ def _samples() -> list[OpSample]:
             torch=_t(lambda a: a.clone()),  # ratio 0: deterministic, the same in every runtime
         )
     )
+    # random draws at a single value (low == high, scale 0): every runtime, a replay fed
+    # the reference's values or a fresh draw, gives the same tensor
+    s.append(OpSample("RandomUniformLike", [("x", x)], {"low": 0.5, "high": 0.5}))
+    s.append(OpSample("RandomNormalLike", [("x", x)], {"mean": 0.25, "scale": 0.0}))
     for op, fn in {
         "ReduceMean": lambda a: a.mean(dim=(0, 2), keepdim=True),
         "ReduceSum": lambda a: a.sum(dim=(0, 2), keepdim=True),

@@ -189,6 +189,60 @@ def test_writes_into_views_update_their_base(tmp_path: Path) -> None:
         assert report.ok, report
 
 
+class RelativeBias(nn.Module):
+    """BEiT's relative position index, built in the forward by writes into views
+    of views (``coords[:, :, 0] += k``: slice, slice, select; ``index[0, 0:] = k``:
+    select, slice), read into a learned bias table; and a write into a view of a
+    view of the data (``h[:, 1:][:, 0] = 0``)."""
+
+    def __init__(self, window: int = 3) -> None:
+        super().__init__()
+        self.window = window
+        self.table = nn.Parameter(torch.randn((2 * window - 1) ** 2 + 3))
+        self.lin = nn.Linear(window * window + 1, window * window + 1)
+
+    def index(self) -> torch.Tensor:
+        w = self.window
+        coords = torch.stack(torch.meshgrid(torch.arange(w), torch.arange(w), indexing="ij"))
+        flat = torch.flatten(coords, 1)
+        rel = (flat[:, :, None] - flat[:, None, :]).permute(1, 2, 0).contiguous()
+        rel[:, :, 0] += w - 1
+        rel[:, :, 1] += w - 1
+        rel[:, :, 0] *= 2 * w - 1
+        n = (2 * w - 1) ** 2 + 3
+        index = torch.zeros(size=(w * w + 1,) * 2, dtype=rel.dtype)
+        index[1:, 1:] = rel.sum(-1)
+        index[0, 0:] = n - 3
+        index[0:, 0] = n - 2
+        index[0, 0] = n - 1
+        return index
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        bias = self.table[self.index().reshape(-1)].reshape(x.shape[-1], x.shape[-1])
+        h = self.lin(x).clone()
+        h[:, 1:][:, 0] = 0.0
+        return h @ bias
+
+
+def test_writes_into_views_of_views_update_their_base(tmp_path: Path) -> None:
+    torch.manual_seed(0)
+    model = RelativeBias()
+    with torch.no_grad():  # the index as torch computes it, and the data write
+        want = model.index()
+    with TorchListener(model, tmp_path / "run", strict=True) as listener:
+        for n in (4, 6):
+            with listener.batch():
+                F.mse_loss(model(torch.randn(n, 10)), torch.zeros(n, 10)).backward()
+    log = tracelog.load(tmp_path / "run")
+    (pred,) = [log.graph(p.prediction) for p in log.pairs.values()]
+    assert "Unsupported" not in {n.op for n in pred.nodes}
+    assert want[0, 0] == 27 and want[1, 0] == 26 and want[0, 1] == 25  # cls rows
+    for target in TARGETS:
+        report = tracelog.check(tmp_path / "run", target)
+        assert report.ok, report.table()
+        assert any("[float64]" in c.name for c in report.comparisons)
+
+
 def test_a_write_into_a_view_it_cannot_express_is_unsupported_not_stale(tmp_path: Path) -> None:
     """A write through a strided view is not modelled: the base becomes an
     Unsupported value from there on, so emission refuses instead of computing

@@ -124,8 +124,9 @@ def traits_of(node: Node) -> frozenset[str]:
 
 
 def is_random(node: Node) -> bool:
-    """The node draws a random mask (Dropout): the sample keeps one per such
-    node, in node order, and a replay feeds it back (tracelog.sample.mask_key)."""
+    """The node draws at random (Dropout's mask, RandomUniformLike's values):
+    the sample keeps its draw, one per such node in node order, and a replay
+    feeds it back (tracelog.sample.mask_key)."""
     return "random" in traits_of(node)
 
 
@@ -211,6 +212,10 @@ _onnx(
 )
 # element-wise too, but its mask is drawn in the recorded layout: not "elementwise"
 _onnx("Dropout", "data ratio? training_mode?", "output mask?", "seed", traits="random")
+# random draws of the input's shape and dtype (torch.rand, randn, uniform_, normal_:
+# stochastic depth, a VAE's noise); a replay feeds back the values the batch drew
+_onnx("RandomUniformLike", "input", "output", "dtype high=1.0 low=0.0 seed", traits="random")
+_onnx("RandomNormalLike", "input", "output", "dtype mean=0.0 scale=1.0 seed", traits="random")
 for _name in "ReduceMean ReduceSum ReduceMax ReduceMin ReduceProd".split():
     _onnx(_name, "data axes?", "reduced", "keepdims noop_with_empty_axes", traits="reduction")
 _onnx("ArgMax", "data", "reduced", "axis keepdims select_last_index")

@@ -78,8 +78,10 @@ def unsupported_nodes(graph: Graph) -> list[tuple[str, int, list[str]]]:
 
 
 def mask_type(graph: Graph, node: Node) -> TensorType:
-    """The recorded mask of a random node: bool, of its output's shape."""
-    return TensorType("bool", graph.values[node.outputs[0]].type.shape)
+    """The recorded draw of a random node: Dropout's mask, bool of its output's
+    shape; a random draw's values, of its output's type."""
+    out = graph.values[node.outputs[0]].type
+    return TensorType("bool", out.shape) if node.op == "Dropout" else out
 
 
 def mask_inputs(graph: Graph) -> list[tuple[str, TensorType]]:
@@ -177,7 +179,12 @@ def _graph_nodes(
             mask_name = f"mask.{k}"
             k += 1
             masks.append(value_info(mask_name, mask_type(graph, node)))
-            nodes.extend(_replayed_dropout(node, mask_name, graph, node_name))
+            if node.op == "Dropout":
+                nodes.extend(_replayed_dropout(node, mask_name, graph, node_name))
+            else:  # the values the batch drew
+                nodes.append(
+                    helper.make_node("Identity", [mask_name], node.outputs, name=node_name)
+                )
             continue
         given = schema_for(node.domain, node.op).explicit_attrs(node.attrs) if node.domain else {}
         attrs = {

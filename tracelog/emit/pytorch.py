@@ -80,6 +80,8 @@ TORCH.spell(
         ),
         "LayerNormalization": "F.layer_norm({0}, {0}.shape[{axis}:], {1}, {bias}, {eps})",
         "Dropout": "_dropout({0}, {1}, rng, {key})",
+        "RandomUniformLike": "_uniform({0}, {low}, {high}, rng, {key})",
+        "RandomNormalLike": "_normal({0}, {mean}, {scale}, rng, {key})",
         "ReduceMean": "torch.mean({0}, dim={dims}, keepdim={keep})",
         "ReduceSum": "torch.sum({0}, dim={dims}, keepdim={keep})",
         "ReduceMax": "torch.amax({0}, dim={dims}, keepdim={keep})",

@@ -365,6 +365,24 @@ def _dropout(c: RuleCtx) -> dict[str, Any]:
     return {"key": c.mask_expr or literal(c.mask_key)}
 
 
+@OPS.op("RandomUniformLike")
+def _uniform(c: RuleCtx) -> dict[str, Any]:
+    return {
+        "key": c.mask_expr or literal(c.mask_key),
+        "low": literal(float(c.attr("low", 0.0))),
+        "high": literal(float(c.attr("high", 1.0))),
+    }
+
+
+@OPS.op("RandomNormalLike")
+def _normal(c: RuleCtx) -> dict[str, Any]:
+    return {
+        "key": c.mask_expr or literal(c.mask_key),
+        "mean": literal(float(c.attr("mean", 0.0))),
+        "scale": literal(float(c.attr("scale", 1.0))),
+    }
+
+
 # -- reductions ---------------------------------------------------------------------------------
 def _reduce(c: RuleCtx) -> dict[str, Any]:
     axes = c.ints(1) if c.has(1) else None
@@ -476,9 +494,43 @@ def _concat(c: RuleCtx) -> dict[str, Any]:
 
 
 def _assembles_shape(c: RuleCtx) -> str:
-    """A Concat of int64 vectors: a shape being assembled (JAX keeps it static)."""
+    """A Concat of int64 vectors whose parts are all static (sizes read off
+    shapes, inline constants, and arithmetic on them): a shape being assembled,
+    which JAX keeps static. An int64 vector of data (a row of an index table
+    the forward builds) is not."""
     out = c.out_type()
-    return "shape" if out.dtype == "int64" and len(out.shape) == 1 else ""
+    if out.dtype != "int64" or len(out.shape) != 1:
+        return ""
+    return "shape" if all(_static(c.graph, name) for name in c.node.inputs if name) else ""
+
+
+# ops whose result is static when their inputs are (shape arithmetic)
+_SHAPE_ARITHMETIC = frozenset(
+    "Concat Gather Slice Unsqueeze Squeeze Reshape Cast Add Sub Mul Div".split()
+)
+# the last graph asked about, its node count and its producers (one map a graph:
+# the question is asked per Concat)
+_producers_of: list[Any] = [None, -1, {}]
+
+
+def _static(graph: Graph, name: str, depth: int = 0) -> bool:
+    """Whether a value is known when the program is written: an inline constant
+    (not one read from the weights), a Shape, or shape arithmetic on such."""
+    v = graph.values[name]
+    if v.kind == "const":
+        return v.const is None or v.const.digest is None
+    if v.kind != "node" or depth > 16:
+        return False
+    if _producers_of[0] is not graph or _producers_of[1] != len(graph.nodes):
+        _producers_of[:] = [graph, len(graph.nodes), graph.producers()]
+    node = _producers_of[2].get(name)
+    if node is None:
+        return False
+    if node.op == "Shape":
+        return True
+    return node.op in _SHAPE_ARITHMETIC and all(
+        _static(graph, i, depth + 1) for i in node.inputs if i
+    )
 
 
 OPS.add("Concat", OpRule(_concat, variant=_assembles_shape))

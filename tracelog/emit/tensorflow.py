@@ -89,6 +89,8 @@ TF.spell(
         ),
         "LayerNormalization": "_layer_norm({0}, {1}, {bias}, {axes}, {eps})",
         "Dropout": "_dropout({0}, {1}, rng, {key})",
+        "RandomUniformLike": "_uniform({0}, {low}, {high}, rng, {key})",
+        "RandomNormalLike": "_normal({0}, {mean}, {scale}, rng, {key})",
         "ReduceMean": "tf.math.reduce_mean({0}, axis={axes}, keepdims={keep})",
         "ReduceMean/all": "tf.math.reduce_mean({0}, keepdims={keep})",
         "ReduceSum": "tf.math.reduce_sum({0}, axis={axes}, keepdims={keep})",

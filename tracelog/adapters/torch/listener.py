@@ -35,7 +35,7 @@ from torch.utils._python_dispatch import TorchDispatchMode
 from tracelog.adapters.base import ListenerBase, StateBefore, WindowBase, describe
 from tracelog.adapters.builder import NotSupported
 from tracelog.adapters.guards import GuardBook, GuardedCounting
-from tracelog.adapters.tape import Ref, Tape, TArg, symbolic_shape
+from tracelog.adapters.tape import Ref, Tape, TArg, concrete_shape, symbolic_shape
 from tracelog.ir import Graph
 from tracelog.log import TraceLog
 
@@ -52,8 +52,16 @@ from .distributed import LocalGrads, Ranks, facts_for_log, placement, unwrap, wo
 from .guards import Calls, FastWindow, input_key, on_backward
 from .recurrent import InnerOps, RecurrentScopes
 from .reference import reference64
-from .rules import ATEN, RESTRIDE, VIEW_WRITE
-from .tensors import _DTYPES, dtype_name, flatten_tensors, tensor_digest, to_array, to_numpy
+from .rules import ATEN, DRAW_OPS, RESTRIDE, VIEW_WRITE
+from .tensors import (
+    _DTYPES,
+    TORCH_DTYPES,
+    dtype_name,
+    flatten_tensors,
+    tensor_digest,
+    to_array,
+    to_numpy,
+)
 
 logger = logging.getLogger("tracelog")
 
@@ -125,6 +133,12 @@ def _restrided(x: torch.Tensor, *_: Any) -> torch.Tensor:
     """A RESTRIDE record replayed (the batch-dim replay, the float64 reference):
     the values are x's."""
     return x
+
+
+def _stand_in(a: TArg, batch: int | None) -> torch.Tensor:
+    """A tensor of a recorded value's dtype and shape that holds no data (meta):
+    what the tape records as an inner view's new value in a chain of writes."""
+    return torch.empty(concrete_shape(a.shape, batch), dtype=TORCH_DTYPES[a.dtype], device="meta")
 
 
 def _view_write_replay(base: torch.Tensor, *_: Any) -> torch.Tensor:
@@ -214,6 +228,9 @@ class _Window(WindowBase):
         self._arg_tainted = False  # set by _norm for the op being recorded
         self.seed: Ref | None = None
         self.views: dict[int, int] = {}  # id of a view tensor -> the record that made it
+        # a random draw's values as drawn, by record (a later in-place op may change
+        # the tensor: DropPath floors keep_prob + rand in place)
+        self.draws: dict[int, torch.Tensor] = {}
         self.call: InnerOps | None = None  # inside a recurrent call recorded whole
         # a step window (a trainer's training or validation step, start_step):
         # the root's call is the whole step, its predictions the outputs of the
@@ -328,6 +345,9 @@ class _Window(WindowBase):
         return flat
 
     def mask(self, rec_index: int) -> np.ndarray:
+        drawn = self.draws.get(rec_index)
+        if drawn is not None:
+            return to_array(drawn)
         outs = self.rec_out[rec_index]
         m = outs[1] if len(outs) > 1 and outs[1].dtype == torch.bool else outs[0] != 0
         return to_array(m)
@@ -376,6 +396,8 @@ class _Window(WindowBase):
             self.record(RESTRIDE, region, nargs, nkwargs, outs, n_returned, tainted, _restrided)
             return
         index = self.record(name, region, nargs, nkwargs, outs, n_returned, tainted, func, mutated)
+        if name in DRAW_OPS:
+            self.draws[index] = outs[0].detach().clone()
         self.track_views(name, info, args, outs, region, index)
         if region == "post" and name == "aten.ones_like.default":
             self.note_seed(args, kwargs, nargs)
@@ -423,23 +445,58 @@ class _Window(WindowBase):
     def write_through(self, view: torch.Tensor, region: str, write: int) -> None:
         """An in-place write into a view (``shifted[:, 1:] = x``) changes the
         view's base: a record gives the base its new value, the old base with
-        the view's region replaced (a view this cannot express makes the base
-        unsupported from here on, never silently stale)."""
+        the view's region replaced. A view of a view (``coords[:, :, 0] += k``:
+        slice, slice, select) is walked back to the base, and each view on the
+        way gets its new value in turn, innermost first (a view this cannot
+        express makes the base unsupported from here on, never silently stale)."""
         base = view._base
         assert base is not None
-        view_rec = self.views.get(id(view))
-        source = self.tape.recs[view_rec] if view_rec is not None else None
         base_ref = self.refs.get(id(base))
-        if source is None or base_ref is None or source.args[0].ref != base_ref:
-            kind: tuple[Any, ...] = ("unknown",)
-        else:
-            kind = (source.op, *source.args[1:])
-        base_arg = self.arg(base, region)
+        chain = self._view_chain(self.views.get(id(view)), base_ref)
         value = self.tape.recs[write].outs[0]
-        tainted = base_arg.ref in self.taint or value.ref in self.taint
-        self.record(
-            VIEW_WRITE, region, (base_arg, value, *kind), (), [base], 1, tainted, _view_write_replay
-        )
+        if chain is None:
+            base_arg = self.arg(base, region)
+            tainted = base_arg.ref in self.taint or value.ref in self.taint
+            self.record(
+                VIEW_WRITE,
+                region,
+                (base_arg, value, "unknown"),
+                (),
+                [base],
+                1,
+                tainted,
+                _view_write_replay,
+            )
+            return
+        for k, source in enumerate(chain):  # the written view's own record first
+            outer = k == len(chain) - 1
+            parent = self.arg(base, region) if outer else source.args[0]
+            # an inner view's new value has no tensor of its own: a stand-in of its
+            # type, kept with the window so that its id is never another tensor's
+            held = base if outer else _stand_in(parent, self.tape.batch_size or 1)
+            tainted = parent.ref in self.taint or value.ref in self.taint
+            args = (parent, value, source.op, *source.args[1:])
+            index = self.record(
+                VIEW_WRITE, region, args, (), [held], 1, tainted, _view_write_replay
+            )
+            value = self.tape.recs[index].outs[0]
+
+    def _view_chain(self, index: int | None, base_ref: Ref | None) -> list[Any] | None:
+        """The slice and select records from a view back to its base, the view's
+        own first; None where a link is not such a record or does not reach it."""
+        chain: list[Any] = []
+        while index is not None and len(chain) < 16:
+            source = self.tape.recs[index]
+            if source.op not in _VIEW_OPS or not isinstance(source.args[0], TArg):
+                return None
+            chain.append(source)
+            parent = source.args[0].ref
+            if base_ref is not None and parent == base_ref:
+                return chain
+            if parent[0] != "o" or self.tape.recs[parent[1]].op not in _VIEW_OPS:
+                return None
+            index = parent[1]
+        return None
 
     # -- the loss -----------------------------------------------------------------------
     def loss_ref(self) -> Ref | None:
@@ -1190,6 +1247,7 @@ class TorchListener(GuardedCounting, ListenerBase):
             params=before.params,
             buffers=before.buffers,
             rec_out=w.rec_out,
+            draws=w.draws,
             trainable=[n for n, t in self._trainable().items() if t],
         )
 

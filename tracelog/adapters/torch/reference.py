@@ -30,7 +30,14 @@ from .tensors import flatten_tensors
 # random ops replayed as the values the batch drew (a fresh bernoulli_ mask is 0/1
 # until div_ scales it in place, so its nonzeros are the draw)
 _DRAWS = {"aten.bernoulli_.float", "aten.bernoulli_.Tensor", "aten.bernoulli.default"}
-_RANDOM = {"aten.uniform_.default", "aten.normal_.default", "aten.rand_like.default"}
+_RANDOM = {
+    "aten.uniform_.default",
+    "aten.normal_.default",
+    "aten.rand_like.default",
+    "aten.rand.default",
+    "aten.randn.default",
+    "aten.randn_like.default",
+}
 # a recurrent layer's whole call (adapters/torch/recurrent.py): with dropout between its
 # layers, replayed a layer at a time with the keep masks its MASK_OP records kept
 _RECURRENT = {
@@ -189,12 +196,14 @@ def reference64(
     buffers: Mapping[str, np.ndarray],
     rec_out: list[list[Any]],
     trainable: list[str],
+    draws: Mapping[int, torch.Tensor] | None = None,
 ) -> dict[str, Any]:
     """The tape in float64: {"outputs": {role: array}, "loss": array,
     "grads": {param: array}, "updates": {buffer: array}, "loss_scale": sum
     |p * dloss/dp| over the predictions (tracelog.sample.scale_key)}. ``params`` and
     ``buffers`` are the values when the batch began; ``rec_out`` the tensors
-    each record produced (for the random draws)."""
+    each record produced (for the random draws), ``draws`` the values a random
+    draw gave as it was drawn (its tensor in ``rec_out`` may be changed later)."""
     if tape.loss is None:
         raise ReferenceUnavailable("the batch has no loss")
     sources: dict[Ref, torch.Tensor] = {}
@@ -213,8 +222,9 @@ def reference64(
         sources[("t", k)] = _up(t)
     for k, c in enumerate(tape.consts):
         sources[("c", k)] = _up(c.tensor)
+    draws = draws or {}
     drawn = {
-        rec.index: rec_out[rec.index]
+        rec.index: [draws[rec.index]] if rec.index in draws else rec_out[rec.index]
         for rec in tape.recs
         if rec.op in _DRAWS or rec.op in _RANDOM or rec.op == MASK_OP
     }

@@ -811,6 +811,44 @@ def _mul_tensor(ctx: Ctx) -> Names:
     return _dropout_mul(ctx) or _plain_mul(ctx)
 
 
+# -- random draws: torch.rand / randn and their _like forms, uniform_ and normal_ --------
+# (stochastic depth's keep_prob + rand floored, a VAE's noise). The node draws values
+# of its output's type; the sample keeps what the batch drew (the listener copies it as
+# drawn: DropPath floors it in place) and a replay feeds it back.
+_DRAWS = {
+    "aten.rand.default": ("RandomUniformLike", None, None),
+    "aten.rand_like.default": ("RandomUniformLike", None, None),
+    "aten.uniform_.default": ("RandomUniformLike", (1, "from", 0.0), (2, "to", 1.0)),
+    "aten.randn.default": ("RandomNormalLike", None, None),
+    "aten.randn_like.default": ("RandomNormalLike", None, None),
+    "aten.normal_.default": ("RandomNormalLike", (1, "mean", 0.0), (2, "std", 1.0)),
+}
+DRAW_OPS = frozenset(_DRAWS)
+
+
+@ATEN.register(*_DRAWS)
+def _random_draw(ctx: Ctx) -> Names:
+    op, first, second = _DRAWS[ctx.rec.op]
+    out = ctx.out_type()
+    if out.dtype not in ("float16", "bfloat16", "float32", "float64"):
+        raise NotSupported(f"a random draw of dtype {out.dtype}")
+    a, b = 0.0, 1.0  # rand: [0, 1); randn: mean 0, std 1
+    if first is not None and second is not None:  # uniform_(from, to), normal_(mean, std)
+        a, b = float(ctx.arg(*first)), float(ctx.arg(*second))
+    # the draw's shape and dtype as a tensor of zeros (a symbolic dim from the data)
+    dims = list(out.shape)
+    shape = (
+        ctx.dynamic_shape(dims)
+        if any(is_symbolic(d) for d in dims)
+        else ctx.ints([int(d) for d in dims])
+    )
+    like = ctx.helper("ConstantOfShape", [shape], out, value=0.0)
+    attrs = {"low": a, "high": b} if op == "RandomUniformLike" else {"mean": a, "scale": b}
+    y = ctx.one(op, [like], **attrs)[0]
+    ctx.b.random_recs[y] = ctx.rec.index
+    return [y]
+
+
 @ATEN.register("aten.native_dropout.default")
 def _native_dropout(ctx: Ctx) -> Names:
     if not ctx.arg(2, "train"):

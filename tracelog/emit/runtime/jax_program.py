@@ -305,6 +305,33 @@ def _attention(
     return y if dead is None else jnp.where(dead, 0.0, y).astype(y.dtype)
 
 
+def _node_key(rng: Any, key: str) -> Any:
+    """The key of one random node ("mask.<k>"): rng folded with k, so that no two
+    nodes of a step draw alike."""
+    return jax.random.fold_in(rng, int(key.rpartition(".")[2]))
+
+
+def _uniform(like: jax.Array, low: float, high: float, rng: Any, key: str) -> jax.Array:
+    """Values drawn uniformly from [low, high), of like's shape and dtype. rng: a
+    dict of recorded draws (parity replay) or a jax.random key."""
+    if isinstance(rng, dict):
+        return jnp.asarray(rng[key]).astype(like.dtype)
+    if rng is None:
+        raise ValueError("a random draw needs rng: a jax.random key or recorded draws")
+    return jax.random.uniform(_node_key(rng, key), like.shape, like.dtype, low, high)
+
+
+def _normal(like: jax.Array, mean: float, scale: float, rng: Any, key: str) -> jax.Array:
+    """Values drawn from N(mean, scale^2), of like's shape and dtype. rng: a dict of
+    recorded draws (parity replay) or a jax.random key."""
+    if isinstance(rng, dict):
+        return jnp.asarray(rng[key]).astype(like.dtype)
+    if rng is None:
+        raise ValueError("a random draw needs rng: a jax.random key or recorded draws")
+    z = jax.random.normal(_node_key(rng, key), like.shape, like.dtype)
+    return (mean + scale * z).astype(like.dtype)
+
+
 def _dropout(x: jax.Array, rate: Any, rng: Any, key: str) -> tuple[jax.Array, jax.Array]:
     """Dropout in training mode; returns the output and the mask. rng: a dict
     of recorded masks (parity replay) or a jax.random key."""
@@ -313,7 +340,7 @@ def _dropout(x: jax.Array, rate: Any, rng: Any, key: str) -> tuple[jax.Array, ja
     elif rng is None:
         raise ValueError("dropout in training mode needs rng: a jax.random key or recorded masks")
     else:
-        mask = jax.random.bernoulli(rng, 1.0 - rate, x.shape).astype(x.dtype)
+        mask = jax.random.bernoulli(_node_key(rng, key), 1.0 - rate, x.shape).astype(x.dtype)
     # the scale in x's dtype, as ONNX's T: a numpy bfloat16 rate (a constant) in
     # 1.0 - rate is numpy float32, which would widen a bfloat16 x
     return x * (mask / (1.0 - jnp.asarray(rate, x.dtype))), mask > 0

@@ -301,6 +301,26 @@ def _dropout(x: tf.Tensor, rate: Any, rng: Any, key: str) -> tuple[tf.Tensor, tf
     return x * (mask / (1.0 - rate)), tf.cast(mask, tf.bool)
 
 
+def _uniform(like: tf.Tensor, low: float, high: float, rng: Any, key: str) -> tf.Tensor:
+    """Values drawn uniformly from [low, high), of like's shape and dtype. rng: a
+    dict of recorded draws (parity replay), a tf.random.Generator, or None for the
+    global generator."""
+    if isinstance(rng, dict):
+        return tf.cast(rng[key], like.dtype)
+    gen = rng if rng is not None else tf.random.get_global_generator()
+    return gen.uniform(tf.shape(like), low, high, dtype=like.dtype)
+
+
+def _normal(like: tf.Tensor, mean: float, scale: float, rng: Any, key: str) -> tf.Tensor:
+    """Values drawn from N(mean, scale^2), of like's shape and dtype. rng: a dict of
+    recorded draws (parity replay), a tf.random.Generator, or None for the global
+    generator."""
+    if isinstance(rng, dict):
+        return tf.cast(rng[key], like.dtype)
+    gen = rng if rng is not None else tf.random.get_global_generator()
+    return gen.normal(tf.shape(like), mean, scale, dtype=like.dtype)
+
+
 def _nll_loss(
     logp: tf.Tensor,
     target: tf.Tensor,

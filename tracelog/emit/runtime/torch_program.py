@@ -205,6 +205,24 @@ def _dropout(x: torch.Tensor, rate: Any, rng: Any, key: str) -> tuple[torch.Tens
     return x * (mask / (1.0 - rate)), mask > 0
 
 
+def _uniform(like: torch.Tensor, low: float, high: float, rng: Any, key: str) -> torch.Tensor:
+    """Values drawn uniformly from [low, high), of like's shape and dtype. rng: a
+    dict of recorded draws (parity replay), a torch.Generator, or None."""
+    if isinstance(rng, dict):
+        return torch.as_tensor(rng[key]).to(like.dtype)
+    u = torch.rand(like.shape, generator=rng, dtype=like.dtype, device=like.device)
+    return low + (high - low) * u
+
+
+def _normal(like: torch.Tensor, mean: float, scale: float, rng: Any, key: str) -> torch.Tensor:
+    """Values drawn from N(mean, scale^2), of like's shape and dtype. rng: a dict of
+    recorded draws (parity replay), a torch.Generator, or None."""
+    if isinstance(rng, dict):
+        return torch.as_tensor(rng[key]).to(like.dtype)
+    z = torch.randn(like.shape, generator=rng, dtype=like.dtype, device=like.device)
+    return mean + scale * z
+
+
 def _causal_masked(mask: torch.Tensor, q: torch.Tensor, k: torch.Tensor) -> torch.Tensor:
     """An additive attention mask with each query's later keys masked too (is_causal's
     top-left alignment), for F.scaled_dot_product_attention, which takes one of the two."""
