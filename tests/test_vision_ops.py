@@ -271,3 +271,36 @@ def test_resize_tables_are_one_code_in_both_runtimes() -> None:
     jax = inlinable("tracelog.emit.runtime.jax_program").functions
     for name in ("_resize_taps", "_resized"):
         assert tf[name] == jax[name], name
+
+
+@pytest.mark.parametrize(
+    "how",
+    [
+        dict(mode="bilinear", align_corners=False),
+        dict(mode="bilinear", align_corners=True),
+        dict(mode="bicubic", align_corners=False),
+        dict(mode="nearest"),
+    ],
+    ids=["bilinear", "bilinear-aligned", "bicubic", "nearest"],
+)
+def test_a_resize_to_its_own_size_is_the_tensor(how: dict, tmp_path: Path) -> None:
+    """Interpolated to its own size (BEiT's bias table, at the window it was made
+    for), every mode samples each element at itself: no Resize node (the one
+    written made onnxruntime's optimizer fail in BEiT's ONNX model), the same values."""
+
+    class Same(nn.Module):
+        def __init__(self) -> None:
+            super().__init__()
+            self.conv = nn.Conv2d(2, 3, 1)
+
+        def forward(self, x: torch.Tensor) -> torch.Tensor:
+            h = self.conv(x)
+            return F.interpolate(h, size=h.shape[-2:], **how) + 0.5 * h
+
+    torch.manual_seed(0)
+    log = _record(Same(), torch.randn(3, 2, 5, 4), tmp_path)  # no size a multiple of 3
+    assert log.unrecorded == 0
+    ops = _ops(tmp_path)
+    assert "Resize" not in ops and "Gather" not in ops, ops
+    report = tracelog.check(tmp_path, "onnx")
+    assert report.ok, report.table()

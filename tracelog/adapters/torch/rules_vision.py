@@ -132,6 +132,16 @@ def onnx_nearest_index(n_in: int, n_out: int, scale: float, exact: bool) -> np.n
     return np.clip(src.astype(np.int64), 0, n_in - 1)
 
 
+def _own_size(ctx: Ctx, scales: Sequence[float] | None) -> bool:
+    """Upsampling to the input's own size (the same dims, symbols included) at
+    scale 1: every mode and coordinate mapping samples each element at itself
+    (BEiT's bias table interpolated to the window it was made for). A scale
+    other than 1 that floors to the same size samples elsewhere."""
+    return ctx.in_type(0).shape == ctx.out_type().shape and (
+        scales is None or all(float(s) == 1.0 for s in scales)
+    )
+
+
 def _resize_node(
     ctx: Ctx,
     axes: list[int],
@@ -155,6 +165,8 @@ def _nearest(ctx: Ctx, n: int, exact: bool, vec: bool) -> Names:
     here; elsewhere the recorded index table becomes a Gather per axis, which
     is what torch computes, exactly."""
     _, scales = _upsample_args(ctx, n, aligned=False, vec=vec)
+    if _own_size(ctx, scales):
+        return [ctx.t(0)]
     xt, out = ctx.in_type(0), ctx.out_type()
     axes = list(range(2, 2 + n))
     ins, outs = list(xt.shape[2:]), list(out.shape[2:])
@@ -223,6 +235,8 @@ def _interpolating(ctx: Ctx, n: int, mode: str, vec: bool) -> Names:
     ONNX's scales input means the same. Cubic is Keys' kernel with a = -0.75,
     out-of-range taps reading the edge (exclude_outside=0), as torch's."""
     align, scales = _upsample_args(ctx, n, aligned=True, vec=vec)
+    if _own_size(ctx, scales):
+        return [ctx.t(0)]
     xt, out = ctx.in_type(0), ctx.out_type()
     axes = list(range(2, 2 + n))
     ins, outs = list(xt.shape[2:]), list(out.shape[2:])
