@@ -334,6 +334,18 @@ def _samples() -> list[OpSample]:
             torch=_t(lambda a: a.clone()),  # ratio 0: deterministic, the same in every runtime
         )
     )
+    for largest, k in ((1, 2), (0, 3)):
+        s.append(
+            OpSample(
+                "TopK",
+                [("x", x)],
+                {"axis": 1, "largest": largest, "sorted": 1},
+                consts={"k": np.array([k], np.int64)},
+                n_out=2,
+                torch=_t(lambda a, k=k, largest=largest: torch.topk(a, k, 1, bool(largest))[0]),
+                name=f"TopK/{'largest' if largest else 'smallest'}",
+            )
+        )
     # random draws at a single value (low == high, scale 0): every runtime, a replay fed
     # the reference's values or a fresh draw, gives the same tensor
     s.append(OpSample("RandomUniformLike", [("x", x)], {"low": 0.5, "high": 0.5}))

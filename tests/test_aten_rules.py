@@ -184,3 +184,43 @@ def test_norms_in_place_dropout_and_a_restrided_pool(target: str, tmp_path: Path
     report = tracelog.check(tmp_path, target)
     assert report.ok, report.table()
     assert any("[float64]" in c.name for c in report.comparisons)
+
+
+class _WeightNormed(torch.nn.Module):
+    """Weight normalisation (wav2vec2's positional convolution: dim=2; a linear
+    layer: dim=0, through the parametrization API), hard activations
+    (MobileNetV3, LeViT) and a number raised to a tensor's power (Funnel's
+    frequencies)."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        conv = torch.nn.Conv1d(3, 4, 3, padding=1)
+        with pytest.warns(FutureWarning):  # wav2vec2 still calls the old API
+            self.conv = torch.nn.utils.weight_norm(conv, name="weight", dim=2)
+        self.fc = torch.nn.utils.parametrizations.weight_norm(torch.nn.Linear(4, 2))
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        h = torch.nn.functional.hardswish(self.conv(x))
+        h = h * torch.nn.functional.hardsigmoid(h)
+        freq = 10.0 ** (torch.arange(4, dtype=h.dtype) / -4.0)
+        return self.fc(h.mean(dim=2) * freq)
+
+
+@pytest.mark.parametrize("target", ["onnx", "torch", "tensorflow", "jax"])
+def test_weight_norm_hard_activations_and_a_scalar_base_power(target: str, tmp_path: Path) -> None:
+    import tracelog
+    from tracelog.emit import targets
+
+    framework = targets.get(target).framework
+    pytest.importorskip(framework, reason=f"the {target} target needs {framework} installed")
+    torch.manual_seed(0)
+    model = _WeightNormed()
+    x, y = torch.randn(4, 3, 6) * 3, torch.randn(4, 2)
+    with TorchListener(model, tmp_path, strict=True) as listener, listener.batch():
+        torch.nn.functional.mse_loss(model(x), y).backward()
+    log = tracelog.load(tmp_path)
+    assert "Unsupported" not in {n.op for g in log.graphs.values() for n in g.nodes}
+    report = tracelog.check(tmp_path, target)
+    assert report.ok, report.table()
+    if target != "onnx":  # (the ONNX model has no gradients)
+        assert any(c.name.startswith("grad conv.weight_g") for c in report.comparisons)

@@ -62,10 +62,10 @@ def _slow_tty(monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setattr(progress, "REFRESH_S", 0.01)
     load = tracelog.TraceLog.load.__func__  # type: ignore[attr-defined]
 
-    def slow_load(cls: type, path: object) -> tracelog.TraceLog:
+    def slow_load(cls: type, path: object, check_tensors: bool = True) -> tracelog.TraceLog:
         progress.stage("loading slowly")
         time.sleep(1.0)  # long beside DELAY_S, even on a loaded machine
-        return load(cls, path)  # type: ignore[no-any-return]
+        return load(cls, path, check_tensors)  # type: ignore[no-any-return]
 
     monkeypatch.setattr(tracelog.TraceLog, "load", classmethod(slow_load))
 

@@ -181,3 +181,21 @@ def test_console_script_runs_in_a_subprocess(log_dir) -> None:
     )
     assert r.returncode == 0, r.stderr
     assert "prediction" in r.stdout
+
+
+def test_emit_reads_the_tensors_it_needs_and_check_checks_them_all(log_dir, tmp_path) -> None:
+    """emit writes a program from trace.json and the graphs: a damaged sample,
+    which it never reads, does not stop it (nor is it read); check runs the
+    program on the sample, so the sample's sha256 is checked first."""
+    d = _copy(log_dir, tmp_path / "damaged")
+    blob = bytearray((d / "sample.safetensors").read_bytes())
+    blob[-1] ^= 0xFF  # one flipped bit in an array: safetensors would read it
+    (d / "sample.safetensors").write_bytes(bytes(blob))
+    tracelog.emit(d, target="torch")
+    log = tracelog.TraceLog.load(d, check_tensors=False)
+    with pytest.raises(tracelog.LogError, match="sha256 differs"):
+        log.sample()  # checked as read
+    with pytest.raises(tracelog.LogError, match="sha256 differs"):
+        tracelog.check(d, "torch")
+    with pytest.raises(tracelog.LogError, match="sha256 differs"):
+        tracelog.check(d, "onnx")

@@ -243,6 +243,48 @@ def test_writes_into_views_of_views_update_their_base(tmp_path: Path) -> None:
         assert any("[float64]" in c.name for c in report.comparisons)
 
 
+class WholeViews(nn.Module):
+    """Writes through views of a whole tensor: an in-place dropout on a
+    flattened pool output (Hugging Face's MobileNetV2 classifier), a write into
+    a transposed view and into a permuted one; and a write through a strided
+    view into a tensor nothing reads after it."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.conv = nn.Conv2d(3, 4, 3, padding=1)
+        self.drop = nn.Dropout(0.3, inplace=True)
+        self.head = nn.Linear(4, 2)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        h = self.conv(x)
+        pooled = F.adaptive_avg_pool2d(h, 1)
+        flat = self.drop(torch.flatten(pooled, 1))  # mul_ into a view of pooled
+        t = h.clone()
+        t.transpose(1, 3).mul_(0.5)  # a write into a transposed view of t
+        t.permute(0, 2, 3, 1).add_(1.0)  # and into a permuted one
+        unused = h.clone()
+        unused[:, ::2] = 0.0  # a strided write: unsupported, but nothing reads it
+        return self.head(flat) + t.mean(dim=(1, 2, 3)).unsqueeze(1) + pooled.sum()
+
+
+def test_writes_through_whole_views_update_their_base(tmp_path: Path) -> None:
+    torch.manual_seed(0)
+    model = WholeViews()
+    with TorchListener(model, tmp_path / "run", strict=True) as listener:
+        for n in (4, 3):
+            with listener.batch():
+                F.mse_loss(model(torch.randn(n, 3, 5, 5)), torch.zeros(n, 2)).backward()
+    log = tracelog.load(tmp_path / "run")
+    (pred,) = [log.graph(p.prediction) for p in log.pairs.values()]
+    assert "Unsupported" not in {n.op for n in pred.nodes}
+    # the dead strided write did not cost the sample its reference
+    assert log.sample_info is not None and log.sample_info["reference"] == "float64"
+    for target in TARGETS:
+        report = tracelog.check(tmp_path / "run", target)
+        assert report.ok, report.table()
+        assert any("[float64]" in c.name for c in report.comparisons)
+
+
 def test_a_write_into_a_view_it_cannot_express_is_unsupported_not_stale(tmp_path: Path) -> None:
     """A write through a strided view is not modelled: the base becomes an
     Unsupported value from there on, so emission refuses instead of computing

@@ -108,3 +108,47 @@ def test_fresh_draws_follow_their_distribution() -> None:
     assert not bool((first == second).all())
     u = jax_program._uniform(ones, -1.0, 1.0, key, "mask.2")
     assert float(u.min()) >= -1.0 and float(u.max()) < 1.0 and u.dtype == ones.dtype
+
+
+class _RandomMasking(nn.Module):
+    """ViT-MAE's random masking: sort uniform noise per sample, keep the tokens
+    of the smallest draws (argsort, gather), restore the order (argsort of the
+    shuffle); and a top-k pooling of the kept tokens' scores."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.embed = nn.Linear(3, 8)
+        self.score = nn.Linear(8, 1)
+        self.head = nn.Linear(8 + 2, 2)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        h = self.embed(x)  # [B, L, 8]
+        n, length, dim = h.shape
+        keep = length // 2
+        noise = torch.rand(n, length, device=x.device)
+        shuffle = torch.argsort(noise, dim=1)
+        restore = torch.argsort(shuffle, dim=1)
+        kept = torch.gather(h, 1, shuffle[:, :keep].unsqueeze(-1).repeat(1, 1, dim))
+        mask = torch.ones(n, length)
+        mask[:, :keep] = 0
+        mask = torch.gather(mask, 1, restore)
+        top, _ = torch.topk(self.score(kept).squeeze(-1), 2, dim=1)
+        pooled = (h * (1 - mask).unsqueeze(-1)).sum(1) / keep
+        return self.head(torch.cat([pooled, top], dim=1))
+
+
+@pytest.mark.parametrize("target", TARGETS)
+def test_random_masking_sorts_the_recorded_noise(target: str, tmp_path: Path) -> None:
+    framework = targets.get(target).framework
+    pytest.importorskip(framework, reason=f"the {target} target needs {framework} installed")
+    torch.manual_seed(0)
+    model = _RandomMasking()
+    with tracelog.Listener(model, tmp_path, strict=True) as listener, listener.batch():
+        x, y = torch.randn(4, 6, 3), torch.randn(4, 2)
+        nn.functional.mse_loss(model(x), y).backward()
+    log = tracelog.load(tmp_path)
+    ops = [n.op for g in log.graphs.values() for n in g.nodes]
+    assert "Unsupported" not in ops and ops.count("TopK") == 3
+    report = tracelog.check(tmp_path, target)
+    assert report.ok, report.table()
+    assert any("[float64]" in c.name for c in report.comparisons)

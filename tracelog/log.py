@@ -173,6 +173,8 @@ class TraceLog:
         # the run's state on disk: complete, or interrupted (with its last checkpoint)
         self.run: dict[str, Any] = {"state": COMPLETE}
         self._dir: Path | None = None
+        # tensor files not yet checked against trace.json's sha256 (load(check_tensors=False))
+        self._unchecked: dict[str, str] = {}
 
     @property
     def interrupted(self) -> bool:
@@ -262,8 +264,17 @@ class TraceLog:
             raise LogError("this log has not been written or loaded from disk")
         path = self._dir / name
         try:
-            return decode(path.read_bytes())
-        except Exception as e:  # OSError, or safetensors' own error type
+            data = path.read_bytes()
+        except OSError as e:
+            raise LogError(f"{path}: cannot read tensors ({_one_line(e)})") from None
+        expected = self._unchecked.get(name)
+        if expected is not None:  # loaded with check_tensors=False: checked as read
+            newer_ok = self.interrupted and name == WEIGHTS_FILE
+            _check_bytes(path, data, expected, newer_ok, self.run)
+            del self._unchecked[name]
+        try:
+            return decode(data)
+        except Exception as e:  # safetensors' own error type
             raise LogError(f"{path}: cannot read tensors ({_one_line(e)})") from None
 
     # -- serialisation ------------------------------------------------------------
@@ -331,8 +342,12 @@ class TraceLog:
         return Path(log_dir)
 
     @classmethod
-    def load(cls, log_dir: str | os.PathLike[str]) -> TraceLog:
-        """Read a log directory back. Any defect gives one LogError line."""
+    def load(cls, log_dir: str | os.PathLike[str], check_tensors: bool = True) -> TraceLog:
+        """Read a log directory back. Any defect gives one LogError line.
+        ``check_tensors=False``: the tensor files are checked against their
+        sha256 when they are read (``weights()``, ``sample()``), not now; for
+        a reader that needs only the graphs (emit writes a program from them,
+        which reads the weights when it runs)."""
         path = Path(log_dir)
         trace = path / TRACE_FILE
         if not trace.is_file():
@@ -359,7 +374,12 @@ class TraceLog:
         except (KeyError, TypeError, ValueError, AttributeError) as e:
             raise LogError(f"{trace} is corrupt: {type(e).__name__} {_one_line(e)}") from None
         for name, expected in files.items():
-            _check_file(path, name, expected, log.interrupted and name == WEIGHTS_FILE, log.run)
+            if check_tensors:
+                _check_file(path, name, expected, log.interrupted and name == WEIGHTS_FILE, log.run)
+            elif not (path / name).is_file() or (path / name).is_symlink():
+                raise LogError(f"{path} is incomplete: {name} is missing")
+            else:
+                log._unchecked[name] = expected
         log._dir = path
         return log
 
@@ -450,7 +470,10 @@ def _check_file(path: Path, name: str, expected: str, newer_ok: bool, run: dict[
     f = path / name
     if f.is_symlink() or not f.is_file():
         raise LogError(f"{path} is incomplete: {name} is missing")
-    data = f.read_bytes()
+    _check_bytes(f, f.read_bytes(), expected, newer_ok, run)
+
+
+def _check_bytes(f: Path, data: bytes, expected: str, newer_ok: bool, run: dict[str, Any]) -> None:
     if hashlib.sha256(data).hexdigest() == expected:
         return
     if newer_ok and run.get("id") and _whole_and_from(data, run["id"]):

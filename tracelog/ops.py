@@ -411,6 +411,9 @@ _onnx("Mod", "A B", "C", "fmod=0", traits="elementwise")
 _onnx("Trilu", "input k?", "output", "upper=1")
 _onnx("CumSum", "x axis", "y", "exclusive=0 reverse=0")
 _onnx("GatherElements", "data indices", "output", "axis=0")
+# the k largest (smallest) along an axis, in order, equal elements lower index first
+# (torch.sort, argsort, topk: ViT-MAE's random masking sorts its noise)
+_onnx("TopK", "X K", "Values Indices", "axis=-1 largest=1 sorted=1")
 _onnx("ScatterElements", "data indices updates", "output", "axis=0 reduction")
 
 # -- recurrent layers (issue 12) --

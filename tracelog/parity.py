@@ -82,6 +82,8 @@ def check_program(
 ) -> Report:
     """Write a program target's program and run its own parity check (`draw`:
     check())."""
+    stage("checking the log's tensor files")
+    TraceLog.load(log_dir)  # the program reads them as they are: the sha256s first
     stage(f"writing {tgt.name}'s program")
     path = write_program(log_dir, tgt)
     stage(f"importing {path.name} and its framework")

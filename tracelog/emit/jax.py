@@ -228,6 +228,7 @@ JAX.spell(
         "Trilu": "jnp.{tri}({0}, {k})",
         "CumSum": "jnp.cumsum({0}, axis={axis}, dtype={0}.dtype)",
         "GatherElements": "jnp.take_along_axis({0}, {1}, axis={axis})",
+        "TopK": "_topk({0}, {k}, {axis}, {largest})",
     }
 )
 

@@ -835,7 +835,7 @@ def write_program(
     line_length: int = LINE_LENGTH,
     standalone: bool = False,
 ) -> Path:
-    log = TraceLog.load(log_dir)
+    log = TraceLog.load(log_dir, check_tensors=False)  # the tensors: as read
     text = build_program(log, target, line_length=line_length, standalone=standalone)
     path = Path(out) if out else Path(log_dir) / targets.file_name(target.name)
     tmp = path.with_name(f".{path.name}.tmp{os.getpid()}")

@@ -298,6 +298,7 @@ TORCH.spell(
         # torch.cumsum widens small integers to int64; ONNX CumSum keeps the dtype
         "CumSum": "torch.cumsum({0}, {axis}, dtype={0}.dtype)",
         "GatherElements": "torch.gather({0}, {axis}, {1})",
+        "TopK": "_topk({0}, {k}, {axis}, {largest})",
         "ScatterElements": "torch.scatter({0}, {axis}, {1}, {2})",
         "ScatterElements/add": "torch.scatter_add({0}, {axis}, {1}, {2})",
         "ScatterElements/mul": "torch.scatter_reduce({0}, {axis}, {1}, {2}, 'prod')",

@@ -821,6 +821,18 @@ def _cumsum(c: RuleCtx) -> dict[str, Any]:
     return {"axis": axis[0] % c.rank()}
 
 
+@OPS.op("TopK")
+def _topk(c: RuleCtx) -> dict[str, Any]:
+    k = c.ints(1)
+    if k is None:
+        raise NotImplementedError("TopK with a computed k")
+    return {
+        "k": k[0],
+        "axis": int(c.attr("axis", -1)) % c.rank(),
+        "largest": bool(int(c.attr("largest", 1))),
+    }
+
+
 @OPS.op("GatherElements")
 def _gather_elements(c: RuleCtx) -> dict[str, Any]:
     return {"axis": int(c.attr("axis", 0)) % c.rank()}

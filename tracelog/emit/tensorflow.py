@@ -292,6 +292,7 @@ TF.spell(
         "Mod": "tf.math.floormod({0}, {1})",  # the divisor's sign, as ONNX Mod (fmod=0)
         "CumSum": "tf.math.cumsum({0}, axis={axis})",
         "GatherElements": "tf.experimental.numpy.take_along_axis({0}, {1}, axis={axis})",
+        "TopK": "_topk({0}, {k}, {axis}, {largest})",
     }
 )
 

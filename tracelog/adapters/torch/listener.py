@@ -65,7 +65,20 @@ from .tensors import (
 
 logger = logging.getLogger("tracelog")
 
-_VIEW_OPS = {"aten.slice.Tensor", "aten.select.int"}
+# views whose writes reach their base (a VIEW_WRITE record, rules.py): a region
+# (slice, select), or the whole base in another shape or order (nn.Dropout(inplace)
+# on a flattened pool output, a write into a transposed view)
+_VIEW_OPS = {
+    "aten.slice.Tensor",
+    "aten.select.int",
+    "aten.view.default",
+    "aten._unsafe_view.default",
+    "aten.squeeze.dim",
+    "aten.squeeze.dims",
+    "aten.unsqueeze.default",
+    "aten.transpose.int",
+    "aten.permute.default",
+}
 
 
 class _OpInfo(NamedTuple):
@@ -135,7 +148,7 @@ def _restrided(x: torch.Tensor, *_: Any) -> torch.Tensor:
     return x
 
 
-def _stand_in(a: TArg, batch: int | None) -> torch.Tensor:
+def _stand_in(a: TArg, batch: int) -> torch.Tensor:
     """A tensor of a recorded value's dtype and shape that holds no data (meta):
     what the tape records as an inner view's new value in a chain of writes."""
     return torch.empty(concrete_shape(a.shape, batch), dtype=TORCH_DTYPES[a.dtype], device="meta")

@@ -2,8 +2,9 @@
 through PyTorch's own kernels in float64.
 
 Every float32 parameter, buffer, data input, target and constant is cast up,
-each record's op (the same OpOverload the dispatcher ran) is called again on
-those tensors, and the random draws are not drawn again: a ``bernoulli_``
+each record's op (the same OpOverload the dispatcher ran; its definition where
+the float64 kernel rounds a constant to float32: _DEFINITIONS) is called again
+on those tensors, and the random draws are not drawn again: a ``bernoulli_``
 mask is the one the batch drew. Autograd runs through the replay, so the
 parameter gradients are torch's own backward formulas in float64. The model,
 its tensors and the global RNG are never touched: training is unchanged.
@@ -23,7 +24,7 @@ import torch
 
 from tracelog.adapters.tape import Ref, Tape, TArg
 
-from .rules import VIEW_WRITE
+from .rules import VIEW_WRITE, WHOLE_VIEWS, inverse_order
 from .rules_recurrent import MASK_OP
 from .tensors import flatten_tensors
 
@@ -48,6 +49,19 @@ _RECURRENT = {
 }
 
 
+def _hardsigmoid(x: torch.Tensor, *_: Any) -> torch.Tensor:
+    return torch.clamp(x + 3.0, 0.0, 6.0) / 6.0
+
+
+# ops whose float64 kernel is not float64 throughout, run by their definition
+# instead: hardsigmoid's CPU backward multiplies by 1.0f / 6.0f, float32's 1/6
+# (0.1666666716), in float64 too (a 3e-8 error a translation would be blamed for)
+_DEFINITIONS = {
+    "aten.hardsigmoid.default": _hardsigmoid,
+    "aten.hardsigmoid_.default": _hardsigmoid,
+}
+
+
 class ReferenceUnavailable(Exception):
     """The replay could not run (an op with no float64 kernel, a record it does
     not know how to run again); the sample then has no reference."""
@@ -58,6 +72,15 @@ def _up(t: torch.Tensor) -> torch.Tensor:
     write in place, and must never write into the batch's own tensors."""
     t = t.detach()
     return t.to(torch.float64, copy=True) if t.is_floating_point() else t.clone()
+
+
+class _Missing:
+    """A record's output the replay could not compute, and why."""
+
+    __slots__ = ("reason",)
+
+    def __init__(self, reason: str) -> None:
+        self.reason = reason
 
 
 class _Replay:
@@ -71,12 +94,25 @@ class _Replay:
         self.drawn = drawn
         self.recs = recs
 
+    def value(self, ref: Ref) -> torch.Tensor:
+        value = self.values.get(ref)
+        if value is None:
+            raise ReferenceUnavailable(f"no value for {ref[0]!r} ref in the replay")
+        if isinstance(value, _Missing):
+            raise ReferenceUnavailable(value.reason)
+        return value
+
+    def lose(self, rec: Any, reason: str) -> None:
+        """A record that could not run: its outputs are missing, which fails the
+        reference only where a later record, an output or the loss reads one (a
+        record whose values nothing reads, such as a dropout's write into a
+        pooled tensor's base, costs nothing)."""
+        for k in range(len(rec.outs)):
+            self.values[("o", rec.index, k)] = _Missing(reason)  # type: ignore[assignment]
+
     def sub(self, obj: Any) -> Any:
         if isinstance(obj, TArg):
-            value = self.values.get(obj.ref)
-            if value is None:
-                raise ReferenceUnavailable(f"no value for {obj.ref[0]!r} ref in the replay")
-            return value
+            return self.value(obj.ref)
         if isinstance(obj, tuple):
             return [self.sub(x) for x in obj]
         if obj in (torch.float32, torch.float16, torch.bfloat16):
@@ -98,7 +134,8 @@ class _Replay:
             args = [self.sub(a) for a in rec.args]
             kwargs = {k: self.sub(v) for k, v in rec.kwargs}
             outs = []
-            flatten_tensors(rec.func(*args, **kwargs), outs)
+            func = _DEFINITIONS.get(rec.op, rec.func)
+            flatten_tensors(func(*args, **kwargs), outs)
             outs += [args[i] for i in rec.mutated]
         for k, t in enumerate(outs):
             self.values[("o", rec.index, k)] = t
@@ -172,8 +209,12 @@ class _Replay:
         return [x, *(torch.cat(s, 0) for s in finals)]
 
     def _view_write(self, rec: Any) -> torch.Tensor:
-        """The base with the region a slice or select view covers replaced."""
+        """The base with the region a slice or select view covers replaced; through
+        a view of the whole base, the value in the base's shape or order."""
         base, value, kind, *rest = (self.sub(a) for a in rec.args)
+        if kind in WHOLE_VIEWS:
+            perm = inverse_order(kind, rest, base.dim())
+            return value.permute(perm) if perm is not None else value.reshape(base.shape)
         if kind not in ("aten.slice.Tensor", "aten.select.int"):
             raise ReferenceUnavailable(f"a write through a {kind} view")
         out = base.clone()
@@ -233,23 +274,23 @@ def reference64(
         for rec in tape.recs:
             try:
                 replay.run(rec)
-            except ReferenceUnavailable:
-                raise
+            except ReferenceUnavailable as e:
+                replay.lose(rec, str(e))
             except Exception as e:  # an op with no float64 kernel, say
-                raise ReferenceUnavailable(
-                    f"{rec.op} in float64: {type(e).__name__}: {str(e).splitlines()[0][:120]}"
-                ) from None
-        loss = replay.values[tape.loss]
+                first = (str(e).splitlines() or [""])[0][:120]
+                replay.lose(rec, f"{rec.op} in float64: {type(e).__name__}: {first}")
+        loss = replay.value(tape.loss)
         names = [n for n in trainable if n in leaves]
-        predictions = [replay.values[ref] for _, ref in tape.outputs]
+        predictions = [replay.value(ref) for _, ref in tape.outputs]
+        updates = {name: replay.value(ref) for name, ref in tape.buffer_updates}
         wrt = [p for p in predictions if isinstance(p, torch.Tensor) and p.requires_grad]
         found = torch.autograd.grad(loss, [leaves[n] for n in names] + wrt, allow_unused=True)
     by_prediction, found = found[len(names) :], found[: len(names)]
     return {
-        "outputs": {role: _array(replay.values[ref]) for role, ref in tape.outputs},
+        "outputs": {role: _array(replay.value(ref)) for role, ref in tape.outputs},
         "loss": _array(loss),
         "grads": {n: _array(g) for n, g in zip(names, found, strict=True) if g is not None},
-        "updates": {name: _array(replay.values[ref]) for name, ref in tape.buffer_updates},
+        "updates": {name: _array(t) for name, t in updates.items()},
         "loss_scale": sum(  # tracelog.sample.scale_key
             float(np.abs(_array(p) * _array(g)).sum())
             for p, g in zip(wrt, by_prediction, strict=True)

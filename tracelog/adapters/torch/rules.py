@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import math
 from collections.abc import Sequence
+from typing import Any
 
 import numpy as np
 
@@ -149,6 +150,30 @@ def _hardtanh(ctx: Ctx) -> Names:
     return ctx.one("Clip", [ctx.t(0), lo, hi])
 
 
+@ATEN.register("aten.hardsigmoid.default", "aten.hardsigmoid_.default")
+def _hardsigmoid(ctx: Ctx) -> Names:
+    # as torch's CPU kernel: min(max(x + 3, 0), 6) / 6 (MobileNetV3's gates)
+    out, dt = ctx.out_type(), ctx.out_type().dtype
+    gate = _relu6_of_shifted(ctx, ctx.t(0), out)
+    return ctx.one("Div", [gate, ctx.const(6.0, dt)])
+
+
+@ATEN.register("aten.hardswish.default", "aten.hardswish_.default")
+def _hardswish(ctx: Ctx) -> Names:
+    # as torch's CPU kernel: x * min(max(x + 3, 0), 6) / 6, the product first
+    out, dt = ctx.out_type(), ctx.out_type().dtype
+    x = ctx.t(0)
+    product = ctx.helper("Mul", [x, _relu6_of_shifted(ctx, x, out)], out)
+    return ctx.one("Div", [product, ctx.const(6.0, dt)])
+
+
+def _relu6_of_shifted(ctx: Ctx, x: str, out: TensorType) -> str:
+    """min(max(x + 3, 0), 6)."""
+    dt = out.dtype
+    shifted = ctx.helper("Add", [x, ctx.const(3.0, dt)], out)
+    return ctx.helper("Clip", [shifted, ctx.const(0.0, dt), ctx.const(6.0, dt)], out)
+
+
 @ATEN.register("aten.clamp.default", "aten.clamp_.default")
 def _clamp(ctx: Ctx) -> Names:
     dt = ctx.out_type().dtype
@@ -228,6 +253,29 @@ def _pow(ctx: Ctx) -> Names:
 
 
 # comparisons (every overload, after type promotion): rules_attention.py
+
+
+@ATEN.register("aten.pow.Scalar")
+def _pow_scalar_base(ctx: Ctx) -> Names:
+    # a number to a tensor's power (Funnel's 10000 ** (2k / d) frequencies)
+    dt = ctx.out_type().dtype
+    return ctx.one("Pow", [ctx.const(ctx.arg(0, "self"), dt), _operand(ctx, 1, "exponent", dt)])
+
+
+@ATEN.register("aten._weight_norm_interface.default")
+def _weight_norm(ctx: Ctx) -> Names:
+    """nn.utils.weight_norm's kernel: w = v * (g / ||v||), the norm over every
+    dim but `dim` (kept, as g's shape); returns (w, the norm)."""
+    v, g, vt = ctx.t(0), ctx.t(1), ctx.in_type(0)
+    dim = int(ctx.arg(2, "dim", 0)) % len(vt.shape)
+    axes = [d for d in range(len(vt.shape)) if d != dim]
+    norm_type = ctx.out_type(1)
+    squares = ctx.helper("Mul", [v, v], vt)
+    total = ctx.helper("ReduceSum", [squares, ctx.ints(axes)], norm_type, keepdims=1)
+    norm = ctx.helper("Sqrt", [total], norm_type)
+    scale = ctx.helper("Div", [g, norm], ctx.in_type(1))
+    w = ctx.helper("Mul", [v, scale], ctx.out_type(0))
+    return [w, norm]
 
 
 @ATEN.register("aten.where.self")
@@ -952,13 +1000,48 @@ ATEN.update_from(["aten.zero_.default"], _fill_rule(None, 0.0))
 VIEW_WRITE = "tracelog.view_write"  # the listener's record for a write through a view
 
 
+# views of the whole base: its new value is the view's, in the base's shape or order
+WHOLE_VIEWS = (
+    "aten.view.default",
+    "aten._unsafe_view.default",
+    "aten.squeeze.dim",
+    "aten.squeeze.dims",
+    "aten.unsqueeze.default",
+    "aten.transpose.int",
+    "aten.permute.default",
+)
+
+
+def inverse_order(kind: str, args: Sequence[Any], rank: int) -> list[int] | None:
+    """The permutation that takes a transposed or permuted view back to its
+    base's order; None for a view that keeps the order (a reshape)."""
+    if kind == "aten.transpose.int":
+        perm = list(range(rank))
+        a, b = int(args[0]) % rank, int(args[1]) % rank
+        perm[a], perm[b] = perm[b], perm[a]
+        return perm
+    if kind == "aten.permute.default":
+        dims = [int(d) % rank for d in args[0]]
+        return [dims.index(k) for k in range(rank)]
+    return None
+
+
 @ATEN.register(VIEW_WRITE)
 def _view_write(ctx: Ctx) -> Names:
     """base with the region a slice or select view covers replaced by the view's
-    new value: Concat of the base before it, the value and the base after it."""
+    new value: Concat of the base before it, the value and the base after it;
+    through a view of the whole base, the value in the base's shape or order."""
     kind = ctx.arg(2)
     bt = ctx.in_type(0)
     rank = len(bt.shape)
+    if kind in WHOLE_VIEWS:
+        value = ctx.t(1)
+        if ctx.in_type(1).dtype != bt.dtype:
+            raise NotSupported("a write through a view of another dtype")
+        perm = inverse_order(kind, ctx.rec.args[3:], rank)
+        if perm is not None:
+            return ctx.one("Transpose", [value], perm=perm)
+        return ctx.one("Reshape", [value, ctx.shape_const(list(bt.shape))])
     if kind == "aten.slice.Tensor":
         dim, start, end, step = (
             ctx.arg(3, default=0),

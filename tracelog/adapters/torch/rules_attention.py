@@ -742,3 +742,37 @@ def _baddbmm(ctx: Ctx) -> Names:
     if beta != 1:
         c = ctx.helper("Mul", [c, ctx.const(beta, out.dtype)], ctx.in_type(0))
     return ctx.one("Add", [prod, c])
+
+
+# -- sorting: torch.sort / argsort (the whole axis) and torch.topk, as ONNX TopK ---------
+@ATEN.register("aten.sort.default", "aten.sort.stable", "aten.topk.default")
+def _sort(ctx: Ctx) -> Names:
+    """Values and indices in order along a dim; equal elements keep their order
+    (torch's stable sort; TopK's lower index first). torch.sort and argsort
+    sort the whole dim, topk keeps k."""
+    xt = ctx.in_type(0)
+    rank = len(xt.shape)
+    if ctx.rec.op == "aten.topk.default":
+        k = ctx.arg(1, "k")
+        dim = ctx.arg(2, "dim", -1)
+        largest = bool(ctx.arg(3, "largest", True))
+        if not bool(ctx.arg(4, "sorted", True)):
+            raise NotSupported("topk with sorted=False (an order torch leaves unspecified)")
+    else:
+        if ctx.rec.op == "aten.sort.stable":  # every argument but self keyword-only
+            dim, largest = ctx.rec.kwarg("dim", -1), bool(ctx.rec.kwarg("descending", False))
+        else:  # unstable: ties in an order torch leaves open (none in distinct values)
+            dim, largest = ctx.arg(1, "dim", -1), bool(ctx.arg(2, "descending", False))
+        k = xt.shape[int(dim) % rank] if rank else 1
+    if not isinstance(k, int):
+        raise NotSupported("sorting along a symbolic-size dim")
+    if rank == 0:
+        raise NotSupported("sorting a 0-d tensor")
+    values, indices = ctx.node(
+        "TopK",
+        [ctx.t(0), ctx.ints([int(k)])],
+        axis=int(dim) % rank,
+        largest=int(largest),
+        sorted=1,
+    )
+    return [values, indices]

@@ -305,6 +305,14 @@ def _attention(
     return y if dead is None else jnp.where(dead, 0.0, y).astype(y.dtype)
 
 
+def _topk(x: jax.Array, k: int, axis: int, largest: bool) -> tuple[jax.Array, jax.Array]:
+    """ONNX TopK: the k largest (smallest) along axis, in order, equal elements
+    lower index first (a stable argsort, cut to k, and the values it picks)."""
+    indices = jnp.argsort(x, axis=axis, stable=True, descending=largest)
+    indices = lax.slice_in_dim(indices, 0, k, axis=axis)
+    return jnp.take_along_axis(x, indices, axis=axis), indices.astype(jnp.int64)
+
+
 def _node_key(rng: Any, key: str) -> Any:
     """The key of one random node ("mask.<k>"): rng folded with k, so that no two
     nodes of a step draw alike."""

@@ -223,6 +223,13 @@ def _normal(like: torch.Tensor, mean: float, scale: float, rng: Any, key: str) -
     return mean + scale * z
 
 
+def _topk(x: torch.Tensor, k: int, axis: int, largest: bool) -> tuple[torch.Tensor, torch.Tensor]:
+    """ONNX TopK: the k largest (smallest) along axis, in order, equal elements
+    lower index first (a stable sort, cut to k)."""
+    values, indices = torch.sort(x, dim=axis, descending=largest, stable=True)
+    return values.narrow(axis, 0, k), indices.narrow(axis, 0, k)
+
+
 def _causal_masked(mask: torch.Tensor, q: torch.Tensor, k: torch.Tensor) -> torch.Tensor:
     """An additive attention mask with each query's later keys masked too (is_causal's
     top-left alignment), for F.scaled_dot_product_attention, which takes one of the two."""
