@@ -432,7 +432,9 @@ def test_import_block_merges_modules_and_keeps_only_used_names() -> None:
 def test_helpers_are_inlined_only_when_called(target: str) -> None:
     runtime = get_target(target).helpers
     assert runtime.helpers_used("y = x + 1") == []
-    assert runtime.helpers_used("y, m = _dropout(x, r, rng, 'mask.0')") == ["_dropout"]
+    # with the helpers it calls (JAX's dropout folds its node's number into the key)
+    called = ["_node_key", "_dropout"] if target == "jax" else ["_dropout"]
+    assert runtime.helpers_used("y, m = _dropout(x, r, rng, 'mask.0')") == called
     assert runtime.helpers_used("y = obj._dropout(x)") == []  # a method is not the helper
 
 

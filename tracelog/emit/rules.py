@@ -494,43 +494,51 @@ def _concat(c: RuleCtx) -> dict[str, Any]:
 
 
 def _assembles_shape(c: RuleCtx) -> str:
-    """A Concat of int64 vectors whose parts are all static (sizes read off
-    shapes, inline constants, and arithmetic on them): a shape being assembled,
-    which JAX keeps static. An int64 vector of data (a row of an index table
-    the forward builds) is not."""
+    """A Concat of int64 vectors none of whose parts reads a traced value (a data
+    input, a parameter, a constant read from the weights) other than through
+    Shape: a shape being assembled, which JAX keeps static. An int64 vector
+    computed from the weights (a row of an index table the forward builds, as
+    BEiT's) is not."""
     out = c.out_type()
     if out.dtype != "int64" or len(out.shape) != 1:
         return ""
-    return "shape" if all(_static(c.graph, name) for name in c.node.inputs if name) else ""
+    return "" if any(_traced(c.graph, name) for name in c.node.inputs if name) else "shape"
 
 
-# ops whose result is static when their inputs are (shape arithmetic)
-_SHAPE_ARITHMETIC = frozenset(
-    "Concat Gather Slice Unsqueeze Squeeze Reshape Cast Add Sub Mul Div".split()
-)
-# the last graph asked about, its node count and its producers (one map a graph:
-# the question is asked per Concat)
-_producers_of: list[Any] = [None, -1, {}]
+# the last graph asked about, its node count, its producers and what is known of
+# its values (one pass a graph: the question is asked per Concat)
+_traced_in: list[Any] = [None, -1, {}, {}]
 
 
-def _static(graph: Graph, name: str, depth: int = 0) -> bool:
-    """Whether a value is known when the program is written: an inline constant
-    (not one read from the weights), a Shape, or shape arithmetic on such."""
-    v = graph.values[name]
-    if v.kind == "const":
-        return v.const is None or v.const.digest is None
-    if v.kind != "node" or depth > 16:
-        return False
-    if _producers_of[0] is not graph or _producers_of[1] != len(graph.nodes):
-        _producers_of[:] = [graph, len(graph.nodes), graph.producers()]
-    node = _producers_of[2].get(name)
-    if node is None:
-        return False
-    if node.op == "Shape":
-        return True
-    return node.op in _SHAPE_ARITHMETIC and all(
-        _static(graph, i, depth + 1) for i in node.inputs if i
-    )
+def _traced(graph: Graph, name: str) -> bool:
+    """Whether a value depends on a data input, a parameter, a buffer or a
+    constant stored with the weights, other than through a Shape (which reads
+    only the static shape)."""
+    if _traced_in[0] is not graph or _traced_in[1] != len(graph.nodes):
+        _traced_in[:] = [graph, len(graph.nodes), graph.producers(), {}]
+    producers, known = _traced_in[2], _traced_in[3]
+    todo = [name]
+    while todo:
+        top = todo[-1]
+        if top in known:
+            todo.pop()
+            continue
+        v = graph.values[top]
+        node = producers.get(top)
+        if v.kind == "const":
+            known[top] = v.const is not None and v.const.digest is not None
+        elif v.kind != "node" or node is None:
+            known[top] = True  # a data input, a parameter or a buffer
+        elif node.op == "Shape":
+            known[top] = False
+        else:
+            waiting = [i for i in node.inputs if i and i not in known]
+            if waiting:
+                todo.extend(waiting)
+                continue
+            known[top] = any(known[i] for i in node.inputs if i)
+        todo.pop()
+    return bool(known[name])
 
 
 OPS.add("Concat", OpRule(_concat, variant=_assembles_shape))
