@@ -495,7 +495,7 @@ class _Window(WindowBase):
             value = self.tape.recs[index].outs[0]
 
     def _view_chain(self, index: int | None, base_ref: Ref | None) -> list[Any] | None:
-        """The slice and select records from a view back to its base, the view's
+        """The view records (_VIEW_OPS) from a view back to its base, the view's
         own first; None where a link is not such a record or does not reach it."""
         chain: list[Any] = []
         while index is not None and len(chain) < 16:
