@@ -365,22 +365,15 @@ def _dropout(c: RuleCtx) -> dict[str, Any]:
     return {"key": c.mask_expr or literal(c.mask_key)}
 
 
-@OPS.op("RandomUniformLike")
-def _uniform(c: RuleCtx) -> dict[str, Any]:
-    return {
-        "key": c.mask_expr or literal(c.mask_key),
-        "low": literal(float(c.attr("low", 0.0))),
-        "high": literal(float(c.attr("high", 1.0))),
-    }
+# a random draw's two parameters and their defaults, by op
+_DRAW_ATTRS = {"RandomUniformLike": (("low", 0.0), ("high", 1.0)),
+               "RandomNormalLike": (("mean", 0.0), ("scale", 1.0))}  # fmt: skip
 
 
-@OPS.op("RandomNormalLike")
-def _normal(c: RuleCtx) -> dict[str, Any]:
-    return {
-        "key": c.mask_expr or literal(c.mask_key),
-        "mean": literal(float(c.attr("mean", 0.0))),
-        "scale": literal(float(c.attr("scale", 1.0))),
-    }
+@OPS.op(*_DRAW_ATTRS)
+def _random_draw(c: RuleCtx) -> dict[str, Any]:
+    fields = {k: literal(float(c.attr(k, default))) for k, default in _DRAW_ATTRS[c.node.op]}
+    return {"key": c.mask_expr or literal(c.mask_key), **fields}
 
 
 # -- reductions ---------------------------------------------------------------------------------

@@ -52,7 +52,7 @@ from .distributed import LocalGrads, Ranks, facts_for_log, placement, unwrap, wo
 from .guards import Calls, FastWindow, input_key, on_backward
 from .recurrent import InnerOps, RecurrentScopes
 from .reference import reference64
-from .rules import ATEN, DRAW_OPS, RESTRIDE, VIEW_WRITE
+from .rules import ATEN, DRAW_OPS, RESTRIDE, VIEW_WRITE, WHOLE_VIEWS
 from .tensors import (
     _DTYPES,
     TORCH_DTYPES,
@@ -68,17 +68,7 @@ logger = logging.getLogger("tracelog")
 # views whose writes reach their base (a VIEW_WRITE record, rules.py): a region
 # (slice, select), or the whole base in another shape or order (nn.Dropout(inplace)
 # on a flattened pool output, a write into a transposed view)
-_VIEW_OPS = {
-    "aten.slice.Tensor",
-    "aten.select.int",
-    "aten.view.default",
-    "aten._unsafe_view.default",
-    "aten.squeeze.dim",
-    "aten.squeeze.dims",
-    "aten.unsqueeze.default",
-    "aten.transpose.int",
-    "aten.permute.default",
-}
+_VIEW_OPS = {"aten.slice.Tensor", "aten.select.int", *WHOLE_VIEWS}
 
 
 class _OpInfo(NamedTuple):
