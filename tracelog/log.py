@@ -374,10 +374,10 @@ class TraceLog:
         except (KeyError, TypeError, ValueError, AttributeError) as e:
             raise LogError(f"{trace} is corrupt: {type(e).__name__} {_one_line(e)}") from None
         for name, expected in files.items():
+            f = _tensor_file(path, name)
             if check_tensors:
-                _check_file(path, name, expected, log.interrupted and name == WEIGHTS_FILE, log.run)
-            elif not (path / name).is_file() or (path / name).is_symlink():
-                raise LogError(f"{path} is incomplete: {name} is missing")
+                newer_ok = log.interrupted and name == WEIGHTS_FILE
+                _check_bytes(f, f.read_bytes(), expected, newer_ok, log.run)
             else:
                 log._unchecked[name] = expected
         log._dir = path
@@ -466,11 +466,12 @@ def _checked_files(trace: Path, files: Any) -> dict[str, str]:
     return files
 
 
-def _check_file(path: Path, name: str, expected: str, newer_ok: bool, run: dict[str, Any]) -> None:
+def _tensor_file(path: Path, name: str) -> Path:
+    """A tensor file trace.json names: a plain file in the log directory."""
     f = path / name
     if f.is_symlink() or not f.is_file():
         raise LogError(f"{path} is incomplete: {name} is missing")
-    _check_bytes(f, f.read_bytes(), expected, newer_ok, run)
+    return f
 
 
 def _check_bytes(f: Path, data: bytes, expected: str, newer_ok: bool, run: dict[str, Any]) -> None:

@@ -118,9 +118,10 @@ def _record_call(
 
 
 class _CallReplay:
-    """The call on meta tensors for the batch-dim replay (adapters/torch/batch_dims.py):
-    without dropout (no generator is touched), and with a state torch made with zeros
-    remade at the replayed batch size, as the layer would have made it."""
+    """The call replayed on meta tensors (the batch-dim replay, adapters/torch/batch_dims.py)
+    or in float64 (reference.py, where no dropout was drawn): without dropout (no
+    generator is touched), and with a state torch made with zeros remade at the
+    replayed batch size, as the layer would have made it."""
 
     def __init__(self, overload: Any, zero: tuple[bool, ...]) -> None:
         self.overload = overload

@@ -174,14 +174,11 @@ class _Replay:
             raise ReferenceUnavailable(
                 f"{rec.op} drew {len(masks)} dropout masks between {layers} layers"
             )
-        overload = _RECURRENT[rec.op]
-        if not masks:  # one kernel call, as the batch ran it (no draw to reproduce)
+        if not masks:  # one call, as the batch ran it (the record's replay: no draw)
             outs: list[torch.Tensor] = []
-            flatten_tensors(
-                overload(x, hx, params, biased, layers, 0.0, False, bidirectional, batch_first),
-                outs,
-            )
+            flatten_tensors(rec.func(x, hx, params, *rec.args[3:]), outs)
             return outs
+        overload = _RECURRENT[rec.op]
         dirs = 2 if bidirectional else 1
         states = list(hx) if isinstance(hx, list) else [hx]
         per = len(params) // (layers * dirs)  # w_ih, w_hh[, b_ih, b_hh][, w_hr]
