@@ -415,6 +415,33 @@ def test_guard_state_does_not_grow_with_batches(tmp_path: Path) -> None:
         assert (len(book.table), len(book.streaks), len(book.trusted)) == (1, 1, 1)
         assert not book.pending and book.branch_count == 0
         assert (book.exact, book.guarded) == (3 + 7, 390)  # K, then 1 in 50 of the other 397
+        assert len(listener._static_numbers) == 1  # the static part's facts, numbered once
+
+
+def test_a_guarded_batch_that_cannot_be_counted_fails_open(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A guarded batch ends in one call (``_end_guarded``); an error counting
+    it takes the long way, which counts it unrecorded with the reason, and
+    the next batches are counted as before."""
+    model = _mlp()
+    x = torch.randn(6, 8)
+    with tracelog.Listener(model, tmp_path / "g", rerecord_every=50) as listener:
+        assert [_one_batch(listener, model, x) for _ in range(5)] == [False] * 3 + [True] * 2
+        count = listener.log.count
+
+        def broken(*args: Any, **kwargs: Any) -> None:
+            raise OSError("no space left")
+
+        monkeypatch.setattr(listener.log, "count", broken)
+        assert not _one_batch(listener, model, x)
+        monkeypatch.setattr(listener.log, "count", count)
+        assert [_one_batch(listener, model, x) for _ in range(2)] == [True] * 2
+    log = tracelog.load(tmp_path / "g")
+    assert (log.recorded, log.unrecorded) == (7, 1)
+    assert "no space left" in log.failures[0]["error"] and log.failures[0]["batch"] == 5
+    # exact and guarded add up to the batches counted: the failed one is neither
+    assert log.recording["guarded"] == 4 and log.recording["exact"] == 3
 
 
 class _Recurrent(nn.Module):

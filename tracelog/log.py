@@ -601,7 +601,9 @@ class LogWriter:
         self._since += 1
         policy = self.policy
         elapsed = time.monotonic() - self._last
-        counted = self._since >= policy.batches and (
+        given = policy.every_batches  # policy.batches, less a call: this runs every batch
+        batches = DEFAULT_EVERY_BATCHES if given is None else given
+        counted = self._since >= batches and (
             policy.every_batches is not None or elapsed * DEFAULT_MAX_SHARE >= self._cost
         )
         due = (

@@ -93,7 +93,10 @@ def input_key(args: Any, kwargs: Any) -> Hashable:
     """What the root's forward receives: tensors by shape, dtype, device and
     ``requires_grad``, containers walked, plain values as they are."""
     # the same key as _one_input((args, kwargs)) gives, read with fewer calls
-    # for the usual forward (positional arguments only)
+    # for the usual forward (one tensor, positional)
+    if len(args) == 1 and not kwargs and isinstance(args[0], torch.Tensor):
+        a = args[0]
+        return ((tuple, ((a.shape, a.dtype, a.device, a.requires_grad),)), (dict, ()))
     pos = (tuple, tuple([_one_input(a) for a in args]))
     return (pos, _one_input(kwargs) if kwargs else (dict, ()))
 
@@ -103,8 +106,9 @@ def input_key(args: Any, kwargs: Any) -> Hashable:
 # window's recorder does as this thread's backward starts (listener.py)
 _READING = threading.local()
 _WRAPPED: dict[str, Callable[..., Any]] = {}  # torch.autograd's functions, as they were
-# per autograd node class: its saved plain values' names, and one getter of all of them
-_PLAIN_SAVED: dict[type, tuple[tuple[str, ...], Callable[[Any], tuple[Any, ...]] | None]] = {}
+# per autograd node class: its saved plain values' names, and one getter of all of
+# them (an attrgetter: of one name, it returns the value itself)
+_PLAIN_SAVED: dict[type, tuple[tuple[str, ...], Callable[[Any], Any] | None]] = {}
 _LOSS_NODES = 256  # a loss graph read no further (one that never meets the forward's output)
 
 
@@ -117,14 +121,14 @@ def _plain(v: Any) -> bool:
     return isinstance(v, (tuple, list)) and all(isinstance(x, (bool, int, float)) for x in v)
 
 
-def _saved(node: Any) -> tuple[Any, ...]:
+def _saved(node: Any, cls: type) -> tuple[Any, ...]:
     """The node's saved plain values (``_saved_reduction``, ``_saved_dim``,
     ``_saved_other`` of a scalar...); which attributes those are is found once
     per node class. A value that is not plain reads as its type's name, one
     that cannot be read (a custom Function's) as "?"."""
-    found = _PLAIN_SAVED.get(type(node))
+    found = _PLAIN_SAVED.get(cls)
     if found is None:
-        found = _PLAIN_SAVED[type(node)] = _saved_getter(node)
+        found = _PLAIN_SAVED[cls] = _saved_getter(node)
     names, getter = found
     if getter is None:
         return ()
@@ -132,20 +136,19 @@ def _saved(node: Any) -> tuple[Any, ...]:
         values = getter(node)
     except Exception:
         return tuple([_read(node, a) for a in names])
+    if len(names) == 1:
+        values = (values,)
     if _SCALARS.issuperset(map(type, values)):
         return values
     return tuple([_read(node, a) for a in names])
 
 
-def _saved_getter(node: Any) -> tuple[tuple[str, ...], Callable[[Any], tuple[Any, ...]] | None]:
-    """A node class's saved plain values: their names, and a getter that
-    returns them as a tuple (None: the class saves none)."""
+def _saved_getter(node: Any) -> tuple[tuple[str, ...], Callable[[Any], Any] | None]:
+    """A node class's saved plain values: their names, and a getter of them
+    (None: the class saves none)."""
     names = tuple(a for a in dir(node) if a.startswith("_saved_") and _plain_attr(node, a))
     if not names:
         return names, None
-    if len(names) == 1:  # attrgetter of one name returns the value, not a tuple
-        one = operator.attrgetter(names[0])
-        return names, lambda n: (one(n),)
     return names, operator.attrgetter(*names)
 
 
@@ -168,7 +171,7 @@ def _read(node: Any, attr: str) -> Any:
 
 def loss_graph(roots: Any, stop: frozenset[int]) -> tuple[Any, ...]:
     """The autograd graph from `roots` (the loss) down to the nodes in `stop`
-    (the forward output's grad_fns) and the leaves: each node's name and saved
+    (the forward output's grad_fns) and the leaves: each node's kind and saved
     plain values, depth first, at most _LOSS_NODES nodes. (Read on every
     guarded batch: loops rather than comprehensions, a call each.)"""
     todo = []
@@ -191,18 +194,11 @@ def loss_graph(roots: Any, stop: frozenset[int]) -> tuple[Any, ...]:
         if len(nodes) == _LOSS_NODES:
             nodes.append("...")
             break
-        nodes.append((node.name(), _saved(node)))
+        cls = type(node)  # its kind: the class, not name()'s new string
+        nodes.append((cls, _saved(node, cls)))
         for fn, _ in reversed(node.next_functions):
             todo.append(fn)
     return tuple(nodes)
-
-
-def _backward_starts(calls: Calls, roots: Any) -> None:
-    if calls.listener.busy:  # the listener's own autograd
-        return
-    _READING.calls = None
-    roots = (roots,) if isinstance(roots, torch.Tensor) else tuple(roots)
-    calls.backward(roots)
 
 
 def _wrap_autograd() -> None:
@@ -223,10 +219,11 @@ def _traced(run: Callable[..., Any], first: str) -> Callable[..., Any]:
     @functools.wraps(run)
     def traced(*args: Any, **kwargs: Any) -> Any:
         calls = getattr(_READING, "calls", None)
-        if calls is not None:
+        if calls is not None and not calls.listener.busy:  # not the listener's own autograd
             roots = args[0] if args else kwargs.get(first)
             if roots is not None:
-                _backward_starts(calls, roots)
+                _READING.calls = None
+                calls.backward((roots,) if isinstance(roots, torch.Tensor) else tuple(roots))
         recorder = getattr(_READING, "recorder", None)
         if recorder is not None:
             roots = args[0] if args else kwargs.get(first)
@@ -284,7 +281,8 @@ class Calls(TorchFunctionMode):
         without, each function call is noted from now."""
         self.started = True
         if outputs:
-            _wrap_autograd()
+            if not _WRAPPED:
+                _wrap_autograd()
             self.outputs = outputs
             _READING.calls = self
             return
@@ -302,7 +300,7 @@ class Calls(TorchFunctionMode):
         w.saw_backward = True
         if w.recording:  # read fail-open, as w.guarded would (inlined: every batch)
             try:
-                stop = frozenset([id(n) for n in self.outputs])
+                stop = frozenset(map(id, self.outputs))
                 self.calls.append(("backward", loss_graph(roots, stop)))
             except Exception as e:
                 w.fail(e)
@@ -325,14 +323,33 @@ class Calls(TorchFunctionMode):
 
 class FastWindow:
     """A batch window counted by guards: no recorder, no tape; it follows the
-    root's calls (for micro-batches and the forward's start) and reads the key."""
+    root's calls (for micro-batches and the forward's start) and reads the key.
+    Slotted: one is made every guarded batch."""
 
-    step = False
+    __slots__ = (
+        "listener",
+        "phase",
+        "epoch",
+        "batch",
+        "streak",
+        "static",
+        "inputs",
+        "calls",
+        "recording",
+        "error",
+        "root_depth",
+        "root_calls",
+        "root_done",
+        "key_started",
+        "saw_backward",
+        "step",
+    )
     local_grads = None
     before = None
 
     def __init__(self, listener: Any, phase: str, epoch: int, batch: int, static: Hashable) -> None:
         self.listener = listener
+        self.step = False
         self.phase, self.epoch, self.batch = phase, epoch, batch
         self.streak: Streak | None = None  # the trusted key it is counted by, from its forward
         self.static = static

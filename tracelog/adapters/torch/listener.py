@@ -640,7 +640,8 @@ class TorchListener(GuardedCounting, ListenerBase):
         self._tree_version = 0  # moves when a parameter or submodule is registered on ours
         self._tree_seen = -1
         # by the root's training flag: the static key the last forward of that phase read
-        self._statics: dict[bool, tuple[Any, ...]] = {}
+        self._statics: dict[bool, int] = {}
+        self._static_numbers: dict[tuple[Any, ...], int] = {}  # _tree_key's
         self._params: list[torch.nn.Parameter] = []
         self._modules: list[torch.nn.Module] = []
         self._named_modules: list[tuple[str, torch.nn.Module]] = []  # (path prefix, module)
@@ -650,6 +651,7 @@ class TorchListener(GuardedCounting, ListenerBase):
         self._dispatch_depth = 0
         self._warned_guards: set[str] = set()
         self.log.recording = self._book.to_json()
+        self._unwatched = _Watched(self, None)  # every fast window's (it holds no state)
         self._recurrent_scopes = RecurrentScopes()  # recurrent calls recorded whole (recurrent.py)
         self._inner: list[tuple[torch.nn.Module, bool]] = []  # non-root: (module, recurrent)
         self._scope_handles: list[Any] = []
@@ -780,7 +782,7 @@ class TorchListener(GuardedCounting, ListenerBase):
         if isinstance(w, FastWindow):
             # the recorder is pushed only if the batch turns out to need it
             self._dispatch_depth = torch._C._len_torch_dispatch_stack()
-            return _Watched(self, None)
+            return self._unwatched
         self._scopes(True)
         self._pause_collector()
         self._mode = _Mode(w)
@@ -804,31 +806,26 @@ class TorchListener(GuardedCounting, ListenerBase):
                 return FastWindow(self, phase, self.epoch, self._next_batch(phase), static)
         return super()._begin_window()
 
-    def _tree_key(self) -> tuple[Any, ...]:
+    def _tree_key(self) -> int:
         """The model's facts that decide a batch's graphs (guards.py), read as
-        the window opens: the key's static part."""
+        the forward starts: the key's static part, as the number of the facts'
+        tuple (hashed once here: the guard book looks a batch's static part up
+        several times). Remembered by the root's training flag (its phase)."""
         if self._tree_seen != self._tree_version:
             self._read_tree()
-        return (
-            tuple(map(_TRAINING, self._modules)),  # the root's first: the phase
+        training = tuple(map(_TRAINING, self._modules))
+        facts = (
+            training,  # the root's first: the phase
             tuple(map(_REQUIRES_GRAD, self._params)),
             self._tree_version,
             torch.get_default_dtype(),
             torch.are_deterministic_algorithms_enabled(),
         )
-
-    @staticmethod
-    def _modes_key() -> tuple[Any, ...]:
-        """The modes that decide a batch's graphs, read as the forward starts
-        (a ``torch.no_grad()`` inside the window counts)."""
-        return (
-            torch.is_grad_enabled(),
-            torch.is_inference_mode_enabled(),
-            torch.is_autocast_enabled("cpu"),
-            torch.get_autocast_dtype("cpu"),
-            torch.is_autocast_enabled("cuda"),
-            torch.get_autocast_dtype("cuda"),
-        )
+        static = self._static_numbers.get(facts)
+        if static is None:
+            static = self._static_numbers[facts] = len(self._static_numbers)
+        self._statics[training[0]] = static
+        return static
 
     def _tree_changed(self, module: torch.nn.Module, name: str, value: Any) -> None:
         """A global registration hook: a parameter or submodule of one of our modules."""
@@ -847,8 +844,17 @@ class TorchListener(GuardedCounting, ListenerBase):
             return w
         try:
             static = self._tree_key()  # now: a trainer may switch modes after the window opened
-            inputs = (self._modes_key(), input_key(args, kwargs))
-            self._statics[static[0][0]] = static  # by the root's training flag
+            # the modes that decide a batch's graphs, read as the forward starts
+            # (a torch.no_grad() inside the window counts)
+            modes = (
+                torch.is_grad_enabled(),
+                torch.is_inference_mode_enabled(),
+                torch.is_autocast_enabled("cpu"),
+                torch.get_autocast_dtype("cpu"),
+                torch.is_autocast_enabled("cuda"),
+                torch.get_autocast_dtype("cuda"),
+            )
+            inputs = (modes, input_key(args, kwargs))
         except Exception as e:  # fail open: no key, the batch recorded exactly or not at all
             if isinstance(w, FastWindow):
                 w.fail(e)
@@ -870,7 +876,12 @@ class TorchListener(GuardedCounting, ListenerBase):
         what runs."""
         calls = w.calls
         if calls is not None and not calls.started and w.root_done:
-            calls.start(_grad_fns(output) if torch.is_grad_enabled() else ())
+            if not torch.is_grad_enabled():
+                calls.start(())
+            elif isinstance(output, torch.Tensor):  # _grad_fns of the usual output, inline
+                calls.start(() if output.grad_fn is None else (output.grad_fn,))
+            else:
+                calls.start(_grad_fns(output))
 
     def _to_exact(self, fw: FastWindow) -> _Window:
         """A fast window's guards failed as its forward starts: record it exactly."""
@@ -955,6 +966,38 @@ class TorchListener(GuardedCounting, ListenerBase):
         if isinstance(self._window, _Window):
             self._push_recorder(self._window)
         # a fast window after an exact one: the recorder stays, seeing nothing
+
+    def _end_guarded(self, w: Any) -> bool:
+        """A fast window whose key is its trusted one, counted here in one call:
+        what ``_end_window``, ``_finish``, ``_record`` and ``_count_fast`` do
+        for it, less their calls. Anything else (a branch, no forward, a
+        failure) goes the long way."""
+        if type(w) is not FastWindow or not w.recording or w.root_calls == 0:
+            return False
+        calls, streak = w.calls, w.streak
+        if calls is None or streak is None:
+            return False
+        calls.end()  # again on the long way: a no-op then
+        static = w.static
+        if (static, w.inputs, tuple(calls.calls)) != streak.key:
+            return False  # a branch: the long way warns, and holds it if unknown
+        book = self._book
+        book.guarded += 1  # GuardBook.counted, for a key equal to the trusted one
+        book.since_exact[static] = book.since_exact.get(static, 0) + 1
+        pair = streak.pair
+        try:
+            self.log.count(w.phase, pair[0], pair[1], w.epoch, w.batch, True)
+        except Exception as e:  # fail open, as _finish: counted unrecorded the long way
+            book.guarded -= 1
+            book.since_exact[static] -= 1
+            w.fail(e)
+            return False
+        self.last_counted = pair
+        self.last_guarded = True
+        self._batch_counted()
+        if self._collector_paused:  # _window_closed
+            self._resume_collector()
+        return True
 
     def _end_window(self, w: Any, raised: BaseException | None = None) -> None:
         calls = getattr(w, "calls", None)
