@@ -316,9 +316,10 @@ class Calls(TorchFunctionMode):
         self.outputs = ()
         if getattr(_READING, "calls", None) is self:
             _READING.calls = None
-        n = torch._C._len_torch_function_stack()
-        if self.pushed and n and torch._C._get_function_stack_at(n - 1) is self:
-            torch._C._pop_torch_function_stack()  # __exit__'s work
+        if self.pushed:
+            n = torch._C._len_torch_function_stack()
+            if n and torch._C._get_function_stack_at(n - 1) is self:
+                torch._C._pop_torch_function_stack()  # __exit__'s work
 
 
 class FastWindow:

@@ -978,9 +978,11 @@ class TorchListener(GuardedCounting, ListenerBase):
         if calls is None or streak is None:
             return False
         calls.end()  # again on the long way: a no-op then
-        static = w.static
-        if (static, w.inputs, tuple(calls.calls)) != streak.key:
+        # the streak was found by (static, inputs) as the forward started: the
+        # calls are what is left to compare
+        if tuple(calls.calls) != streak.key[2]:
             return False  # a branch: the long way warns, and holds it if unknown
+        static = w.static
         book = self._book
         book.guarded += 1  # GuardBook.counted, for a key equal to the trusted one
         book.since_exact[static] = book.since_exact.get(static, 0) + 1
