@@ -524,6 +524,45 @@ def test_keras_batch_norm_rounds_as_keras_does(target: str) -> None:
     np.testing.assert_allclose(new_mean, 0.01 * x64.mean((0, 2, 3)), rtol=1e-6)
 
 
+@pytest.mark.parametrize("target", ["torch", "jax"])
+def test_keras_batch_norm_running_statistics_are_rounded_once(target: str) -> None:
+    """The running statistics' update (decay * running + momentum * batch
+    statistic) runs in float64 and is rounded once to float32: the float32
+    result is the exact update correctly rounded, as no float32 formula
+    (TensorFlow's included) can do better."""
+    pytest.importorskip(target, reason=f"the {target} runtime needs {target}")
+    rng = np.random.default_rng(1)
+    x = rng.standard_normal((8, 16, 3, 3)).astype(np.float32)
+    running = (rng.standard_normal(16).astype(np.float32), rng.random(16).astype(np.float32))
+    gamma, beta = np.ones(16, np.float32), np.zeros(16, np.float32)
+    momentum, decay = 0.009999999776482582, 0.9900000095367432  # Keras' 0.99, in float32
+    args = (1e-3, momentum, decay, False, [0, 2, 3])
+    if target == "torch":
+        import torch
+
+        from tracelog.emit.runtime import torch_program as rt
+
+        stats = tuple(torch.from_numpy(r) for r in running)
+        out = rt._batch_norm_train_weighted(
+            torch.from_numpy(x), torch.from_numpy(gamma), torch.from_numpy(beta), *stats, *args
+        )
+    else:
+        import jax.numpy as jnp
+
+        from tracelog.emit.runtime import jax_program as rt
+
+        stats = tuple(jnp.asarray(r) for r in running)
+        out = rt._batch_norm_train_weighted(jnp.asarray(x), gamma, beta, *stats, *args)
+    new_mean, new_var = (np.asarray(t) for t in out[1:])
+    x64 = x.astype(np.float64)
+    for got, old, batch in zip(
+        (new_mean, new_var), running, (x64.mean((0, 2, 3)), x64.var((0, 2, 3))), strict=True
+    ):
+        exact = decay * old.astype(np.float64) + momentum * batch
+        assert got.dtype == np.float32
+        np.testing.assert_array_equal(got, exact.astype(np.float32))
+
+
 @pytest.mark.parametrize(
     "axes, scales, mode",
     [

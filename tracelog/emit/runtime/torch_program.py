@@ -185,13 +185,12 @@ def _batch_norm_train_weighted(
     var = torch.square(x - mean.detach()).mean(dim=axes, keepdim=True)
     inv = torch.rsqrt(var + eps) * scale.reshape(shape)
     y = x * inv + (bias.reshape(shape) - mean * inv)
-    # the running statistics from float64 moments, cast once (as the JAX helper)
+    # the running statistics updated in float64 from float64 moments and
+    # rounded once, to the statistic's dtype (as the JAX helper)
     var64, mean64 = torch.var_mean(x.detach().double(), dim=axes, unbiased=unbiased)
-    return (
-        y,
-        decay * running_mean + momentum * mean64.to(x.dtype),
-        decay * running_var + momentum * var64.to(x.dtype),
-    )
+    new_mean = decay * running_mean.double() + momentum * mean64
+    new_var = decay * running_var.double() + momentum * var64
+    return y, new_mean.to(running_mean.dtype), new_var.to(running_var.dtype)
 
 
 def _dropout(x: torch.Tensor, rate: Any, rng: Any, key: str) -> tuple[torch.Tensor, torch.Tensor]:
