@@ -48,10 +48,10 @@ def _images(classes: int = 10, size: int = 32, n: int = 8) -> Callable[..., Data
     return make
 
 
-def _application(name: str) -> Callable[[], Any]:
+def _application(name: str, size: int = 32) -> Callable[[], Any]:
     def build() -> Any:
         cls = getattr(keras.applications, name)
-        return cls(weights=None, input_shape=(32, 32, 3), classes=10)
+        return cls(weights=None, input_shape=(size, size, 3), classes=10)
 
     return build
 
@@ -178,7 +178,34 @@ CASES: list[KerasCase] = [
     KerasCase("cnn_tf_function", _cnn, _images(10, 16), _sparse_ce(True), how="tf_function"),
     KerasCase("cnn_mirrored", _cnn, _images(10, 16), _sparse_ce(True), how="mirrored"),
 ]
-BY_NAME = {c.name: c for c in CASES}
+
+
+def _extra_app(name: str, application: str, size: int = 32) -> KerasCase:
+    """A keras.applications family no issue names, as ``_app`` builds the
+    matrix's (``size``: the family's smallest input, where 32 is below it)."""
+    return KerasCase(
+        name,
+        _application(application, size),
+        _images(size=size, n=16),
+        _sparse_ce(),
+        batch_size=8,
+        in_suite=False,
+    )
+
+
+# families no issue names (``models_matrix.py --keras --extra``): built from
+# the ops' meaning, tried on every release
+EXTRA_CASES: list[KerasCase] = [
+    _extra_app("xception", "Xception", 71),
+    _extra_app("inception_v3", "InceptionV3", 75),
+    _extra_app("mobilenet_v3_small", "MobileNetV3Small"),
+    _extra_app("mobilenet", "MobileNet"),
+    _extra_app("vgg16", "VGG16"),
+    _extra_app("resnet50_v2", "ResNet50V2"),
+    _extra_app("efficientnet_v2_b0", "EfficientNetV2B0"),
+    _extra_app("nasnet_mobile", "NASNetMobile"),
+]
+BY_NAME = {c.name: c for c in CASES + EXTRA_CASES}
 
 
 def _fit(model: Any, case: KerasCase, x: np.ndarray, y: np.ndarray, callback: Any) -> None:
