@@ -160,6 +160,7 @@ def _samples() -> list[OpSample]:
     )
     s.append(OpSample("MatMul", [("a", x), ("b", _r(4, 5))], torch=_t(torch.matmul)))
     s.append(OpSample("tracelog.StopGradient", [("x", x)], torch=_t(lambda a: a.detach())))
+    s.append(OpSample("tracelog.SiLU", [("x", x)], torch=_t(torch.nn.functional.silu)))
     # Keras' MultiHeadAttention projections and scores
     q, k = _r(2, 5, 3, 4, seed=3), _r(2, 6, 3, 4, seed=4)
     eq = "aecd,abcd->acbe"

@@ -135,6 +135,34 @@ def test_a_sum_runs_in_its_output_dtype(target: str, tmp_path: Path) -> None:
     assert report.ok, report.table()
 
 
+@pytest.mark.parametrize("target", ["onnx", "torch", "tensorflow", "jax"])
+def test_silu_is_one_op_and_the_torch_program_runs_torchs_kernel(
+    target: str, tmp_path: Path
+) -> None:
+    """SiLU records as tracelog.SiLU, which each target runs as its own
+    kernel: a PyTorch program of it is bitwise the source (its float32 error
+    is the source's on every output, ratio 1), and the others pass."""
+    import tracelog
+    from tracelog.emit import targets
+
+    framework = targets.get(target).framework
+    pytest.importorskip(framework, reason=f"the {target} target needs {framework} installed")
+    torch.manual_seed(0)
+    model = torch.nn.Sequential(
+        torch.nn.Linear(6, 32), torch.nn.SiLU(), torch.nn.Linear(32, 32), torch.nn.SiLU()
+    )
+    x = torch.randn(16, 6) * 3
+    with TorchListener(model, tmp_path, strict=True) as listener, listener.batch():
+        (model(x) ** 2).mean().backward()
+    ops = set().union(*(g.op_histogram() for g in tracelog.load(tmp_path).graphs.values()))
+    assert "tracelog.SiLU" in ops and "Sigmoid" not in ops
+    report = tracelog.check(tmp_path, target)
+    assert report.ok, report.table()
+    if target == "torch":
+        rows = [c for c in report.comparisons if c.ratio is not None]
+        assert rows and all(c.max_abs == c.source_err for c in rows), report.table()
+
+
 class _NormsAndRelayouts(torch.nn.Module):
     """Vector norms (ConvNeXt V2's global response norm, F.normalize, orders 1
     and inf), an in-place dropout (MobileViT's classifier) and an adaptive

@@ -296,7 +296,7 @@ CASES: list[Case] = [
         _vec(6),
         _cls(6),
         lambda p, y: F.nll_loss(p, y),
-        {"Relu", "Gelu", "Tanh", "Sigmoid", "Mul", "LeakyRelu", "Softmax", "LogSoftmax"},
+        {"Relu", "Gelu", "Tanh", "Sigmoid", "tracelog.SiLU", "LeakyRelu", "Softmax", "LogSoftmax"},
         {"NegativeLogLikelihoodLoss"},
     ),
     # AdaptiveAvgPool2d(1) reaches the dispatcher as mean over (-1, -2): ReduceMean.

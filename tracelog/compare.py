@@ -100,6 +100,7 @@ _UNARY: dict[str, Callable[[np.ndarray, dict[str, Any]], np.ndarray]] = {
     "Celu": lambda x, a: _celu(x, float(a.get("alpha", 1.0))),
     "Elu": lambda x, a: _celu(x, float(a.get("alpha", 1.0))),
     "Gelu": lambda x, a: _gelu(x, str(a.get("approximate", "none"))),
+    "SiLU": lambda x, a: x * _sigmoid(x),
 }
 _BINARY: dict[str, Callable[[Any, Any], Any]] = {
     "Add": np.add,
@@ -140,6 +141,7 @@ NAMED: list[tuple[str, dict[str, Any]]] = [
     ("Relu", {}),
     ("Tanh", {}),
     ("Sigmoid", {}),
+    ("SiLU", {}),
     ("Gelu", {"approximate": "none"}),
     ("Gelu", {"approximate": "tanh"}),
     ("Elu", {"alpha": 1.0}),

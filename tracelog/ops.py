@@ -361,6 +361,31 @@ StopGradient (X) => (Y) {
 )
 define(
     OpSchema(
+        "SiLU",
+        ("X",),
+        ("Y",),
+        (),
+        domain=TRACELOG_DOMAIN,
+        traits=frozenset({"elementwise"}),
+        doc=(
+            "Y = X * sigmoid(X) (SiLU, swish with beta 1: torch.nn.functional.silu, "
+            "tf.nn.silu, jax.nn.silu). One op rather than Sigmoid and Mul, so that a program "
+            "runs its framework's own kernel: PyTorch's computes X / (1 + exp(-X)) and its "
+            "gradient as dY * s * (1 + X * (1 - s)), s = sigmoid(X), with other rounding than "
+            "the product of two ops (a PyTorch program of a PyTorch model is then bitwise the "
+            "source's). ONNX has it as Swish only from opset 24."
+        ),
+        function="""
+<domain: "tracelog", opset_import: ["" : 21]>
+SiLU (X) => (Y) {
+  S = Sigmoid (X)
+  Y = Mul (X, S)
+}
+""",
+    )
+)
+define(
+    OpSchema(
         "Unsupported",
         ("inputs*",),
         ("outputs*",),

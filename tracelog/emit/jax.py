@@ -73,6 +73,7 @@ JAX.spell(
         "MatMul": "jnp.matmul({0}, {1})",
         "Einsum": "jnp.einsum({equation}, {operands})",
         "tracelog.StopGradient": "lax.stop_gradient({0})",
+        "tracelog.SiLU": "jax.nn.silu({0})",
         "BatchNormalization": "_batch_norm_eval({0}, {1}, {2}, {3}, {4}, {eps})",
         "tracelog.BatchNormTraining": (
             "_batch_norm_train({0}, {1}, {2}, {3}, {4}, {eps}, {momentum}, {axes})"

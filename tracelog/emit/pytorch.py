@@ -69,6 +69,7 @@ TORCH.spell(
         "MatMul": "torch.matmul({0}, {1})",
         "Einsum": "torch.einsum({equation}, {operands})",
         "tracelog.StopGradient": "{0}.detach()",
+        "tracelog.SiLU": "F.silu({0})",
         "BatchNormalization": "F.batch_norm({0}, {3}, {4}, {1}, {2}, False, 0.0, {eps})",
         "tracelog.BatchNormTraining": (
             "_batch_norm_train({0}, {1}, {2}, {3}, {4}, {eps}, {momentum}, {axes})"

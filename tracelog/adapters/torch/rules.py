@@ -121,10 +121,8 @@ def _rsqrt(ctx: Ctx) -> Names:
 
 @ATEN.register("aten.silu.default", "aten.silu_.default")
 def _silu(ctx: Ctx) -> Names:
-    # SiLU(x) = x * sigmoid(x); ONNX has no SiLU below opset 24 (Swish).
-    x = ctx.t(0)
-    s = ctx.helper("Sigmoid", [x], ctx.out_type())
-    return ctx.one("Mul", [x, s])
+    # one op (tracelog.ops SiLU): each target runs its own kernel, torch's bitwise
+    return ctx.one("SiLU", [ctx.t(0)], domain="tracelog")
 
 
 @ATEN.register("aten.gelu.default", "aten.gelu_.default")
