@@ -16,6 +16,8 @@ from tracelog.adapters.torch import TorchListener  # noqa: E402
 from tracelog.adapters.torch.rules import ATEN  # noqa: E402
 from tracelog.verify import verify  # noqa: E402
 
+F = torch.nn.functional
+
 
 def _one_tensor_ops() -> list[str]:
     """aten keys whose op takes one tensor first, every other argument has a
@@ -161,6 +163,56 @@ def test_silu_is_one_op_and_the_torch_program_runs_torchs_kernel(
     if target == "torch":
         rows = [c for c in report.comparisons if c.ratio is not None]
         assert rows and all(c.max_abs == c.source_err for c in rows), report.table()
+
+
+class _MoreActivations(torch.nn.Module):
+    """ELU (alpha 1 and not), SELU, Softplus (torch's defaults, and a beta and
+    threshold of its own), Mish, LogSigmoid and clamp_max, summed."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.fc = torch.nn.Linear(6, 8)
+        self.acts = torch.nn.ModuleList(
+            [
+                torch.nn.ELU(),
+                torch.nn.ELU(alpha=0.5),
+                torch.nn.SELU(),
+                torch.nn.Softplus(),
+                torch.nn.Softplus(beta=2.0, threshold=5.0),
+                torch.nn.Mish(),
+                torch.nn.LogSigmoid(),
+            ]
+        )
+        self.head = torch.nn.Linear(8, 3)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        h = self.fc(x)
+        total = h.clamp_max(4.0)
+        for act in self.acts:
+            total = total + act(h)
+        return self.head(total)
+
+
+@pytest.mark.parametrize("target", ["onnx", "torch", "tensorflow", "jax"])
+def test_elu_selu_softplus_mish_log_sigmoid_and_clamp_max(target: str, tmp_path: Path) -> None:
+    """Each activation as torch's kernel defines it (a Softplus's threshold
+    included: the pre-activations reach +-8), on every target."""
+    import tracelog
+    from tracelog.emit import targets
+
+    framework = targets.get(target).framework
+    pytest.importorskip(framework, reason=f"the {target} target needs {framework} installed")
+    torch.manual_seed(0)
+    model = _MoreActivations()
+    x = torch.randn(16, 6) * 4
+    with TorchListener(model, tmp_path, strict=True) as listener, listener.batch():
+        F.cross_entropy(model(x), torch.arange(16) % 3).backward()
+    log = tracelog.load(tmp_path)
+    assert log.unrecorded == 0
+    ops = set().union(*(g.op_histogram() for g in log.graphs.values()))
+    assert {"Celu", "Softplus", "Where"} <= ops and "tracelog.Unsupported" not in ops
+    report = tracelog.check(tmp_path, target)
+    assert report.ok, report.table()
 
 
 class _NormsAndRelayouts(torch.nn.Module):

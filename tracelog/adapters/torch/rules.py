@@ -135,6 +135,68 @@ def _celu(ctx: Ctx) -> Names:
     return ctx.one("Celu", [ctx.t(0)], alpha=float(ctx.arg(1, "alpha", 1.0)))
 
 
+@ATEN.register("aten.elu.default", "aten.elu_.default")
+def _elu(ctx: Ctx) -> Names:
+    # scale * (x if x > 0 else alpha * (exp(input_scale * x) - 1)), as torch's
+    # kernel: nn.ELU (alpha), nn.SELU (torch.selu is elu with SELU's constants)
+    out = ctx.out_type()
+    dt = out.dtype
+    x = ctx.t(0)
+    alpha = float(ctx.arg(1, "alpha", 1.0))
+    scale = float(ctx.arg(2, "scale", 1.0))
+    input_scale = float(ctx.arg(3, "input_scale", 1.0))
+    last = scale == 1.0  # the node before the scale is the record's output
+    if input_scale == 1.0 and alpha == 1.0:  # CELU at alpha 1 is ELU (torch's own kernel)
+        if last:
+            return ctx.one("Celu", [x], alpha=1.0)
+        y = ctx.helper("Celu", [x], out, alpha=1.0)
+    else:
+        z = x if input_scale == 1.0 else ctx.helper("Mul", [x, ctx.const(input_scale, dt)], out)
+        neg = ctx.helper("Celu", [z], out, alpha=1.0)  # exp(z) - 1 where z <= 0
+        if alpha != 1.0:
+            neg = ctx.helper("Mul", [neg, ctx.const(alpha, dt)], out)
+        pos = ctx.helper("Greater", [x, ctx.const(0.0, dt)], TensorType("bool", out.shape))
+        if last:
+            return ctx.one("Where", [pos, x, neg])
+        y = ctx.helper("Where", [pos, x, neg], out)
+    return ctx.one("Mul", [y, ctx.const(scale, dt)])
+
+
+@ATEN.register("aten.softplus.default")
+def _softplus(ctx: Ctx) -> Names:
+    # log(1 + exp(beta * x)) / beta, and x itself where beta * x > threshold,
+    # as torch's kernel
+    out = ctx.out_type()
+    dt = out.dtype
+    x = ctx.t(0)
+    beta = float(ctx.arg(1, "beta", 1.0))
+    threshold = float(ctx.arg(2, "threshold", 20.0))
+    bx = x if beta == 1.0 else ctx.helper("Mul", [x, ctx.const(beta, dt)], out)
+    soft = ctx.helper("Softplus", [bx], out)
+    if beta != 1.0:
+        soft = ctx.helper("Div", [soft, ctx.const(beta, dt)], out)
+    above = ctx.helper("Greater", [bx, ctx.const(threshold, dt)], TensorType("bool", out.shape))
+    return ctx.one("Where", [above, x, soft])
+
+
+@ATEN.register("aten.mish.default", "aten.mish_.default")
+def _mish(ctx: Ctx) -> Names:
+    # x * tanh(softplus(x)) (ONNX Mish is opset 18 and not in every target)
+    out = ctx.out_type()
+    x = ctx.t(0)
+    tanh = ctx.helper("Tanh", [ctx.helper("Softplus", [x], out)], out)
+    return ctx.one("Mul", [x, tanh])
+
+
+@ATEN.register("aten.log_sigmoid_forward.default")
+def _log_sigmoid(ctx: Ctx) -> Names:
+    # log(sigmoid(x)) = -softplus(-x); the second output is backward's buffer
+    out = ctx.out_type()
+    neg = ctx.helper("Neg", [ctx.t(0)], out)
+    y = ctx.one("Neg", [ctx.helper("Softplus", [neg], out)])
+    return [y[0], None]
+
+
 @ATEN.register("aten.leaky_relu.default", "aten.leaky_relu_.default")
 def _leaky_relu(ctx: Ctx) -> Names:
     return ctx.one("LeakyRelu", [ctx.t(0)], alpha=float(ctx.arg(1, "negative_slope", 0.01)))
@@ -191,6 +253,11 @@ def _clamp(ctx: Ctx) -> Names:
 @ATEN.register("aten.clamp_min.default", "aten.clamp_min_.default")
 def _clamp_min(ctx: Ctx) -> Names:
     return ctx.one("Clip", [ctx.t(0), ctx.const(ctx.arg(1, "min"), ctx.out_type().dtype)])
+
+
+@ATEN.register("aten.clamp_max.default", "aten.clamp_max_.default")
+def _clamp_max(ctx: Ctx) -> Names:
+    return ctx.one("Clip", [ctx.t(0), "", ctx.const(ctx.arg(1, "max"), ctx.out_type().dtype)])
 
 
 _BINARY = {"add": "Add", "sub": "Sub", "mul": "Mul", "div": "Div"}
