@@ -215,6 +215,75 @@ def test_elu_selu_softplus_mish_log_sigmoid_and_clamp_max(target: str, tmp_path:
     assert report.ok, report.table()
 
 
+class _MathOps(torch.nn.Module):
+    """rules_math.py's ops, each on the same hidden layer, summed: var, std,
+    var_mean (batch-wide too), logsumexp, prod, argmin, flip, roll, GLU,
+    PReLU, threshold, the shrinks, lerp, log2, log10, logit, sign, mv,
+    torch.norm and clamps by tensors."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.fc = torch.nn.Linear(6, 8)
+        self.prelu = torch.nn.PReLU(8)
+        self.head = torch.nn.Linear(8, 3)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        h = self.fc(x)
+        terms = [
+            h.var(-1, keepdim=True),
+            h.std(-1, keepdim=True),
+            torch.var_mean(h, -1, keepdim=True, correction=0)[0],
+            torch.var_mean(h, 0, keepdim=True)[1],  # over the batch
+            h.std(0, keepdim=True),
+            torch.logsumexp(h, -1, keepdim=True),
+            torch.sigmoid(h).prod(-1, keepdim=True),
+            h.gather(-1, h.argmin(-1, keepdim=True)),
+            h.flip(-1),
+            torch.roll(h, 3, -1),
+            F.glu(torch.cat([h, h.flip(-1)], -1), -1),
+            self.prelu(h),
+            F.threshold(h, 0.1, -1.0),
+            F.hardshrink(h),
+            F.softshrink(h, 0.3),
+            torch.lerp(h, h.flip(-1), 0.3),
+            torch.lerp(h, h.flip(-1), 0.8),
+            torch.log2(h.abs() + 1),
+            torch.log10(h.abs() + 1),
+            torch.logit(torch.sigmoid(h), eps=1e-6),
+            torch.sign(h) * h,
+            (h @ self.fc.bias).unsqueeze(-1),
+            F.pairwise_distance(h, h.flip(-1)).unsqueeze(-1),
+            F.cosine_similarity(h, h.flip(-1), dim=-1).unsqueeze(-1),
+        ]
+        total = h
+        for term in terms:
+            total = total + term
+        return self.head(total)
+
+
+@pytest.mark.parametrize("target", ["onnx", "torch", "tensorflow", "jax"])
+def test_math_ops_from_their_definitions(target: str, tmp_path: Path) -> None:
+    """rules_math.py's ops record (no unsupported node) and translate on
+    every target, with the float64 verdict."""
+    import tracelog
+    from tracelog.emit import targets
+
+    framework = targets.get(target).framework
+    pytest.importorskip(framework, reason=f"the {target} target needs {framework} installed")
+    torch.manual_seed(0)
+    model = _MathOps()
+    x = torch.randn(16, 6) * 2
+    with TorchListener(model, tmp_path, strict=True) as listener, listener.batch():
+        F.cross_entropy(model(x), torch.arange(16) % 3).backward()
+    log = tracelog.load(tmp_path)
+    ops = set().union(*(g.op_histogram() for g in log.graphs.values()))
+    assert log.unrecorded == 0 and "tracelog.Unsupported" not in ops
+    report = tracelog.check(tmp_path, target)
+    assert report.ok, report.table()
+    translated = [c for c in report.comparisons if c.name.endswith(" [float64]")]
+    assert translated and all(c.ok for c in translated)
+
+
 class _NormsAndRelayouts(torch.nn.Module):
     """Vector norms (ConvNeXt V2's global response norm, F.normalize, orders 1
     and inf), an in-place dropout (MobileViT's classifier) and an adaptive

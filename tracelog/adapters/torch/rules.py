@@ -630,10 +630,16 @@ ATEN.add("aten.min.dim", _max_dim_rule("ReduceMin"))
 
 @ATEN.register("aten.argmax.default")
 def _argmax(ctx: Ctx) -> Names:
+    return argmax_of(ctx, ctx.t(0))
+
+
+def argmax_of(ctx: Ctx, data: str) -> Names:
+    """The record's argmax (dim, keepdim as its arguments say) of `data`, a
+    tensor of the input's type (argmin: of its negation)."""
     dim = ctx.arg(1, "dim")
     keep = int(bool(ctx.arg(2, "keepdim", False)))
     if dim is not None:
-        return ctx.one("ArgMax", [ctx.t(0)], axis=int(dim), keepdims=keep)
+        return ctx.one("ArgMax", [data], axis=int(dim), keepdims=keep)
     # no dim: the argmax of the flattened input (a scalar; keepdim: every dim 1)
     x = ctx.in_type(0)
     symbolic = [d for d in x.shape if is_symbolic(d)]
@@ -641,7 +647,7 @@ def _argmax(ctx: Ctx) -> Names:
         raise NotSupported("argmax over all dims of a tensor with two batch dims")
     size = math.prod(int(d) for d in x.shape if not is_symbolic(d))
     n: int | str = dim_scale(symbolic[0], size) if symbolic else size
-    flat = ctx.helper("Reshape", [ctx.t(0), ctx.ints([-1])], TensorType(x.dtype, (n,)))
+    flat = ctx.helper("Reshape", [data, ctx.ints([-1])], TensorType(x.dtype, (n,)))
     if not keep:
         return ctx.one("ArgMax", [flat], axis=0, keepdims=0)
     index = ctx.helper("ArgMax", [flat], TensorType("int64", (1,)), axis=0, keepdims=1)
@@ -1170,6 +1176,7 @@ ATEN.not_yet(
 # the op families in modules of their own register into ATEN when imported
 from tracelog.adapters.torch import (  # noqa: E402, F401
     rules_attention,
+    rules_math,
     rules_recurrent,
     rules_vision,
 )
