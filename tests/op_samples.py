@@ -161,6 +161,11 @@ def _samples() -> list[OpSample]:
     s.append(OpSample("MatMul", [("a", x), ("b", _r(4, 5))], torch=_t(torch.matmul)))
     s.append(OpSample("tracelog.StopGradient", [("x", x)], torch=_t(lambda a: a.detach())))
     s.append(OpSample("tracelog.SiLU", [("x", x)], torch=_t(torch.nn.functional.silu)))
+    tiny = x * 1e-6  # where log(1 + x) and exp(x) - 1 written out lose x's digits
+    s.append(OpSample("tracelog.Log1p", [("x", tiny)], torch=_t(torch.log1p)))
+    s.append(OpSample("tracelog.Log1p", [("x", np.abs(x) * 3)], torch=_t(torch.log1p)))
+    s.append(OpSample("tracelog.Expm1", [("x", tiny)], torch=_t(torch.expm1)))
+    s.append(OpSample("tracelog.Expm1", [("x", x)], torch=_t(torch.expm1)))
     # Keras' MultiHeadAttention projections and scores
     q, k = _r(2, 5, 3, 4, seed=3), _r(2, 6, 3, 4, seed=4)
     eq = "aecd,abcd->acbe"

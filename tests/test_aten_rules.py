@@ -218,8 +218,8 @@ def test_elu_selu_softplus_mish_log_sigmoid_and_clamp_max(target: str, tmp_path:
 class _MathOps(torch.nn.Module):
     """rules_math.py's ops, each on the same hidden layer, summed: var, std,
     var_mean (batch-wide too), logsumexp, prod, argmin, flip, roll, GLU,
-    PReLU, threshold, the shrinks, lerp, log2, log10, logit, sign, mv,
-    torch.norm and clamps by tensors."""
+    PReLU, threshold, the shrinks, lerp, log2, log10, logit, sign, log1p,
+    expm1, mv, torch.norm and clamps by tensors."""
 
     def __init__(self) -> None:
         super().__init__()
@@ -251,6 +251,8 @@ class _MathOps(torch.nn.Module):
             torch.log10(h.abs() + 1),
             torch.logit(torch.sigmoid(h), eps=1e-6),
             torch.sign(h) * h,
+            torch.log1p(h.abs() * 1e-3),
+            torch.expm1(h * 1e-3),
             (h @ self.fc.bias).unsqueeze(-1),
             F.pairwise_distance(h, h.flip(-1)).unsqueeze(-1),
             F.cosine_similarity(h, h.flip(-1), dim=-1).unsqueeze(-1),

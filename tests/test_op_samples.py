@@ -86,3 +86,20 @@ def test_op_agrees_with_onnx_reference_and_torch(emitter: str, sample: OpSample)
         want = sample.torch(*[arr for _, arr in sample.inputs])
         c = compare("output 0", got[0], want, 1e-5, 1e-4)
         assert c.ok, (sample.id, "vs torch", c)
+
+
+@pytest.mark.parametrize("op", ["tracelog.Log1p", "tracelog.Expm1"])
+def test_log1p_and_expm1_functions_keep_small_inputs_digits(op: str) -> None:
+    """The ONNX functions of Log1p and Expm1 (onnx.reference and onnxruntime)
+    are within a few float32 ulp of the exact values where log(1 + x) and
+    exp(x) - 1 written out give 0 (x = 1e-8) or lose half the digits (1e-4)."""
+    import onnxruntime as ort
+
+    x = np.array([1e-8, -3e-8, 1e-4, -2e-4, 0.5, -0.9 if op.endswith("Log1p") else -5.0, 3.0])
+    x = x.astype(np.float32)
+    model = graph_to_onnx(OpSample(op, [("x", x)]).graph())
+    wide = x.astype(np.float64)
+    exact = np.log1p(wide) if op.endswith("Log1p") else np.expm1(wide)
+    sess = ort.InferenceSession(model.SerializeToString(), providers=["CPUExecutionProvider"])
+    for got in (ReferenceEvaluator(model).run(None, {"x": x})[0], sess.run(None, {"x": x})[0]):
+        assert np.all(np.abs(got - exact) <= 4 * np.spacing(np.abs(exact).astype(np.float32)))

@@ -101,6 +101,8 @@ _UNARY: dict[str, Callable[[np.ndarray, dict[str, Any]], np.ndarray]] = {
     "Elu": lambda x, a: _celu(x, float(a.get("alpha", 1.0))),
     "Gelu": lambda x, a: _gelu(x, str(a.get("approximate", "none"))),
     "SiLU": lambda x, a: x * _sigmoid(x),
+    "Log1p": lambda x, a: np.log1p(x),
+    "Expm1": lambda x, a: np.expm1(x),
 }
 _BINARY: dict[str, Callable[[Any, Any], Any]] = {
     "Add": np.add,

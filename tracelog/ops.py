@@ -386,6 +386,69 @@ SiLU (X) => (Y) {
 )
 define(
     OpSchema(
+        "Log1p",
+        ("X",),
+        ("Y",),
+        (),
+        domain=TRACELOG_DOMAIN,
+        traits=frozenset({"elementwise"}),
+        doc=(
+            "Y = log(1 + X), accurate where X is small (torch.log1p, tf.math.log1p, "
+            "jnp.log1p): log(1 + X) written out loses every digit of X below the "
+            "resolution of 1 (X = 1e-8 gives 0 in float32). The ONNX function takes "
+            "log(U) * X / (U - 1), U = 1 + X, which is accurate to a few ulp, and X where "
+            "U is 1."
+        ),
+        function="""
+<domain: "tracelog", opset_import: ["" : 21]>
+Log1p (X) => (Y) {
+  one_f = Constant <value_float = 1.0> ()
+  one = CastLike (one_f, X)
+  zero_f = Constant <value_float = 0.0> ()
+  zero = CastLike (zero_f, X)
+  u = Add (one, X)
+  d = Sub (u, one)
+  tiny = Equal (d, zero)
+  safe_d = Where (tiny, one, d)
+  ratio = Div (X, safe_d)
+  logu = Log (u)
+  scaled = Mul (logu, ratio)
+  Y = Where (tiny, X, scaled)
+}
+""",
+    )
+)
+define(
+    OpSchema(
+        "Expm1",
+        ("X",),
+        ("Y",),
+        (),
+        domain=TRACELOG_DOMAIN,
+        traits=frozenset({"elementwise"}),
+        doc=(
+            "Y = exp(X) - 1, accurate where X is small (torch.expm1, tf.math.expm1, "
+            "jnp.expm1): exp(X) - 1 written out cancels to 0 there. The ONNX function "
+            "takes tanh(X / 2) * (exp(X) + 1), with no cancellation."
+        ),
+        function="""
+<domain: "tracelog", opset_import: ["" : 21]>
+Expm1 (X) => (Y) {
+  one_f = Constant <value_float = 1.0> ()
+  one = CastLike (one_f, X)
+  half_f = Constant <value_float = 0.5> ()
+  half = CastLike (half_f, X)
+  h = Mul (X, half)
+  t = Tanh (h)
+  e = Exp (X)
+  e1 = Add (e, one)
+  Y = Mul (t, e1)
+}
+""",
+    )
+)
+define(
+    OpSchema(
         "Unsupported",
         ("inputs*",),
         ("outputs*",),

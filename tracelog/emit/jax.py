@@ -74,6 +74,8 @@ JAX.spell(
         "Einsum": "jnp.einsum({equation}, {operands})",
         "tracelog.StopGradient": "lax.stop_gradient({0})",
         "tracelog.SiLU": "jax.nn.silu({0})",
+        "tracelog.Log1p": "jnp.log1p({0})",
+        "tracelog.Expm1": "jnp.expm1({0})",
         "BatchNormalization": "_batch_norm_eval({0}, {1}, {2}, {3}, {4}, {eps})",
         "tracelog.BatchNormTraining": (
             "_batch_norm_train({0}, {1}, {2}, {3}, {4}, {eps}, {momentum}, {axes})"

@@ -70,6 +70,8 @@ TORCH.spell(
         "Einsum": "torch.einsum({equation}, {operands})",
         "tracelog.StopGradient": "{0}.detach()",
         "tracelog.SiLU": "F.silu({0})",
+        "tracelog.Log1p": "torch.log1p({0})",
+        "tracelog.Expm1": "torch.expm1({0})",
         "BatchNormalization": "F.batch_norm({0}, {3}, {4}, {1}, {2}, False, 0.0, {eps})",
         "tracelog.BatchNormTraining": (
             "_batch_norm_train({0}, {1}, {2}, {3}, {4}, {eps}, {momentum}, {axes})"

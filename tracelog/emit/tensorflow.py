@@ -79,6 +79,8 @@ TF.spell(
         "Einsum": "tf.einsum({equation}, {operands})",
         "tracelog.StopGradient": "tf.stop_gradient({0})",
         "tracelog.SiLU": "tf.nn.silu({0})",
+        "tracelog.Log1p": "tf.math.log1p({0})",
+        "tracelog.Expm1": "tf.math.expm1({0})",
         "BatchNormalization": "_batch_norm_eval({0}, {1}, {2}, {3}, {4}, {eps}, {channel_axis})",
         "tracelog.BatchNormTraining": (
             "_batch_norm_train({0}, {1}, {2}, {3}, {4}, {eps}, {momentum}, {axes}, {channel_axis})"

@@ -64,14 +64,9 @@ def _softsign(ctx: Ctx) -> Names:
 
 @TF_OPS.register("tf.Expm1")
 def _expm1(ctx: Ctx) -> Names:
-    # exp(x) - 1 = tanh(x / 2) * (exp(x) + 1): no cancellation near 0, where
-    # exp(x) - 1 would lose every digit below float32's resolution of 1
-    ty = ctx.out_type()
-    x = ctx.t(0)
-    half = ctx.helper("Mul", [x, ctx.const(0.5, ty.dtype)], ty)
-    t = ctx.helper("Tanh", [half], ty)
-    e1 = ctx.helper("Add", [ctx.helper("Exp", [x], ty), ctx.const(1.0, ty.dtype)], ty)
-    return ctx.one("Mul", [t, e1])
+    # tracelog.Expm1: each target's own expm1 (ONNX's function: tanh(x / 2) *
+    # (exp(x) + 1), no cancellation near 0)
+    return ctx.one("Expm1", [ctx.t(0)], domain="tracelog")
 
 
 # -- logic ----------------------------------------------------------------------------------

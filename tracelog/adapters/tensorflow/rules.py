@@ -557,9 +557,8 @@ def _erfc(ctx: Ctx) -> Names:
 
 @TF_OPS.register("tf.Log1p")
 def _log1p(ctx: Ctx) -> Names:
-    # log(1 + x): ONNX has no log1p; the difference is below fp32's resolution of 1
-    one_plus = ctx.helper("Add", [ctx.t(0), ctx.const(1.0, ctx.out_type().dtype)], ctx.out_type())
-    return ctx.one("Log", [one_plus])
+    # tracelog.Log1p: log(1 + x) written out loses x's digits below 1's resolution
+    return ctx.one("Log1p", [ctx.t(0)], domain="tracelog")
 
 
 @TF_OPS.register("tf.ZerosLike", "tf.OnesLike")

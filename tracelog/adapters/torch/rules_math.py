@@ -1,7 +1,8 @@
 """Aten rules for element-wise math and reductions torch has kernels for and
 ONNX has no single op for: variance and standard deviation, logsumexp,
 products, argmin, flips and rolls, GLU, PReLU, thresholds and shrinks, lerp,
-log2 and log10, logit and sign. Each is written from the op's definition in
+log2 and log10, logit, sign, and log1p and expm1 (tracelog ops: each target
+runs its own accurate kernel). Each is written from the op's definition in
 torch (aten/src/ATen/native), with existing IR ops, as a program of the
 same meaning on every target.
 
@@ -303,6 +304,16 @@ def _sign(ctx: Ctx) -> Names:
     positive = ctx.helper("Cast", [ctx.helper("Greater", [x, zero], mask)], out, to=dt)
     negative = ctx.helper("Cast", [ctx.helper("Less", [x, zero], mask)], out, to=dt)
     return ctx.one("Sub", [positive, negative])
+
+
+@ATEN.register("aten.log1p.default", "aten.log1p_.default")
+def _log1p(ctx: Ctx) -> Names:
+    return ctx.one("Log1p", [ctx.t(0)], domain="tracelog")
+
+
+@ATEN.register("aten.expm1.default", "aten.expm1_.default")
+def _expm1(ctx: Ctx) -> Names:
+    return ctx.one("Expm1", [ctx.t(0)], domain="tracelog")
 
 
 @ATEN.register("aten.mv.default")
