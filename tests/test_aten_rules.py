@@ -7,6 +7,7 @@ is tested here with no test written by hand."""
 from __future__ import annotations
 
 from pathlib import Path
+from typing import Any
 
 import pytest
 
@@ -137,6 +138,27 @@ def test_a_sum_runs_in_its_output_dtype(target: str, tmp_path: Path) -> None:
     assert report.ok, report.table()
 
 
+def _checked(
+    target: str, tmp_path: Path, model: torch.nn.Module, x: torch.Tensor
+) -> tuple[Any, Any]:
+    """One training batch of `model` on `x` recorded (a 3-class cross-entropy),
+    and the target's check of it: (the log, the report)."""
+    import tracelog
+    from tracelog.emit import targets
+
+    framework = targets.get(target).framework
+    pytest.importorskip(framework, reason=f"the {target} target needs {framework} installed")
+    with TorchListener(model, tmp_path, strict=True) as listener, listener.batch():
+        F.cross_entropy(model(x), torch.arange(len(x)) % 3).backward()
+    log = tracelog.load(tmp_path)
+    assert log.unrecorded == 0, log.failures
+    return log, tracelog.check(tmp_path, target)
+
+
+def _ops(log: Any) -> set[str]:
+    return set().union(*(g.op_histogram() for g in log.graphs.values()))
+
+
 @pytest.mark.parametrize("target", ["onnx", "torch", "tensorflow", "jax"])
 def test_silu_is_one_op_and_the_torch_program_runs_torchs_kernel(
     target: str, tmp_path: Path
@@ -144,21 +166,13 @@ def test_silu_is_one_op_and_the_torch_program_runs_torchs_kernel(
     """SiLU records as tracelog.SiLU, which each target runs as its own
     kernel: a PyTorch program of it is bitwise the source (its float32 error
     is the source's on every output, ratio 1), and the others pass."""
-    import tracelog
-    from tracelog.emit import targets
-
-    framework = targets.get(target).framework
-    pytest.importorskip(framework, reason=f"the {target} target needs {framework} installed")
     torch.manual_seed(0)
     model = torch.nn.Sequential(
-        torch.nn.Linear(6, 32), torch.nn.SiLU(), torch.nn.Linear(32, 32), torch.nn.SiLU()
+        torch.nn.Linear(6, 32), torch.nn.SiLU(), torch.nn.Linear(32, 3), torch.nn.SiLU()
     )
-    x = torch.randn(16, 6) * 3
-    with TorchListener(model, tmp_path, strict=True) as listener, listener.batch():
-        (model(x) ** 2).mean().backward()
-    ops = set().union(*(g.op_histogram() for g in tracelog.load(tmp_path).graphs.values()))
+    log, report = _checked(target, tmp_path, model, torch.randn(16, 6) * 3)
+    ops = _ops(log)
     assert "tracelog.SiLU" in ops and "Sigmoid" not in ops
-    report = tracelog.check(tmp_path, target)
     assert report.ok, report.table()
     if target == "torch":
         rows = [c for c in report.comparisons if c.ratio is not None]
@@ -197,21 +211,10 @@ class _MoreActivations(torch.nn.Module):
 def test_elu_selu_softplus_mish_log_sigmoid_and_clamp_max(target: str, tmp_path: Path) -> None:
     """Each activation as torch's kernel defines it (a Softplus's threshold
     included: the pre-activations reach +-8), on every target."""
-    import tracelog
-    from tracelog.emit import targets
-
-    framework = targets.get(target).framework
-    pytest.importorskip(framework, reason=f"the {target} target needs {framework} installed")
     torch.manual_seed(0)
-    model = _MoreActivations()
-    x = torch.randn(16, 6) * 4
-    with TorchListener(model, tmp_path, strict=True) as listener, listener.batch():
-        F.cross_entropy(model(x), torch.arange(16) % 3).backward()
-    log = tracelog.load(tmp_path)
-    assert log.unrecorded == 0
-    ops = set().union(*(g.op_histogram() for g in log.graphs.values()))
+    log, report = _checked(target, tmp_path, _MoreActivations(), torch.randn(16, 6) * 4)
+    ops = _ops(log)
     assert {"Celu", "Softplus", "Where"} <= ops and "tracelog.Unsupported" not in ops
-    report = tracelog.check(tmp_path, target)
     assert report.ok, report.table()
 
 
@@ -267,20 +270,9 @@ class _MathOps(torch.nn.Module):
 def test_math_ops_from_their_definitions(target: str, tmp_path: Path) -> None:
     """rules_math.py's ops record (no unsupported node) and translate on
     every target, with the float64 verdict."""
-    import tracelog
-    from tracelog.emit import targets
-
-    framework = targets.get(target).framework
-    pytest.importorskip(framework, reason=f"the {target} target needs {framework} installed")
     torch.manual_seed(0)
-    model = _MathOps()
-    x = torch.randn(16, 6) * 2
-    with TorchListener(model, tmp_path, strict=True) as listener, listener.batch():
-        F.cross_entropy(model(x), torch.arange(16) % 3).backward()
-    log = tracelog.load(tmp_path)
-    ops = set().union(*(g.op_histogram() for g in log.graphs.values()))
-    assert log.unrecorded == 0 and "tracelog.Unsupported" not in ops
-    report = tracelog.check(tmp_path, target)
+    log, report = _checked(target, tmp_path, _MathOps(), torch.randn(16, 6) * 2)
+    assert "tracelog.Unsupported" not in _ops(log)
     assert report.ok, report.table()
     translated = [c for c in report.comparisons if c.name.endswith(" [float64]")]
     assert translated and all(c.ok for c in translated)
