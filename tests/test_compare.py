@@ -521,3 +521,30 @@ def test_mean_squared_error_per_sample_then_over_the_batch_is_one_mean(logs, cap
         assert (last.op, last.attrs.get("axes"), last.shape) == ("ReduceMean", [0, 1], [])
     code, out, err = _run(capsys, str(logs["torch_mse"]), str(logs["keras_mse"]))
     assert code == 0 and "parity ok" in out, out + err
+
+
+def test_silu_and_elu_agree_with_keras_swish_and_elu(capsys, tmp_path) -> None:
+    """PyTorch's SiLU (one tracelog.SiLU op) and ELU (Celu at alpha 1) against
+    Keras' swish (Sigmoid and Mul) and elu (Celu): the same structure by
+    meaning, and parity through programs that run each chain as its named op
+    where a target has one (SiLU) and as written where none does (Elu)."""
+    torch.manual_seed(0)
+    tm = nn.Sequential(nn.Linear(4, 8), nn.SiLU(), nn.Linear(8, 8), nn.ELU(), nn.Linear(8, 3))
+    keras.utils.set_random_seed(0)
+    km = keras.Sequential(
+        [
+            keras.Input((4,)),
+            keras.layers.Dense(8, activation="swish"),
+            keras.layers.Dense(8, activation="elu"),
+            keras.layers.Dense(3),
+        ]
+    )
+    for t, k in zip((0, 2, 4), km.layers, strict=True):
+        k.set_weights([tm[t].weight.detach().numpy().T, tm[t].bias.detach().numpy()])
+    rng = np.random.default_rng(0)
+    x = rng.standard_normal((8, 4)).astype(np.float32) * 3
+    y = rng.integers(0, 3, 8)
+    record(tm, tmp_path / "torch", [(torch.from_numpy(x), torch.from_numpy(y))], F.cross_entropy)
+    keras_record(km, x, y, tmp_path / "keras")
+    code, out, err = _run(capsys, str(tmp_path / "torch"), str(tmp_path / "keras"))
+    assert code == 0 and "parity ok" in out, out + err

@@ -42,7 +42,7 @@ import numpy as np
 from tracelog.errors import LogError
 from tracelog.ir import ConstData, Graph, Node
 from tracelog.log import TraceLog
-from tracelog.ops import OPS, is_random, traits_of
+from tracelog.ops import OPS, TRACELOG_DOMAIN, is_random, traits_of
 from tracelog.sample import input_key, mask_key, target_key
 
 FORMAT = "tracelog-compare"
@@ -296,6 +296,9 @@ def fused_graph(g: Graph, fused: list[Fused]) -> Graph:
     inside the chain is read outside it."""
     g = copy.deepcopy(g)
     for f in fused:
+        domain = next((d for d in ("", TRACELOG_DOMAIN) if (d, f.op) in OPS), None)
+        if domain is None:  # a name of the comparison (Elu) that no target runs: as written
+            continue
         chain = [n for n in g.nodes if any(_same_node(n, m) for m in f.nodes)]
         inner = {o for n in chain for o in n.outputs} - {f.output}
         outside = [n for n in g.nodes if not any(n is c for c in chain)]
@@ -303,7 +306,9 @@ def fused_graph(g: Graph, fused: list[Fused]) -> Graph:
         if len(chain) != len(f.nodes) or inner & read:
             continue
         last = chain[-1]
-        one = Node(f.op, [f.entry], [f.output], dict(f.attrs), "", last.module, last.module_type)
+        one = Node(
+            f.op, [f.entry], [f.output], dict(f.attrs), domain, last.module, last.module_type
+        )
         at = g.nodes.index(last)
         g.nodes = (
             [n for n in g.nodes[:at] if n not in chain]
