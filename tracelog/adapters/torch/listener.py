@@ -982,18 +982,15 @@ class TorchListener(GuardedCounting, ListenerBase):
         # calls are what is left to compare
         if tuple(calls.calls) != streak.key[2]:
             return False  # a branch: the long way warns, and holds it if unknown
-        static = w.static
-        book = self._book
-        book.guarded += 1  # GuardBook.counted, for a key equal to the trusted one
-        book.since_exact[static] = book.since_exact.get(static, 0) + 1
         pair = streak.pair
         try:
             self.log.count(w.phase, pair[0], pair[1], w.epoch, w.batch, True)
         except Exception as e:  # fail open, as _finish: counted unrecorded the long way
-            book.guarded -= 1
-            book.since_exact[static] -= 1
             w.fail(e)
             return False
+        book, static = self._book, w.static
+        book.guarded += 1  # GuardBook.counted, for a key equal to the trusted one
+        book.since_exact[static] = book.since_exact.get(static, 0) + 1
         self.last_counted = pair
         self.last_guarded = True
         self._batch_counted()
