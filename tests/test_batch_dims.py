@@ -80,6 +80,29 @@ def test_the_memo_changes_no_shape_and_runs_each_layer_kernel_once(
     assert calls[0] * 3 < without, (calls[0], without)
 
 
+def test_a_repeated_layers_records_are_ranked_once_per_replay(
+    tmp_path: Path, monkeypatch: Any
+) -> None:
+    # the choices of a record (and the checks of each) are tried once per
+    # replay size for six equal layers; the rest take the remembered outcomes
+    tape = _tape(tmp_path, monkeypatch)
+    ranked = [0]
+    outcomes_of = batch_dims._MetaReplay._outcomes_of
+
+    def counted(self: Any, rec: Any, plan: Any) -> Any:
+        ranked[0] += 1
+        return outcomes_of(self, rec, plan)
+
+    monkeypatch.setattr(batch_dims._MetaReplay, "_outcomes_of", counted)
+    forgetful = batch_dims.exact_batch_dims(tape, memo=_Forgetful())
+    without, ranked[0] = ranked[0], 0
+    remembered = batch_dims.exact_batch_dims(tape, memo={})
+    assert forgetful is not None and remembered is not None
+    assert [r.outs for r in remembered.recs] == [r.outs for r in forgetful.recs]
+    assert remembered.symbols == forgetful.symbols
+    assert ranked[0] * 3 < without, (ranked[0], without)
+
+
 def test_no_two_tries_of_a_record_run_the_same_arguments(tmp_path: Path, monkeypatch: Any) -> None:
     # choice None (every int follows) and {0: 1} are one argument list where a
     # record has one int that may follow (LayerNorm's [8] at B = 4): run once

@@ -35,9 +35,10 @@ _RANDOM_INPLACE = {"aten.bernoulli_.float", "aten.uniform_.default", "aten.norma
 # arguments: (op, argument key) -> each output's (shape, stride, dtype), or
 # None where it raised. Many meta kernels are Python decompositions (most of a
 # replay's time), and a model's repeated layers run the same ones on the same
-# shapes.
+# shapes. The same memo holds each record's ranked outcomes (MetaReplay.outcomes).
 Memo = dict[tuple[Any, ...], tuple[tuple[Any, ...], ...] | None]
 _NO_KEY = object()
+_OUTCOMES = "outcomes"  # leads a memo key of a record's ranked outcomes (no kernel's key)
 
 
 def exact_batch_dims(tape: Tape, *, memo: Memo | None = None) -> Tape | None:
@@ -195,7 +196,6 @@ def _replay_all(tape: Tape, replay: _MetaReplay) -> bool:
     recs = tape.recs
     while i < len(recs):
         rec = recs[i]
-        before = dict(replay.metas)
         outcomes = replay.outcomes(rec)
         pick = 0
         while not outcomes:
@@ -206,7 +206,9 @@ def _replay_all(tape: Tape, replay: _MetaReplay) -> bool:
             replay.metas = dict(before)
             rec = recs[i]
         if pick + 1 < len(outcomes):
-            stack.append((i, outcomes, pick + 1, before))
+            # the state to go back to: rec's outputs not stored yet (the metas its
+            # planning added are its inputs' own, the same whichever choice runs)
+            stack.append((i, outcomes, pick + 1, dict(replay.metas)))
         for k, t in enumerate(outcomes[pick]):
             replay.store(("o", rec.index, k), t)
         i += 1
@@ -406,6 +408,56 @@ class _MetaReplay:
         only by B -> B + 1 (other symbols: as a view allows), most likely first:
         the one that moves the earliest dims (the batch leads in the data)."""
         plan = self.plan(rec)
+        # a record's ranked outcomes, as each output's (shape, stride, dtype), are
+        # remembered by what decides them: a model's repeated layers replay alike
+        key = self._outcomes_key(rec, plan)
+        if key is not None:
+            known = self.memo.get(key)  # type: ignore[union-attr]
+            if known is not None:
+                return [
+                    [torch.empty_strided(s, st, dtype=d, device="meta") for s, st, d in outs]
+                    for outs in known
+                ]
+        found = self._outcomes_of(rec, plan)
+        if key is not None:
+            inputs: list[torch.Tensor] = []
+            flatten_tensors((plan.args, list(plan.kwargs.values())), inputs)
+            ins = {id(t) for t in inputs}
+            if all(
+                o.device.type == "meta" and not o.storage_offset() and id(o) not in ins
+                for outs in found
+                for o in outs
+            ):
+                self.memo[key] = tuple(  # type: ignore[index]
+                    tuple((tuple(o.shape), o.stride(), o.dtype) for o in outs) for outs in found
+                )
+        return found
+
+    def _outcomes_key(self, rec: Any, plan: _Plan) -> tuple[Any, ...] | None:
+        """What decides a record's outcomes in this replay (its op, its
+        arguments' metas and ints, the shapes it recorded, the dims that must
+        not move): a repeated layer's records share it. None where an outcome
+        would hold one of the record's own inputs (in place, a random fill),
+        or with no memo."""
+        if self.memo is None or plan.key is _NO_KEY or rec.mutated or rec.op in _RANDOM_INPLACE:
+            return None
+        source = rec.args[0].shape if rec.op in _VIEWS and isinstance(rec.args[0], TArg) else None
+        return (
+            _OUTCOMES,
+            self.strict,
+            tuple(self.sizes.items()),
+            rec.func,
+            plan.key,
+            tuple([(x, tuple(readings)) for x, readings in plan.slots]),
+            rec.tainted,
+            tuple([a.shape for a in rec.outs]),
+            source,
+            tuple(
+                [frozenset(self.fixed.get(("o", rec.index, k), ())) for k in range(len(rec.outs))]
+            ),
+        )
+
+    def _outcomes_of(self, rec: Any, plan: _Plan) -> list[list[torch.Tensor]]:
         tries: list[tuple[Choice, int | None]] = [(c, None) for c in self.choices(plan)]
         if not self.strict and rec.op in _VIEWS and isinstance(rec.args[1], tuple):
             tries += [(None, i) for i in range(len(rec.args[1]))]
