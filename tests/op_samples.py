@@ -26,6 +26,8 @@ class OpSample:
     n_out: int = 1
     torch: Callable[..., Any] | None = None  # torch's result from the runtime inputs
     name: str = ""
+    # the op has no ONNX function (tracelog.Erfinv, CumProd): torch is the only oracle
+    onnx: bool = True
 
     @property
     def id(self) -> str:
@@ -720,6 +722,112 @@ def _vision_samples() -> list[OpSample]:
     return s
 
 
+def _math_samples() -> list[OpSample]:
+    """Trigonometric and hyperbolic functions, rounding, special functions and
+    running products: each inside its domain, and where its edges are (ties
+    of Round, signed zeros and infinities of Atan2 and Hypot, Erfc's tail)."""
+    import torch
+
+    x, y = _r(2, 3, 4), _r(3, 4, seed=1)
+    u = np.tanh(x) * np.float32(0.9)  # in (-1, 1)
+    s: list[OpSample] = []
+    for op, fn, arr in (
+        ("Tan", torch.tan, u),
+        ("Asin", torch.asin, u),
+        ("Acos", torch.acos, u),
+        ("Atan", torch.atan, x * 3),
+        ("Sinh", torch.sinh, x),
+        ("Cosh", torch.cosh, x),
+        ("Asinh", torch.asinh, x * 3),
+        ("Acosh", torch.acosh, x * x + 1),
+        ("Atanh", torch.atanh, u),
+        ("tracelog.Erfinv", torch.erfinv, u),
+    ):
+        s.append(OpSample(op, [("x", arr)], torch=_t(fn), onnx=op != "tracelog.Erfinv"))
+    ties = np.asarray([-2.5, -1.5, -0.5, 0.5, 1.5, 2.5, 0.49999997, 3.7], np.float32)
+    s.append(
+        OpSample("Round", [("x", np.concatenate([ties, x.reshape(-1)]))], torch=_t(torch.round))
+    )
+    erfc_x = np.concatenate([x.reshape(-1) * 3, np.asarray([-5.0, 0.4, 0.5, 4.5, 9.0, 30.0])])
+    s.append(OpSample("tracelog.Erfc", [("x", erfc_x.astype(np.float32))], torch=_t(torch.erfc)))
+    wild = np.asarray([np.nan, np.inf, -np.inf, 0.0, -1.5, 2.0], np.float32)
+    s.append(OpSample("IsNaN", [("x", wild)], torch=_t(torch.isnan)))
+    s.append(OpSample("IsInf", [("x", wild)], torch=_t(torch.isinf)))
+    s.append(
+        OpSample(
+            "IsInf",
+            [("x", wild)],
+            {"detect_negative": 0},
+            torch=_t(torch.isposinf),
+            name="IsInf-positive",
+        )
+    )
+    s.append(
+        OpSample(
+            "IsInf",
+            [("x", wild)],
+            {"detect_positive": 0},
+            torch=_t(torch.isneginf),
+            name="IsInf-negative",
+        )
+    )
+    d = np.abs(y) + np.float32(0.3)
+    s.append(
+        OpSample(
+            "Mod", [("a", x * 3), ("b", -d)], {"fmod": 1}, torch=_t(torch.fmod), name="Mod-fmod"
+        )
+    )
+    s.append(
+        OpSample(
+            "Mod",
+            [("a", _i(7, -7, 9, -9)), ("b", _i(2, 2, -4, -4))],
+            {"fmod": 1},
+            torch=_t(torch.fmod),
+            name="Mod-fmod-int",
+        )
+    )
+    edges = np.asarray([0.0, -0.0, 1.0, -1.0, np.inf, -np.inf], np.float32)
+    ey, ex = np.repeat(edges, 6), np.tile(edges, 6)
+    s.append(OpSample("tracelog.Atan2", [("y", x), ("x", y)], torch=_t(torch.atan2)))
+    s.append(
+        OpSample(
+            "tracelog.Atan2", [("y", ey), ("x", ex)], torch=_t(torch.atan2), name="Atan2-edges"
+        )
+    )
+    big = np.asarray([3e30, -4e30, 1e-30, 0.0], np.float32)
+    s.append(OpSample("tracelog.Hypot", [("x", x), ("y", y)], torch=_t(torch.hypot)))
+    s.append(
+        OpSample(
+            "tracelog.Hypot",
+            [("x", np.concatenate([big, ey])), ("y", np.concatenate([big[::-1], ex]))],
+            torch=_t(torch.hypot),
+            name="Hypot-edges",
+        )
+    )
+    z = x.copy()
+    z[0, 1, 2] = 0.0
+    s.append(
+        OpSample(
+            "tracelog.CumProd",
+            [("x", z)],
+            {"axis": 2},
+            torch=_t(lambda a: torch.cumprod(a, 2)),
+            onnx=False,
+        )
+    )
+    s.append(
+        OpSample(
+            "tracelog.CumProd",
+            [("x", _i(3, -2, 5, 0, 7, -1).reshape(2, 3))],
+            {"axis": 0},
+            torch=_t(lambda a: torch.cumprod(a, 0)),
+            onnx=False,
+            name="CumProd-int",
+        )
+    )
+    return s
+
+
 def _attention_samples() -> list[OpSample]:
     """Attention, masks and indexing (issue 12): integer and boolean tensors
     through comparisons, bitwise ops, Where and Pad; triangles, scans,
@@ -921,11 +1029,12 @@ def _sdpa_samples() -> list[OpSample]:
 
 
 _ATTENTION = _attention_samples()
+_MATH = _math_samples()
 # a hand-written sample replaces the float one _samples() guesses for a new one-input op
-SAMPLES = [
-    s for s in _samples() if s.name or s.torch or s.op not in {a.op for a in _ATTENTION}
-] + _ATTENTION
+_WRITTEN = {a.op for a in _ATTENTION + _MATH}
+SAMPLES = [s for s in _samples() if s.name or s.torch or s.op not in _WRITTEN] + _ATTENTION
 SAMPLES += _vision_samples()
+SAMPLES += _MATH
 
 
 # -- recurrent layers (issue 12) --

@@ -43,9 +43,12 @@ def test_every_vocabulary_op_has_a_rule_or_is_listed_not_yet(any_target: str) ->
         if s.qualified not in table and table.reason(s.qualified) is None
     ]
     assert missing == []
-    # whole ops not written: only what the adapters could not record; forms of an
-    # op a target cannot write ("Slice/reversed") are listed apart
-    assert {k for k in table.not_yet_keys() if "/" not in k} == {"tracelog.Unsupported"}
+    # whole ops not written: only what the adapters could not record, and in ONNX the
+    # tracelog ops whose schema says why they have no function (Erfinv, CumProd); forms
+    # of an op a target cannot write ("Slice/reversed") are listed apart
+    no_function = {s.qualified for s in vocabulary() if s.no_function}
+    allowed = {"tracelog.Unsupported"} | (no_function if any_target == "onnx" else set())
+    assert {k for k in table.not_yet_keys() if "/" not in k} == allowed
 
 
 def test_parity_with_gradients(recorded, any_target: str) -> None:

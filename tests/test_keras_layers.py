@@ -81,6 +81,38 @@ LAYERS: dict[str, Callable[[], Any]] = {
     "Conv1D_causal_dilated": lambda: _seq(
         (8, 3), L.Conv1D(4, 3, padding="causal", dilation_rate=2), *_flat_head()
     ),
+    # TensorFlow's element-wise math: trigonometric and hyperbolic functions, Atan2,
+    # Round, the rounding divisions and remainders (TruncateMod and TruncateDiv have no
+    # gradient in TensorFlow: taken of a stopped tensor), IsNan and IsInf
+    "Lambda_math": lambda: _seq(
+        (6,),
+        L.Dense(8),
+        L.Lambda(
+            lambda h: tf.add_n(
+                [
+                    h,
+                    tf.math.tan(tf.math.tanh(h)),
+                    tf.math.asin(tf.math.tanh(h) * 0.9),
+                    tf.math.acos(tf.math.tanh(h) * 0.9),
+                    tf.math.atan(h),
+                    tf.math.atan2(h, tf.reverse(h, [-1])),
+                    tf.math.sinh(h),
+                    tf.math.cosh(h),
+                    tf.math.asinh(h),
+                    tf.math.acosh(h * h + 1.0),
+                    tf.math.atanh(tf.math.tanh(h) * 0.9),
+                    tf.math.round(h * 3.0) * h,
+                    tf.math.floormod(h * 3.0, tf.abs(tf.reverse(h, [-1])) + 0.5),
+                    tf.math.floormod(h * 3.0, -0.7),
+                    tf.truncatemod(tf.stop_gradient(h) * 3.0, 0.7) * h,
+                    tf.math.floordiv(h * 3.0, 0.7) * h,
+                    tf.truncatediv(tf.stop_gradient(h) * 3.0, -0.7) * h,
+                    tf.where(tf.math.is_nan(h) | tf.math.is_inf(h), 0.0, h),
+                ]
+            )
+        ),
+        L.Dense(5),
+    ),
     "Conv2D": lambda: _img(L.Conv2D(4, 3, strides=2, padding="same"), *_head()),
     "Conv2D_groups": lambda: _img(L.Conv2D(6, 3, groups=3, padding="same"), *_head()),
     "Conv2D_dilated": lambda: _img(L.Conv2D(4, 3, dilation_rate=2, padding="same"), *_head()),

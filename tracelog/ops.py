@@ -54,6 +54,8 @@ class OpSchema:
     derived: Callable[[Mapping[str, object]], dict[str, object]] | None = field(
         default=None, compare=False
     )
+    # a tracelog op without a function: why ONNX export refuses it (the support table)
+    no_function: str = field(default="", compare=False)
 
     def explicit_attrs(self, attrs: Mapping[str, object]) -> dict[str, object]:
         """``attrs`` with the derived defaults filled in (tracelog.emit.onnx)."""
@@ -447,6 +449,275 @@ Expm1 (X) => (Y) {
 """,
     )
 )
+# -- element-wise math (trigonometric and hyperbolic functions, rounding, special
+# functions, scans): ONNX's op where ONNX has one of the same meaning --
+for _name in "Tan Asin Acos Atan Sinh Cosh Asinh Acosh Atanh IsNaN".split():
+    _onnx(_name, "X", "Y", traits="elementwise")
+# half to even, as torch.round, tf.math.round and jnp.round
+_onnx("Round", "X", "Y", traits="elementwise")
+_onnx("IsInf", "X", "Y", "detect_negative=1 detect_positive=1", traits="elementwise")
+
+
+def _consts(prefix: str, values: Sequence[float]) -> list[str]:
+    """ONNX text lines: double constants prefix0, prefix1, ... (full float64
+    digits whatever the input's dtype; a function casts where it needs)."""
+    return [f"  {prefix}{k} = Constant <value = double {{{v!r}}}> ()" for k, v in enumerate(values)]
+
+
+def _recurrence(
+    out: str, var: str, num: tuple[str, int], den: tuple[str, int], last: int
+) -> list[str]:
+    """Cody's evaluation of a rational function (W. J. Cody, Rational Chebyshev
+    approximations for the error function, Math. Comp. 23, 1969; netlib
+    specfun CALERF): xnum = n[last] * v, xden = v, then for i < k:
+    xnum = (xnum + n[i]) * v, xden = (xden + d[i]) * v, and
+    out = (xnum + n[k]) / (xden + d[k]), k the count of steps."""
+    (n, steps), (d, _) = num, den
+    lines = [f"  {out}_n0 = Mul ({n}{last}, {var})", f"  {out}_d0 = Identity ({var})"]
+    for i in range(steps):
+        lines += [
+            f"  {out}_na{i} = Add ({out}_n{i}, {n}{i})",
+            f"  {out}_n{i + 1} = Mul ({out}_na{i}, {var})",
+            f"  {out}_da{i} = Add ({out}_d{i}, {d}{i})",
+            f"  {out}_d{i + 1} = Mul ({out}_da{i}, {var})",
+        ]
+    lines += [
+        f"  {out}_top = Add ({out}_n{steps}, {n}{steps})",
+        f"  {out}_bottom = Add ({out}_d{steps}, {d}{steps})",
+        f"  {out} = Div ({out}_top, {out}_bottom)",
+    ]
+    return lines
+
+
+# Cody's coefficients (CALERF): erf on |x| <= 0.46875; erfc on 0.46875 < |x| <= 4;
+# erfc on |x| > 4, in 1 / x^2
+_ERF_A = (3.16112374387056560e00, 1.13864154151050156e02, 3.77485237685302021e02,
+          3.20937758913846947e03, 1.85777706184603153e-1)  # fmt: skip
+_ERF_B = (2.36012909523441209e01, 2.44024637934444173e02, 1.28261652607737228e03,
+          2.84423683343917062e03)  # fmt: skip
+_ERFC_C = (5.64188496988670089e-1, 8.88314979438837594e00, 6.61191906371416295e01,
+           2.98635138197400131e02, 8.81952221241769090e02, 1.71204761263407058e03,
+           2.05107837782607147e03, 1.23033935479799725e03, 2.15311535474403846e-8)  # fmt: skip
+_ERFC_D = (1.57449261107098347e01, 1.17693950891312499e02, 5.37181101862009858e02,
+           1.62138957456669019e03, 3.29079923573345963e03, 4.36261909014324716e03,
+           3.43936767414372164e03, 1.23033935480374942e03)  # fmt: skip
+_ERFC_P = (3.05326634961232344e-1, 3.60344899949804439e-1, 1.25781726111229246e-1,
+           1.60837851487422766e-2, 6.58749161529837803e-4, 1.63153871373020978e-2)  # fmt: skip
+_ERFC_Q = (2.56852019228982242e00, 1.87295284992346047e00, 5.27905102951428412e-1,
+           6.05183413124413191e-2, 2.33520497626869185e-3)  # fmt: skip
+
+_ERFC_BODY = "\n".join(
+    [
+        '<domain: "tracelog", opset_import: ["" : 21]>',
+        "Erfc (X) => (Y) {",
+        "  x = Cast <to = 11> (X)",
+        *_consts("a", _ERF_A),
+        *_consts("b", _ERF_B),
+        *_consts("c", _ERFC_C),
+        *_consts("d", _ERFC_D),
+        *_consts("p", _ERFC_P),
+        *_consts("q", _ERFC_Q),
+        *_consts("k", (0.46875, 4.0, 28.0, 16.0, 1.0, 2.0, 5.6418958354775628695e-1, 0.0)),
+        "  y = Abs (x)",
+        # |x| <= 0.46875: 1 - erf(x), erf(x) = x P(x^2) / Q(x^2), at most 0.49
+        "  z = Mul (y, y)",
+        *_recurrence("erf_r", "z", ("a", 3), ("b", 3), 4),
+        "  erf_x = Mul (x, erf_r)",
+        "  near = Sub (k4, erf_x)",
+        # beyond: erfc(|x|) = exp(-x^2) R(|x|), exp(-x^2) as exp(-s^2) exp(-(y - s)(y + s)),
+        # s = y rounded down to 1/16, so that x^2's rounding is not multiplied by x^2;
+        # |x| clamped at 28, where erfc underflows to 0 (so inf gives 0, not NaN)
+        "  yc = Min (y, k2)",
+        "  y16 = Mul (yc, k3)",
+        "  y16f = Floor (y16)",
+        "  s = Div (y16f, k3)",
+        "  ss = Mul (s, s)",
+        "  nss = Neg (ss)",
+        "  e1 = Exp (nss)",
+        "  ys = Sub (yc, s)",
+        "  yp = Add (yc, s)",
+        "  dl = Mul (ys, yp)",
+        "  ndl = Neg (dl)",
+        "  e2 = Exp (ndl)",
+        "  gauss = Mul (e1, e2)",
+        *_recurrence("mid_r", "yc", ("c", 7), ("d", 7), 8),
+        "  mid = Mul (gauss, mid_r)",
+        "  yf = Max (yc, k1)",
+        "  yf2 = Mul (yf, yf)",
+        "  w = Div (k4, yf2)",
+        *_recurrence("far_r", "w", ("p", 4), ("q", 4), 5),
+        "  far_w = Mul (w, far_r)",
+        "  far_s = Sub (k6, far_w)",
+        "  far_q = Div (far_s, yf)",
+        "  far = Mul (gauss, far_q)",
+        "  in_mid = LessOrEqual (y, k1)",
+        "  tail = Where (in_mid, mid, far)",
+        # x < 0: erfc(x) = 2 - erfc(|x|), erfc(|x|) below 0.51: no cancellation
+        "  is_neg = Less (x, k7)",
+        "  two_minus = Sub (k5, tail)",
+        "  beyond = Where (is_neg, two_minus, tail)",
+        "  in_near = LessOrEqual (y, k0)",
+        "  r = Where (in_near, near, beyond)",
+        "  Y = CastLike (r, X)",
+        "}",
+        "",
+    ]
+)
+
+define(
+    OpSchema(
+        "Erfc",
+        ("X",),
+        ("Y",),
+        (),
+        domain=TRACELOG_DOMAIN,
+        traits=frozenset({"elementwise"}),
+        doc=(
+            "Y = erfc(X) = 1 - erf(X), accurate where erf(X) is near 1 (torch.special.erfc, "
+            "tf.math.erfc, jax.lax.erfc): 1 - erf(X) written out loses every digit beyond "
+            "X = 4 in float32 (erfc(4) = 1.5e-8, below 1's resolution) and 6 in float64. "
+            "The ONNX function is Cody's CALERF (Math. Comp. 23, 1969), taken in float64 "
+            "whatever X's dtype: 1 - x P(x^2)/Q(x^2) where |X| <= 0.46875, exp(-x^2) R(|x|) "
+            "beyond (R a rational function of |x| up to 4, of 1/x^2 after it; exp(-x^2) split "
+            "so that x^2's rounding is not amplified), 2 - erfc(|x|) for x < 0; within 6 "
+            "float64 ulp of the exact value on [-6, 27] (mpmath; in float32, correctly rounded: "
+            "tests/test_op_samples.py)."
+        ),
+        function=_ERFC_BODY,
+    )
+)
+define(
+    OpSchema(
+        "Erfinv",
+        ("X",),
+        ("Y",),
+        (),
+        domain=TRACELOG_DOMAIN,
+        traits=frozenset({"elementwise"}),
+        doc=(
+            "Y = erfinv(X), the inverse of erf on (-1, 1), +-inf at +-1 (torch.erfinv, "
+            "tf.math.erfinv, jax.lax.erf_inv). No ONNX function: ONNX has no inverse error "
+            "function, and a sound one (Giles' approximations, a float64 set of its own) "
+            "is not written yet."
+        ),
+        no_function="no ONNX function yet (ONNX has no inverse error function)",
+    )
+)
+define(
+    OpSchema(
+        "Atan2",
+        ("Y", "X"),
+        ("Z",),
+        (),
+        domain=TRACELOG_DOMAIN,
+        traits=frozenset({"elementwise"}),
+        doc=(
+            "Z = atan2(Y, X), the angle of the point (X, Y) in [-pi, pi], inputs broadcast "
+            "(torch.atan2, tf.math.atan2, jnp.arctan2), signed zeros and infinities as C's "
+            "atan2. The ONNX function takes atan(Y / X), plus pi with Y's sign where X is "
+            "negative (-0 counted negative); Y / X is taken as Y where both are zero and as "
+            "sign(Y) sign(X) where both are infinite. Its error is atan's and the quotient's "
+            "rounding: a few ulp."
+        ),
+        function="""
+<domain: "tracelog", opset_import: ["" : 21]>
+Atan2 (Y, X) => (Z) {
+  zero_f = Constant <value_float = 0.0> ()
+  zero = CastLike (zero_f, Y)
+  one_f = Constant <value_float = 1.0> ()
+  one = CastLike (one_f, Y)
+  pi_d = Constant <value = double {3.141592653589793}> ()
+  pi = CastLike (pi_d, Y)
+  npi = Neg (pi)
+  y_zero = Equal (Y, zero)
+  x_zero = Equal (X, zero)
+  both_zero = And (y_zero, x_zero)
+  y_inf = IsInf (Y)
+  x_inf = IsInf (X)
+  both_inf = And (y_inf, x_inf)
+  q = Div (Y, X)
+  sy = Sign (Y)
+  sx = Sign (X)
+  unit = Mul (sy, sx)
+  q_inf = Where (both_inf, unit, q)
+  ratio = Where (both_zero, Y, q_inf)
+  t = Atan (ratio)
+  x_below = Less (X, zero)
+  inv_x = Div (one, X)
+  x_minus_zero = Less (inv_x, zero)
+  x_neg = Or (x_below, x_minus_zero)
+  y_below = Less (Y, zero)
+  inv_y = Div (one, Y)
+  y_minus_zero = Less (inv_y, zero)
+  y_neg = Or (y_below, y_minus_zero)
+  turn = Where (y_neg, npi, pi)
+  turned = Add (t, turn)
+  Z = Where (x_neg, turned, t)
+}
+""",
+    )
+)
+define(
+    OpSchema(
+        "Hypot",
+        ("X", "Y"),
+        ("Z",),
+        (),
+        domain=TRACELOG_DOMAIN,
+        traits=frozenset({"elementwise"}),
+        doc=(
+            "Z = sqrt(X^2 + Y^2), inputs broadcast, without overflow or underflow in the "
+            "squares (torch.hypot, jnp.hypot; TensorFlow has no kernel: its programs scale "
+            "as the ONNX function does); inf where either is infinite, NaN otherwise. The "
+            "ONNX function takes m sqrt(1 + (n / m)^2), m = max(|X|, |Y|), n = min(|X|, |Y|) "
+            "(0 where m is 0): within 2 ulp."
+        ),
+        function="""
+<domain: "tracelog", opset_import: ["" : 21]>
+Hypot (X, Y) => (Z) {
+  zero_f = Constant <value_float = 0.0> ()
+  zero = CastLike (zero_f, X)
+  one_f = Constant <value_float = 1.0> ()
+  one = CastLike (one_f, X)
+  inf_f = Constant <value_float = inf> ()
+  inf = CastLike (inf_f, X)
+  ax = Abs (X)
+  ay = Abs (Y)
+  m = Max (ax, ay)
+  n = Min (ax, ay)
+  m_zero = Equal (m, zero)
+  safe_m = Where (m_zero, one, m)
+  r = Div (n, safe_m)
+  r2 = Mul (r, r)
+  s = Add (one, r2)
+  root = Sqrt (s)
+  h = Mul (m, root)
+  x_inf = IsInf (X)
+  y_inf = IsInf (Y)
+  any_inf = Or (x_inf, y_inf)
+  Z = Where (any_inf, inf, h)
+}
+""",
+    )
+)
+define(
+    OpSchema(
+        "CumProd",
+        ("X",),
+        ("Y",),
+        ("axis",),
+        domain=TRACELOG_DOMAIN,
+        doc=(
+            "Y = the running product of X along `axis` (an int, negative from the end): "
+            "Y[..., i, ...] = X[..., 0, ...] * ... * X[..., i, ...] (torch.cumprod, "
+            "tf.math.cumprod, jnp.cumprod). No ONNX function: ONNX has no running product "
+            "(CumSum of logarithms is wrong for zeros and negative values and loses digits), "
+            "and a loop-based one is not written yet."
+        ),
+        no_function="no ONNX function yet (ONNX has no running product)",
+    )
+)
+
 define(
     OpSchema(
         "Unsupported",

@@ -264,3 +264,31 @@ JAX.spell(
 # -- scaled dot-product attention (issue 15): _attention calls jax.nn.dot_product_attention
 # where it means what the op means (see its docstring), and writes it out elsewhere
 JAX.spell({"tracelog.Attention": "_attention({0}, {1}, {2}, {mask}, {scale}, {causal})"})
+
+
+# -- element-wise math: trigonometric and hyperbolic functions, rounding, special
+# functions, running products (each the framework's own kernel) --
+JAX.spell(
+    {
+        "Tan": "jnp.tan({0})",
+        "Asin": "jnp.arcsin({0})",
+        "Acos": "jnp.arccos({0})",
+        "Atan": "jnp.arctan({0})",
+        "Sinh": "jnp.sinh({0})",
+        "Cosh": "jnp.cosh({0})",
+        "Asinh": "jnp.arcsinh({0})",
+        "Acosh": "jnp.arccosh({0})",
+        "Atanh": "jnp.arctanh({0})",
+        "Round": "jnp.round({0})",
+        "IsNaN": "jnp.isnan({0})",
+        "IsInf": "jnp.isinf({0})",
+        "IsInf/pos": "jnp.isposinf({0})",
+        "IsInf/neg": "jnp.isneginf({0})",
+        "Mod/fmod": "jnp.fmod({0}, {1})",
+        "tracelog.Atan2": "jnp.arctan2({0}, {1})",
+        "tracelog.Hypot": "jnp.hypot({0}, {1})",
+        "tracelog.Erfc": "lax.erfc({0})",
+        "tracelog.Erfinv": "lax.erf_inv({0})",
+        "tracelog.CumProd": "jnp.cumprod({0}, axis={axis})",
+    }
+)

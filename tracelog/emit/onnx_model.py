@@ -53,7 +53,8 @@ def _fill_table() -> None:
 
     for schema in vocabulary():
         if schema.domain == TRACELOG_DOMAIN and schema.function is None:
-            TABLE.not_yet(schema.qualified, reason="the source op could not be recorded")
+            reason = schema.no_function or "the source op could not be recorded"
+            TABLE.not_yet(schema.qualified, reason=reason)
         else:
             TABLE.add(schema.qualified, schema)
 

@@ -333,3 +333,31 @@ def _attention(c: RuleCtx) -> str:
     args = [c.i(0), c.i(1), c.i(2)]
     args += [f"attn_mask={mask}"] if c.has(3) else ["is_causal=True"] if causal else []
     return f"F.scaled_dot_product_attention({', '.join(args)}, scale={c.f['scale']})"
+
+
+# -- element-wise math: trigonometric and hyperbolic functions, rounding, special
+# functions, running products (each the framework's own kernel) --
+TORCH.spell(
+    {
+        "Tan": "torch.tan({0})",
+        "Asin": "torch.asin({0})",
+        "Acos": "torch.acos({0})",
+        "Atan": "torch.atan({0})",
+        "Sinh": "torch.sinh({0})",
+        "Cosh": "torch.cosh({0})",
+        "Asinh": "torch.asinh({0})",
+        "Acosh": "torch.acosh({0})",
+        "Atanh": "torch.atanh({0})",
+        "Round": "torch.round({0})",
+        "IsNaN": "torch.isnan({0})",
+        "IsInf": "torch.isinf({0})",
+        "IsInf/pos": "torch.isposinf({0})",
+        "IsInf/neg": "torch.isneginf({0})",
+        "Mod/fmod": "torch.fmod({0}, {1})",
+        "tracelog.Atan2": "torch.atan2({0}, {1})",
+        "tracelog.Hypot": "torch.hypot({0}, {1})",
+        "tracelog.Erfc": "torch.special.erfc({0})",
+        "tracelog.Erfinv": "torch.special.erfinv({0})",
+        "tracelog.CumProd": "torch.cumprod({0}, {axis})",
+    }
+)

@@ -794,12 +794,29 @@ def pool_ceil_extra(c: RuleCtx) -> list[int]:
 
 
 # -- attention, masks and indexing (issue 12) -------------------------------------------------
-@OPS.op("Mod")
-def _mod(c: RuleCtx) -> dict[str, Any]:
-    # fmod=0 is Python's %: the result takes the divisor's sign (wrapping negative indices)
-    if int(c.attr("fmod", 0)):
-        raise NotImplementedError("Mod with fmod=1 (C's fmod)")
-    return {}
+def _mod_form(c: RuleCtx) -> str:
+    # fmod=0 is Python's %: the result takes the divisor's sign (wrapping negative indices);
+    # fmod=1 is C's fmod, the dividend's sign ("Mod/fmod": torch.fmod, jnp.fmod)
+    return "fmod" if int(c.attr("fmod", 0)) else ""
+
+
+OPS.add("Mod", OpRule(_no_fields, variant=_mod_form))
+
+
+def _inf_sides(c: RuleCtx) -> str:
+    # IsInf of one sign only: "IsInf/pos" (detect_negative=0), "IsInf/neg" (detect_positive=0)
+    negative, positive = int(c.attr("detect_negative", 1)), int(c.attr("detect_positive", 1))
+    if not (negative or positive):
+        raise NotImplementedError("IsInf detecting neither infinity")
+    return "" if negative and positive else "pos" if positive else "neg"
+
+
+OPS.add("IsInf", OpRule(_no_fields, variant=_inf_sides))
+
+
+@OPS.op("tracelog.CumProd")
+def _cumprod(c: RuleCtx) -> dict[str, Any]:
+    return {"axis": int(c.attr("axis"))}
 
 
 @OPS.op("Trilu")

@@ -355,3 +355,31 @@ TF.spell(
 # -- scaled dot-product attention (issue 15): TensorFlow has no fused kernel; _attention
 # writes it out (matmul, the mask, softmax, matmul) once, in the program's runtime
 TF.spell({"tracelog.Attention": "_attention({0}, {1}, {2}, {mask}, {scale}, {causal})"})
+
+
+# -- element-wise math: trigonometric and hyperbolic functions, rounding, special
+# functions, running products (each the framework's own kernel) --
+TF.spell(
+    {
+        "Tan": "tf.math.tan({0})",
+        "Asin": "tf.math.asin({0})",
+        "Acos": "tf.math.acos({0})",
+        "Atan": "tf.math.atan({0})",
+        "Sinh": "tf.math.sinh({0})",
+        "Cosh": "tf.math.cosh({0})",
+        "Asinh": "tf.math.asinh({0})",
+        "Acosh": "tf.math.acosh({0})",
+        "Atanh": "tf.math.atanh({0})",
+        "Round": "tf.math.round({0})",
+        "IsNaN": "tf.math.is_nan({0})",
+        "IsInf": "tf.math.is_inf({0})",
+        "IsInf/pos": "tf.math.logical_and(tf.math.is_inf({0}), {0} > 0)",
+        "IsInf/neg": "tf.math.logical_and(tf.math.is_inf({0}), {0} < 0)",
+        "Mod/fmod": "_fmod({0}, {1})",
+        "tracelog.Atan2": "tf.math.atan2({0}, {1})",
+        "tracelog.Hypot": "_hypot({0}, {1})",
+        "tracelog.Erfc": "tf.math.erfc({0})",
+        "tracelog.Erfinv": "tf.math.erfinv({0})",
+        "tracelog.CumProd": "tf.math.cumprod({0}, axis={axis})",
+    }
+)

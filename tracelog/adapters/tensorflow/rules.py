@@ -129,6 +129,18 @@ _UNARY = {
     "Reciprocal": "Reciprocal",
     "Softplus": "Softplus",
     "Floor": "Floor",
+    "Tan": "Tan",
+    "Asin": "Asin",
+    "Acos": "Acos",
+    "Atan": "Atan",
+    "Sinh": "Sinh",
+    "Cosh": "Cosh",
+    "Asinh": "Asinh",
+    "Acosh": "Acosh",
+    "Atanh": "Atanh",
+    "Round": "Round",  # half to even, as ONNX's
+    "IsNan": "IsNaN",
+    "IsInf": "IsInf",
 }
 _BINARY = {
     "AddV2": "Add",
@@ -553,6 +565,90 @@ def _erfc(ctx: Ctx) -> Names:
     # 1 - erf(x): ONNX has no erfc (Keras' exact gelu is 0.5 x erfc(-x / sqrt 2))
     erf = ctx.helper("Erf", [ctx.t(0)], ctx.out_type())
     return ctx.one("Sub", [ctx.const(1.0, ctx.out_type().dtype), erf])
+
+
+@TF_OPS.register("tf.Atan2")
+def _atan2(ctx: Ctx) -> Names:
+    return ctx.one("Atan2", [ctx.t(0), ctx.t(1)], domain="tracelog")
+
+
+@TF_OPS.register("tf.Erfinv")
+def _erfinv(ctx: Ctx) -> Names:
+    return ctx.one("Erfinv", [ctx.t(0)], domain="tracelog")
+
+
+@TF_OPS.register("tf.Cumprod")
+def _cumprod(ctx: Ctx) -> Names:
+    axis = const_array(ctx, 1)
+    if axis is None:
+        raise NotSupported("Cumprod over a computed axis")
+    if attr(ctx, "exclusive", False) or attr(ctx, "reverse", False):
+        raise NotSupported("Cumprod exclusive or reversed")
+    rank = len(ctx.out_type().shape)
+    return ctx.one("CumProd", [ctx.t(0)], domain="tracelog", axis=int(axis) % max(rank, 1))
+
+
+# -- the rounding divisions and remainders, as TensorFlow's kernels compute them
+# (tensorflow/core/kernels/cwise_ops.h): TruncateMod is C's fmod (ONNX Mod, fmod=1);
+# FloorMod is fmod corrected by the signs (integers: ONNX Mod); FloorDiv is floor(x / y)
+# for floats (not Python's x // y) and the truncated quotient less 1 where the signs
+# differ and it is not exact for integers; TruncateDiv truncates.
+def _is_int(dtype: str) -> bool:
+    return dtype.startswith(("int", "uint"))
+
+
+def _bool(ctx: Ctx, op: str, inputs: Sequence[str]) -> str:
+    return ctx.helper(op, list(inputs), TensorType("bool", ctx.out_type().shape))
+
+
+def _signs_differ(ctx: Ctx, u: str, v: str) -> str:
+    dt = ctx.out_type().dtype
+    zero = ctx.const(0 if _is_int(dt) else 0.0, dt)
+    return _bool(ctx, "Xor", [_bool(ctx, "Less", [u, zero]), _bool(ctx, "Less", [v, zero])])
+
+
+def _nonzero(ctx: Ctx, u: str) -> str:
+    dt = ctx.out_type().dtype
+    return _bool(ctx, "Not", [_bool(ctx, "Equal", [u, ctx.const(0 if _is_int(dt) else 0.0, dt)])])
+
+
+@TF_OPS.register("tf.TruncateMod")
+def _truncate_mod(ctx: Ctx) -> Names:
+    return ctx.one("Mod", [ctx.t(0), ctx.t(1)], fmod=1)
+
+
+@TF_OPS.register("tf.FloorMod")
+def _floor_mod(ctx: Ctx) -> Names:
+    x, y, out = ctx.t(0), ctx.t(1), ctx.out_type()
+    if _is_int(out.dtype):
+        return ctx.one("Mod", [x, y])
+    m = ctx.helper("Mod", [x, y], out, fmod=1)
+    fix = _bool(ctx, "And", [_nonzero(ctx, m), _signs_differ(ctx, y, m)])
+    return ctx.one("Where", [fix, ctx.helper("Add", [m, y], out), m])
+
+
+@TF_OPS.register("tf.FloorDiv")
+def _floor_div(ctx: Ctx) -> Names:
+    x, y, out = ctx.t(0), ctx.t(1), ctx.out_type()
+    if not _is_int(out.dtype):
+        return ctx.one("Floor", [ctx.helper("Div", [x, y], out)])
+    q = ctx.helper("Div", [x, y], out)
+    if out.dtype.startswith("uint"):
+        return [q]
+    m = ctx.helper("Mod", [x, y], out, fmod=1)
+    fix = _bool(ctx, "And", [_signs_differ(ctx, x, y), _nonzero(ctx, m)])
+    return ctx.one("Where", [fix, ctx.helper("Sub", [q, ctx.const(1, out.dtype)], out), q])
+
+
+@TF_OPS.register("tf.TruncateDiv")
+def _truncate_div(ctx: Ctx) -> Names:
+    x, y, out = ctx.t(0), ctx.t(1), ctx.out_type()
+    if _is_int(out.dtype):
+        return ctx.one("Div", [x, y])
+    q = ctx.helper("Div", [x, y], out)
+    below = _bool(ctx, "Less", [q, ctx.const(0.0, out.dtype)])
+    ceil, floor = ctx.helper("Ceil", [q], out), ctx.helper("Floor", [q], out)
+    return ctx.one("Where", [below, ceil, floor])
 
 
 @TF_OPS.register("tf.Log1p")

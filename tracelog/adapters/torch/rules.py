@@ -283,9 +283,6 @@ for _aten, _op in _BINARY.items():
         for _key in (f"aten.{_aten}.{_overload}", f"aten.{_aten}_.{_overload}"):
             if _key not in _DROPOUT_KEYS:
                 ATEN.add(_key, _binary_rule(_op))
-ATEN.not_yet(
-    "aten.div.Tensor_mode", "aten.div_.Tensor_mode", reason="division with a rounding mode"
-)
 
 
 @ATEN.register("aten.minimum.default", "aten.maximum.default")

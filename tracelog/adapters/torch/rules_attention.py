@@ -315,19 +315,7 @@ def _masked_fill_tensor(ctx: Ctx) -> Names:
 for _aten, _op in {"sin": "Sin", "cos": "Cos"}.items():
     ATEN.update_from([f"aten.{_aten}.default", f"aten.{_aten}_.default"], _unary_rule(_op))
 
-
-@ATEN.register(
-    "aten.remainder.Tensor",
-    "aten.remainder.Scalar",
-    "aten.remainder_.Tensor",
-    "aten.remainder_.Scalar",
-)
-def _remainder(ctx: Ctx) -> Names:
-    # Python's %, the divisor's sign: ONNX Mod with fmod=0, which ONNX defines for integers only
-    dt = ctx.out_type().dtype
-    if not dt.startswith(("int", "uint")):
-        raise NotSupported(f"remainder on {dt} (ONNX Mod takes floats only as C's fmod)")
-    return ctx.one("Mod", [_operand(ctx, 0, "self", dt), _operand(ctx, 1, "other", dt)])
+# remainder: rules_math.py, with fmod and the rounding divisions
 
 
 # -- factories ------------------------------------------------------------------------------------

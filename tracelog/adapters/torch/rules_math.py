@@ -15,8 +15,10 @@ from __future__ import annotations
 import math
 from typing import Any
 
+import numpy as np
+
 from tracelog.adapters.builder import Converter, Ctx, NotSupported
-from tracelog.adapters.torch.rules import ATEN, Names, _axes, _vector_norm, argmax_of
+from tracelog.adapters.torch.rules import ATEN, Names, _axes, _operand, _vector_norm, argmax_of
 from tracelog.ir import TensorType, is_symbolic
 
 _INT64_MAX = 2**63 - 1
@@ -344,3 +346,245 @@ def _clamp_min_tensor(ctx: Ctx) -> Names:
 @ATEN.register("aten.clamp_max.Tensor", "aten.clamp_max_.Tensor")
 def _clamp_max_tensor(ctx: Ctx) -> Names:
     return ctx.one("Min", [ctx.t(0), ctx.t(1)])
+
+
+# -- trigonometric and hyperbolic functions, rounding, special functions ---------------------
+# ONNX's op where ONNX has one of torch's meaning (Tan ... Atanh; Round, half to even as
+# torch.round); tracelog ops where it has none (each target runs its own kernel).
+_FLOAT_UNARY = {
+    "tan": "Tan",
+    "asin": "Asin",
+    "acos": "Acos",
+    "atan": "Atan",
+    "sinh": "Sinh",
+    "cosh": "Cosh",
+    "asinh": "Asinh",
+    "acosh": "Acosh",
+    "atanh": "Atanh",
+    "erfc": "tracelog.Erfc",
+    "erfinv": "tracelog.Erfinv",
+}
+
+
+def _is_int(dtype: str) -> bool:
+    return dtype.startswith(("int", "uint", "bool"))
+
+
+def _float_unary_rule(op: str) -> Converter:
+    domain, _, name = op.rpartition(".")
+
+    def rule(ctx: Ctx) -> Names:
+        # an integer input is promoted to the result's float dtype first, as torch does
+        x = _operand(ctx, 0, "self", ctx.out_type().dtype)
+        return ctx.one(name, [x], **({"domain": domain} if domain else {}))
+
+    return rule
+
+
+for _aten, _op in _FLOAT_UNARY.items():
+    ATEN.update_from([f"aten.{_aten}.default", f"aten.{_aten}_.default"], _float_unary_rule(_op))
+
+
+@ATEN.register("aten.exp2.default", "aten.exp2_.default")
+def _exp2(ctx: Ctx) -> Names:
+    # 2^x: ONNX Pow with the base 2 (each target's pow; exact where x is an integer)
+    dt = ctx.out_type().dtype
+    return ctx.one("Pow", [ctx.const(2.0, dt), _operand(ctx, 0, "self", dt)])
+
+
+@ATEN.register("aten.atan2.default", "aten.atan2_.default")
+def _atan2(ctx: Ctx) -> Names:
+    dt = ctx.out_type().dtype
+    y, x = _operand(ctx, 0, "self", dt), _operand(ctx, 1, "other", dt)
+    return ctx.one("Atan2", [y, x], domain="tracelog")
+
+
+@ATEN.register("aten.hypot.default", "aten.hypot_.default")
+def _hypot(ctx: Ctx) -> Names:
+    dt = ctx.out_type().dtype
+    x, y = _operand(ctx, 0, "self", dt), _operand(ctx, 1, "other", dt)
+    return ctx.one("Hypot", [x, y], domain="tracelog")
+
+
+@ATEN.register(
+    "aten.round.default", "aten.round_.default", "aten.round.decimals", "aten.round_.decimals"
+)
+def _round(ctx: Ctx) -> Names:
+    # nearbyint (half to even) of x, or of x * 10^k / 10^k (x / 10^-k * 10^-k for k < 0),
+    # 10^|k| in x's dtype, as torch's kernel takes it; an integer is its own rounding
+    x, out = ctx.t(0), ctx.out_type()
+    if _is_int(out.dtype):
+        return [x]
+    decimals = int(ctx.arg(1, "decimals", 0) or 0)
+    if decimals == 0:
+        return ctx.one("Round", [x])
+    scale = ctx.const(10.0 ** abs(decimals), out.dtype)
+    first, then = ("Mul", "Div") if decimals > 0 else ("Div", "Mul")
+    rounded = ctx.helper("Round", [ctx.helper(first, [x, scale], out)], out)
+    return ctx.one(then, [rounded, scale])
+
+
+def _trunc_of(ctx: Ctx, x: str, ty: TensorType) -> str:
+    """trunc(x): ceil below 0, floor elsewhere (ONNX has no Trunc); no gradient."""
+    below = ctx.helper("Less", [x, ctx.const(0.0, ty.dtype)], TensorType("bool", ty.shape))
+    ceil = ctx.helper("Ceil", [x], ty)
+    floor = ctx.helper("Floor", [x], ty)
+    return ctx.helper("Where", [below, ceil, floor], ty)
+
+
+@ATEN.register("aten.trunc.default", "aten.trunc_.default")
+def _trunc(ctx: Ctx) -> Names:
+    x, out = ctx.t(0), ctx.out_type()
+    if _is_int(out.dtype):
+        return [x]
+    return [_trunc_of(ctx, x, out)]
+
+
+@ATEN.register("aten.nan_to_num.default", "aten.nan_to_num_.default")
+def _nan_to_num(ctx: Ctx) -> Names:
+    # NaN -> nan (0), +inf -> posinf, -inf -> neginf (the dtype's largest and lowest
+    # finite values by default), each cast to x's dtype; integers have none of them
+    x, out = ctx.t(0), ctx.out_type()
+    dt = out.dtype
+    if _is_int(dt):
+        return [x]
+    info = np.finfo(np.dtype(dt)) if dt != "bfloat16" else None
+    if info is None:
+        raise NotSupported("nan_to_num on bfloat16")
+    nan, posinf, neginf = (ctx.arg(i, k) for i, k in ((1, "nan"), (2, "posinf"), (3, "neginf")))
+    nan = 0.0 if nan is None else float(nan)
+    posinf = float(info.max) if posinf is None else float(posinf)
+    neginf = float(info.min) if neginf is None else float(neginf)
+    mask = TensorType("bool", out.shape)
+    pos = ctx.helper("IsInf", [x], mask, detect_negative=0)
+    neg = ctx.helper("IsInf", [x], mask, detect_positive=0)
+    y = ctx.helper("Where", [neg, ctx.const(neginf, dt), x], out)
+    y = ctx.helper("Where", [pos, ctx.const(posinf, dt), y], out)
+    return ctx.one("Where", [ctx.helper("IsNaN", [x], mask), ctx.const(nan, dt), y])
+
+
+@ATEN.register("aten.cumprod.default", "aten.cumprod_.default")
+def _cumprod(ctx: Ctx) -> Names:
+    # the running product along dim, in the result's dtype (dtype=, or int64 for integers)
+    out = ctx.out_type()
+    x = _operand(ctx, 0, "self", out.dtype)
+    rank = len(out.shape)
+    if rank == 0:
+        return [x]
+    axis = int(ctx.arg(1, "dim")) % rank
+    return ctx.one("CumProd", [x], domain="tracelog", axis=axis)
+
+
+# -- fmod, remainder and the rounding divisions ------------------------------------------------
+# From torch's kernels (aten/src/ATen/native/cpu/BinaryOpsKernel.cpp, c10's div_floor_*):
+# fmod is C's (ONNX Mod, fmod=1); remainder and floor division correct it by the signs.
+def _fmod_of(ctx: Ctx, a: str, b: str, ty: TensorType) -> str:
+    return ctx.helper("Mod", [a, b], ty, fmod=1)
+
+
+def _signs_differ(ctx: Ctx, u: str, v: str, ty: TensorType) -> str:
+    """(u < 0) != (v < 0)."""
+    mask = TensorType("bool", ty.shape)
+    zero = ctx.const(0 if _is_int(ty.dtype) else 0.0, ty.dtype)
+    u_neg = ctx.helper("Less", [u, zero], mask)
+    v_neg = ctx.helper("Less", [v, zero], mask)
+    return ctx.helper("Xor", [u_neg, v_neg], mask)
+
+
+def _nonzero(ctx: Ctx, u: str, ty: TensorType) -> str:
+    mask = TensorType("bool", ty.shape)
+    zero = ctx.const(0 if _is_int(ty.dtype) else 0.0, ty.dtype)
+    return ctx.helper("Not", [ctx.helper("Equal", [u, zero], mask)], mask)
+
+
+def _binary_operands(ctx: Ctx) -> tuple[str, str, TensorType]:
+    out = ctx.out_type()
+    return _operand(ctx, 0, "self", out.dtype), _operand(ctx, 1, "other", out.dtype), out
+
+
+@ATEN.register("aten.fmod.Tensor", "aten.fmod.Scalar", "aten.fmod_.Tensor", "aten.fmod_.Scalar")
+def _fmod(ctx: Ctx) -> Names:
+    # C's fmod, the dividend's sign
+    a, b, _ = _binary_operands(ctx)
+    return ctx.one("Mod", [a, b], fmod=1)
+
+
+@ATEN.register(
+    "aten.remainder.Tensor",
+    "aten.remainder.Scalar",
+    "aten.remainder.Scalar_Tensor",
+    "aten.remainder_.Tensor",
+    "aten.remainder_.Scalar",
+)
+def _remainder(ctx: Ctx) -> Names:
+    # Python's %, the divisor's sign. Integers: ONNX Mod (fmod=0, which ONNX defines for
+    # integers only); floats as torch's kernel: m = fmod(a, b), m + b where m is not 0
+    # and its sign is not b's
+    a, b, out = _binary_operands(ctx)
+    if _is_int(out.dtype):
+        return ctx.one("Mod", [a, b])
+    m = _fmod_of(ctx, a, b, out)
+    mask = TensorType("bool", out.shape)
+    fix = ctx.helper("And", [_nonzero(ctx, m, out), _signs_differ(ctx, b, m, out)], mask)
+    return ctx.one("Where", [fix, ctx.helper("Add", [m, b], out), m])
+
+
+def _floor_divide_of(ctx: Ctx, a: str, b: str, out: TensorType) -> str:
+    """Python's a // b as torch's kernel computes it. Integers: the truncated
+    quotient, less 1 where the signs differ and the division is not exact.
+    Floats (div_floor_floating): a / b where b is 0; else d = (a - fmod(a,
+    b)) / b, less 1 where fmod's sign is not b's, rounded to the nearest
+    integer (floor, plus 1 above a half), and 0 with the sign of a / b where
+    d is 0. Its gradient is 0, as torch's."""
+    dt, mask = out.dtype, TensorType("bool", out.shape)
+    one = ctx.const(1 if _is_int(dt) else 1.0, dt)
+    if _is_int(dt):
+        q = ctx.helper("Div", [a, b], out)  # ONNX integer Div truncates
+        if dt.startswith(("uint", "bool")):
+            return q
+        m = _fmod_of(ctx, a, b, out)
+        fix = ctx.helper("And", [_signs_differ(ctx, a, b, out), _nonzero(ctx, m, out)], mask)
+        return ctx.helper("Where", [fix, ctx.helper("Sub", [q, one], out), q], out)
+    zero, half = ctx.const(0.0, dt), ctx.const(0.5, dt)
+    m = _fmod_of(ctx, a, b, out)
+    d = ctx.helper("Div", [ctx.helper("Sub", [a, m], out), b], out)
+    fix = ctx.helper("And", [_nonzero(ctx, m, out), _signs_differ(ctx, b, m, out)], mask)
+    d = ctx.helper("Where", [fix, ctx.helper("Sub", [d, one], out), d], out)
+    f = ctx.helper("Floor", [d], out)
+    up = ctx.helper("Greater", [ctx.helper("Sub", [d, f], out), half], mask)
+    f = ctx.helper("Where", [up, ctx.helper("Add", [f, one], out), f], out)
+    q = ctx.helper("Div", [a, b], out)
+    signed_zero = ctx.helper("Mul", [q, zero], out)
+    d_zero = ctx.helper("Equal", [d, zero], mask)
+    f = ctx.helper("Where", [d_zero, signed_zero, f], out)
+    b_zero = ctx.helper("Equal", [b, zero], mask)
+    return ctx.helper("Where", [b_zero, q, f], out)
+
+
+@ATEN.register(
+    "aten.floor_divide.default",
+    "aten.floor_divide.Scalar",
+    "aten.floor_divide_.Tensor",
+    "aten.floor_divide_.Scalar",
+)
+def _floor_divide(ctx: Ctx) -> Names:
+    a, b, out = _binary_operands(ctx)
+    return [_floor_divide_of(ctx, a, b, out)]
+
+
+@ATEN.register(
+    "aten.div.Tensor_mode", "aten.div_.Tensor_mode", "aten.div.Scalar_mode", "aten.div_.Scalar_mode"
+)
+def _div_mode(ctx: Ctx) -> Names:
+    # rounding_mode None: true division; "trunc": the quotient truncated (ONNX integer
+    # Div; trunc(a / b) for floats, as torch's div_trunc); "floor": Python's a // b
+    a, b, out = _binary_operands(ctx)
+    mode = ctx.arg(2, "rounding_mode")
+    if mode is None:
+        return ctx.one("Div", [a, b])
+    if mode == "floor":
+        return [_floor_divide_of(ctx, a, b, out)]
+    if mode != "trunc":
+        raise NotSupported(f"division with rounding mode {mode!r}")
+    q = ctx.helper("Div", [a, b], out)
+    return [q if _is_int(out.dtype) else _trunc_of(ctx, q, out)]

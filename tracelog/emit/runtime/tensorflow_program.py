@@ -262,6 +262,29 @@ def _leaky_relu(x: tf.Tensor, alpha: float) -> tf.Tensor:
     return positive + (x - positive) * alpha
 
 
+def _fmod(a: tf.Tensor, b: tf.Tensor) -> tf.Tensor:
+    """C's fmod, the dividend's sign (ONNX Mod with fmod=1, torch.fmod): the
+    value tf.truncatemod's kernel gives, and fmod's gradient, which TensorFlow
+    registers none for: 1 for a, -trunc(a / b) for b (the added terms are 0)."""
+    r = tf.stop_gradient(tf.truncatemod(a, b))
+    if not a.dtype.is_floating:
+        return r
+    q = tf.stop_gradient(a / b)
+    q = tf.where(q < 0, tf.math.ceil(q), tf.math.floor(q))
+    return r + (a - tf.stop_gradient(a)) - (b - tf.stop_gradient(b)) * q
+
+
+def _hypot(x: tf.Tensor, y: tf.Tensor) -> tf.Tensor:
+    """sqrt(x^2 + y^2) as torch.hypot and jnp.hypot compute it, without the
+    squares' overflow or underflow (TensorFlow has no hypot): scaled by
+    m = max(|x|, |y|) (1 where m is 0), inf where either is infinite."""
+    m = tf.math.maximum(tf.math.abs(x), tf.math.abs(y))
+    m = tf.where(m == 0, tf.ones_like(m), m)
+    h = m * tf.math.sqrt(tf.math.square(x / m) + tf.math.square(y / m))
+    inf = tf.math.logical_or(tf.math.is_inf(x), tf.math.is_inf(y))
+    return tf.where(inf, tf.constant(float("inf"), h.dtype), h)
+
+
 def _layer_norm(
     x: tf.Tensor, scale: tf.Tensor, bias: tf.Tensor | None, axes: list[int], eps: float
 ) -> tf.Tensor:
