@@ -112,3 +112,24 @@ def test_a_replay_takes_the_recorded_side_of_each_gate(gates_log: Path, target: 
     np.testing.assert_array_equal(moved["grad/s"][1:], plain["grad/s"][1:])
     # recorded gates that are not this program's: no replay
     assert ns["_gate_matched"](str(gates_log), sample, trainable, signs[:3]) is None
+
+
+def test_a_jax_check_runs_op_by_op_only_in_its_translation_rows(gates_log: Path) -> None:
+    """The float32 rows judge the jitted run (as JAX trains): the op-by-op
+    run, whose every op compiles on its own, runs once, in float64 (the
+    translation rows), and not again in float32 to be thrown away."""
+    ns = _program(gates_log, "jax")
+    runs: list[tuple[bool, str]] = []
+    value_and_grads = ns["_value_and_grads"]
+
+    def counted(step: Any, params: dict[str, Any], trainable: list[str], jit: bool = True) -> Any:
+        dtype = next(str(v.dtype) for v in params.values() if hasattr(v, "dtype"))
+        runs.append((jit, dtype))
+        return value_and_grads(step, params, trainable, jit)
+
+    ns["_value_and_grads"] = counted
+    rows = ns["check_parity"](str(gates_log))
+    assert all(r[3] for r in rows if r[0] and not r[0].startswith("[")), rows
+    assert (False, "float64") in runs
+    assert (False, "float32") not in runs, runs
+    assert (True, "float32") in runs
