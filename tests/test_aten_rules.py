@@ -498,3 +498,86 @@ def test_weight_norm_hard_activations_and_a_scalar_base_power(target: str, tmp_p
     assert report.ok, report.table()
     if target != "onnx":  # (the ONNX model has no gradients)
         assert any(c.name.startswith("grad conv.weight_g") for c in report.comparisons)
+
+
+class _IndexPuts(torch.nn.Module):
+    """x[idx] = v in its forms: rows by an index tensor (a negative one
+    among them), a column pair by two index tensors, += with a repeated
+    index, indexed dims that are not adjacent, a value broadcast along the
+    batch, and a boolean mask with one value (x[x < 0] = 0)."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.fc = torch.nn.Linear(6, 6)
+        self.head = torch.nn.Linear(6, 3)
+        self.row = torch.nn.Parameter(torch.randn(6))
+        self.cube = torch.nn.Linear(6, 24)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        h = self.fc(x)
+        b = h.shape[0]
+        a = h.clone()
+        a[:, torch.tensor([0, -1])] = h[:, 2:4] * 2  # columns by an index tensor
+        a[torch.tensor([1, 3]), torch.tensor([4, 5])] = self.row[:2]  # two index tensors
+        a[:, torch.tensor([1, 2])] += h[:, :2]  # read, add, write back
+        # accumulate with a repeated index: both writes add (a[i] += v with a repeated
+        # i writes back without accumulating: which write wins is undefined in torch)
+        rows = torch.arange(b).unsqueeze(1)
+        a = a.index_put((rows, torch.tensor([1, 1, 2])), h[:, :3], accumulate=True)
+        a[torch.tensor([2])] = self.row  # a row, the value broadcast along it
+        a[a < -0.5] = 0.0  # a boolean mask, one value
+        a[h > 1.0] = self.row[1]  # a mask, a one-element tensor
+        # (a[mask] += v reads a[mask] first: a count that depends on the data)
+        a = a.index_put((h < -1.0,), self.row[0], accumulate=True)
+        c = self.cube(x).view(b, 2, 3, 4)
+        # the indexed dims first in the read (torch: not adjacent): [2, B, 3]
+        c[:, torch.tensor([1]), :, torch.tensor([0, 3])] = (h[:, :2].t() * 0.5).unsqueeze(-1)
+        return self.head(a + c.sum((1, 3))[:, :1])
+
+
+@pytest.mark.parametrize("target", ["onnx", "torch", "tensorflow", "jax"])
+def test_index_put_records_and_translates(target: str, tmp_path: Path) -> None:
+    """index_put in each form records as ScatterElements or Where (no
+    unsupported node) and translates on every target, gradients through the
+    written values and the overwritten input included, with the float64
+    verdict."""
+    torch.manual_seed(0)
+    model, x = _IndexPuts(), torch.randn(8, 6)
+    log, report = _checked(target, tmp_path, model, x)
+    ops = _ops(log)
+    assert "tracelog.Unsupported" not in ops
+    assert {"ScatterElements", "Where"} <= ops
+    assert report.ok, report.table()
+    translated = [c for c in report.comparisons if c.name.endswith(" [float64]")]
+    assert translated and all(c.ok for c in translated)
+    if target != "onnx":  # (the ONNX check compares predictions and the loss)
+        assert any(c.name.startswith("grad row") for c in report.comparisons)
+
+
+def test_index_put_of_a_value_per_masked_element_is_unsupported(tmp_path: Path) -> None:
+    # x[mask] = v with one value per selected element: their count depends on the data
+    import tracelog
+
+    class Masked(torch.nn.Module):
+        def __init__(self) -> None:
+            super().__init__()
+            self.fc = torch.nn.Linear(4, 4)
+
+        def forward(self, x: torch.Tensor) -> torch.Tensor:
+            h = self.fc(x)
+            mask = h > 0
+            h = h.clone()
+            h[mask] = h[mask] * 2
+            return h
+
+    model = Masked()
+    with TorchListener(model, tmp_path) as listener, listener.batch():
+        model(torch.randn(5, 4)).sum().backward()
+    log = tracelog.load(tmp_path)
+    reasons = [
+        n.attrs.get("reason")
+        for e in log.entries_sorted()
+        for n in log.graph(e.hash).nodes
+        if n.op == "Unsupported"
+    ]
+    assert any("depends on the data" in str(r) for r in reasons), reasons

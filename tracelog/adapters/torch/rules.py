@@ -1163,13 +1163,6 @@ def _view_write(ctx: Ctx) -> Names:
     return ctx.one("Concat", pieces, axis=dim)
 
 
-# Known and deliberately not translated yet: listed so that absence is a decision.
-ATEN.not_yet(
-    "aten.index_put_.default",
-    "aten.index_put.default",
-    reason="scatter-style writes are not modelled",
-)
-
 # the op families in modules of their own register into ATEN when imported
 from tracelog.adapters.torch import (  # noqa: E402, F401
     rules_attention,

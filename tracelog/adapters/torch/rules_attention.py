@@ -20,7 +20,7 @@ from __future__ import annotations
 
 import math
 from collections.abc import Sequence
-from typing import Any
+from typing import Any, NamedTuple
 
 import numpy as np
 import torch
@@ -430,14 +430,33 @@ def _index(ctx: Ctx) -> Names:
     """Advanced indexing x[..., i, j, ...] with integer index tensors: the
     indexed dims are merged into one and read with one Gather of the
     row-major linear index (broadcast like torch broadcasts the indices)."""
-    xt = ctx.in_type(0)
     indices = list(ctx.arg(1, "indices"))
-    positions = [d for d, i in enumerate(indices) if i is not None]
-    if not positions:
+    if all(i is None for i in indices):
         return [ctx.t(0)]
-    if any(indices[d].dtype in ("bool", "uint8") for d in positions):
+    if any(i is not None and i.dtype in ("bool", "uint8") for i in indices):
         raise NotSupported("indexing with a boolean mask: the output's size depends on the data")
+    merged = _merged_index(ctx, indices)
+    return ctx.one("Gather", [merged.x, merged.linear], axis=merged.first)
+
+
+class _Merged(NamedTuple):
+    """x with the dims an advanced index reads merged into one (moved to the
+    front first where they are not adjacent, as torch orders the result)."""
+
+    x: str  # x, transposed and reshaped: shape[:first] + [merged] + shape[first + k:]
+    shape: list[Dim]  # x's shape after the transpose, before the merge
+    flat: list[Dim]  # the merged shape
+    first: int  # the merged dim
+    linear: str  # the row-major linear index into it (int64, the indices broadcast)
+    linear_shape: tuple[Dim, ...]
+    perm: list[int] | None  # the transpose, where the indexed dims were not adjacent
+
+
+def _merged_index(ctx: Ctx, indices: list[Any]) -> _Merged:
+    xt = ctx.in_type(0)
+    positions = [d for d, i in enumerate(indices) if i is not None]
     x, shape = ctx.t(0), list(xt.shape)
+    perm = None
     if positions != list(range(positions[0], positions[-1] + 1)):
         # torch puts the result dims first when the indexed dims are not adjacent
         perm = positions + [d for d in range(len(shape)) if d not in positions]
@@ -467,7 +486,102 @@ def _index(ctx: Ctx) -> Names:
             merged = dim_mul(merged, size_j)
         flat = shape[:first] + [merged] + shape[first + k :]
         x = ctx.helper("Reshape", [x, ctx.shape_const(flat)], TensorType(xt.dtype, tuple(flat)))
-    return ctx.one("Gather", [x, linear], axis=first)
+    else:
+        flat, lin_shape = list(shape), tuple(indices[positions[0]].shape)
+    return _Merged(x, shape, flat, first, linear, lin_shape, perm)
+
+
+@ATEN.register("aten.index_put.default", "aten.index_put_.default")
+def _index_put(ctx: Ctx) -> Names:
+    """x[indices] = values (accumulate: +=). Integer index tensors: the
+    indexed dims merged into one (as _index reads them) and written with one
+    ScatterElements along it, the index and the values broadcast to the read's
+    shape and its index dims flattened; with accumulate, duplicate indices
+    add up; without, which write wins is undefined in torch and on every
+    target (and so are the written values' gradients). A boolean mask with
+    one value: Where (x[x < 0] = 0). A mask with a value per selected element
+    depends on the data's count of them: not supported."""
+    out = ctx.out_type()
+    indices = list(ctx.arg(1, "indices"))
+    accumulate = bool(ctx.arg(3, "accumulate", False))
+    values = _operand(ctx, 2, "values", out.dtype)
+    vt = ctx.arg(2, "values")
+    v_shape = tuple(vt.shape) if isinstance(vt, TArg) else ()
+    if all(i is None for i in indices):
+        raise NotSupported("index_put with no index tensor")
+    if any(i is not None and i.dtype in ("bool", "uint8") for i in indices):
+        return _masked_put(ctx, indices, values, v_shape, accumulate)
+    m = _merged_index(ctx, indices)
+    pre, post = m.flat[: m.first], m.flat[m.first + 1 :]
+    read = (*pre, *m.linear_shape, *post)  # x[indices]'s shape, which values broadcast to
+    n: Dim = 1
+    for d in m.linear_shape:
+        n = dim_mul(n, d)
+    written = (*pre, n, *post)
+    ones = [1] * len(pre)
+    index = ctx.helper(
+        "Reshape",
+        [m.linear, ctx.shape_const([*ones, n, *([1] * len(post))])],
+        TensorType("int64", (*ones, n, *([1] * len(post)))),
+    )
+    index = ctx.helper(
+        "Expand", [index, ctx.shape_const(written, False)], TensorType("int64", written)
+    )
+    if tuple(v_shape) != read:
+        values = ctx.helper(
+            "Expand", [values, ctx.shape_const(read, False)], TensorType(out.dtype, read)
+        )
+    values = ctx.helper(
+        "Reshape", [values, ctx.shape_const(written)], TensorType(out.dtype, written)
+    )
+    attrs = {"reduction": "add"} if accumulate else {}
+    scatter = ("ScatterElements", [m.x, index, values], {"axis": m.first, **attrs})
+    if m.flat == m.shape and m.perm is None:
+        return ctx.one(scatter[0], scatter[1], **scatter[2])
+    y = ctx.helper(scatter[0], scatter[1], TensorType(out.dtype, tuple(m.flat)), **scatter[2])
+    if m.flat != m.shape:
+        unmerged = (ctx.shape_const(m.shape),)
+        if m.perm is None:
+            return ctx.one("Reshape", [y, *unmerged])
+        y = ctx.helper("Reshape", [y, *unmerged], TensorType(out.dtype, tuple(m.shape)))
+    assert m.perm is not None
+    return ctx.one("Transpose", [y], perm=[m.perm.index(d) for d in range(len(m.perm))])
+
+
+def _masked_put(
+    ctx: Ctx, indices: list[Any], values: str, v_shape: tuple[Dim, ...], accumulate: bool
+) -> Names:
+    """x[mask] = v with one value v (or +=): Where over the mask, unsqueezed to
+    x's rank at the dims it covers."""
+    xt = ctx.in_type(0)
+    positions = [d for d, i in enumerate(indices) if i is not None]
+    if len(positions) != 1:
+        raise NotSupported("index_put with a boolean mask beside other indices")
+    d = positions[0]
+    mt = indices[d]
+    if any(not isinstance(k, int) or k != 1 for k in v_shape):
+        raise NotSupported(
+            "index_put of a value per selected element: their count depends on the data"
+        )
+    rank, mrank = len(xt.shape), len(mt.shape)
+    covered = xt.shape[d : d + mrank]
+    if len(covered) != mrank or any(
+        not _same_dim(ctx, a, b) for a, b in zip(mt.shape, covered, strict=True)
+    ):
+        raise NotSupported(f"a boolean mask of shape {list(mt.shape)} on {list(xt.shape)}")
+    mask = ctx.b.name_of(mt)
+    if mt.dtype != "bool":
+        mask = ctx.helper("Cast", [mask], TensorType("bool", mt.shape), to="bool")
+    axes = [*range(d), *range(d + mrank, rank)]
+    if axes:
+        full = [1] * d + list(mt.shape) + [1] * (rank - d - mrank)
+        mask = ctx.helper("Unsqueeze", [mask, ctx.ints(axes)], TensorType("bool", tuple(full)))
+    value = values
+    if v_shape:  # a one-element tensor: to a scalar that broadcasts anywhere
+        value = ctx.helper("Reshape", [values, ctx.ints([])], TensorType(ctx.out_type().dtype, ()))
+    if accumulate:
+        value = ctx.helper("Add", [ctx.t(0), value], ctx.out_type())
+    return ctx.one("Where", [mask, value, ctx.t(0)])
 
 
 def _scatter_reduction(ctx: Ctx) -> str:
