@@ -581,3 +581,41 @@ def test_index_put_of_a_value_per_masked_element_is_unsupported(tmp_path: Path) 
         if n.op == "Unsupported"
     ]
     assert any("depends on the data" in str(r) for r in reasons), reasons
+
+
+class _SampleSelects(torch.nn.Module):
+    """One sample of the batch read by its index (the first, and the last
+    counted from the end): torch.outer(h[0], h[-1])."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.fc = torch.nn.Linear(6, 6)
+        self.head = torch.nn.Linear(6, 3)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        h = self.fc(x)
+        return self.head(h + torch.outer(h[0], h[-1]).sum(0) * 0.1)
+
+
+@pytest.mark.parametrize("target", ["onnx", "torch", "tensorflow", "jax"])
+def test_a_sample_of_the_batch_selected_by_index_translates(target: str, tmp_path: Path) -> None:
+    """h[0] and h[-1] record as Gather on the batch dim (they recorded as
+    unsupported) and translate on every target, with the float64 verdict;
+    a batch of another size shares the graph (h[-1] is its own last sample)."""
+    import tracelog
+
+    torch.manual_seed(0)
+    model = _SampleSelects()
+    log, report = _checked(target, tmp_path / "a", model, torch.randn(8, 6))
+    assert "tracelog.Unsupported" not in _ops(log)
+    assert report.ok, report.table()
+    translated = [c for c in report.comparisons if c.name.endswith(" [float64]")]
+    assert translated and all(c.ok for c in translated)
+    if target == "torch":
+        with TorchListener(model, tmp_path / "b", strict=True) as listener:
+            for batch in (8, 5):
+                with listener.batch():
+                    x = torch.randn(batch, 6)
+                    F.cross_entropy(model(x), torch.arange(batch) % 3).backward()
+        train = [p for p in tracelog.load(tmp_path / "b").pairs.values() if p.phase == "train"]
+        assert len(train) == 1 and train[0].usage.batches == 2

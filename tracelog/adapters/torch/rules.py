@@ -815,9 +815,10 @@ def _slice(ctx: Ctx) -> Names:
 def _select(ctx: Ctx) -> Names:
     shape = ctx.in_type(0).shape
     dim = int(ctx.arg(1, "dim")) % len(shape)
-    if is_symbolic(shape[dim]) and BATCH in str(shape[dim]):
-        raise NotSupported("selecting one sample of the batch")
-    return ctx.one("Gather", [ctx.t(0), ctx.const(int(ctx.arg(2, "index")), "int64")], axis=dim)
+    # a sample of the batch too (h[0], h[-1]: the emitters count a negative index
+    # from a symbolic dim's run-time size): the graph holds for every batch that has it
+    index = int(ctx.arg(2, "index"))
+    return ctx.one("Gather", [ctx.t(0), ctx.const(index, "int64")], axis=dim)
 
 
 @ATEN.register("aten.embedding.default")
