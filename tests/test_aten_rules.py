@@ -504,7 +504,7 @@ class _IndexPuts(torch.nn.Module):
     """x[idx] = v in its forms: rows by an index tensor (a negative one
     among them), a column pair by two index tensors, += with a repeated
     index, indexed dims that are not adjacent, a value broadcast along the
-    batch, and a boolean mask with one value (x[x < 0] = 0)."""
+    batch, and a boolean mask with one value (x[x < 0] = 0) or one row."""
 
     def __init__(self) -> None:
         super().__init__()
@@ -527,6 +527,7 @@ class _IndexPuts(torch.nn.Module):
         a[torch.tensor([2])] = self.row  # a row, the value broadcast along it
         a[a < -0.5] = 0.0  # a boolean mask, one value
         a[h > 1.0] = self.row[1]  # a mask, a one-element tensor
+        a[h[:, 0] > 0.3] = self.row  # a mask of rows, one row (Wav2Vec2's masking)
         # (a[mask] += v reads a[mask] first: a count that depends on the data)
         a = a.index_put((h < -1.0,), self.row[0], accumulate=True)
         c = self.cube(x).view(b, 2, 3, 4)
@@ -619,3 +620,31 @@ def test_a_sample_of_the_batch_selected_by_index_translates(target: str, tmp_pat
                     F.cross_entropy(model(x), torch.arange(batch) % 3).backward()
         train = [p for p in tracelog.load(tmp_path / "b").pairs.values() if p.phase == "train"]
         assert len(train) == 1 and train[0].usage.batches == 2
+
+
+class _WeightlessNorms(torch.nn.Module):
+    """Layer norms with no weight and no bias (OLMo's), over the last dim and
+    over the last two."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.fc = torch.nn.Linear(6, 12)
+        self.head = torch.nn.Linear(12, 3)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        h = F.layer_norm(self.fc(x), (12,))
+        h = F.layer_norm(h.view(-1, 3, 4), (3, 4), eps=1e-3).flatten(1)
+        return self.head(h)
+
+
+@pytest.mark.parametrize("target", ["onnx", "torch", "tensorflow", "jax"])
+def test_layer_norms_without_weight_translate(target: str, tmp_path: Path) -> None:
+    """A layer norm with no weight takes ones of the normalized shape as its
+    scale: the PyTorch program's F.layer_norm refused the [1, n] it was
+    given (OLMo), and over two axes it recorded as unsupported."""
+    torch.manual_seed(0)
+    log, report = _checked(target, tmp_path, _WeightlessNorms(), torch.randn(8, 6))
+    assert "tracelog.Unsupported" not in _ops(log)
+    assert report.ok, report.table()
+    translated = [c for c in report.comparisons if c.name.endswith(" [float64]")]
+    assert translated and all(c.ok for c in translated)

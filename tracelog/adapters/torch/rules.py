@@ -451,13 +451,14 @@ def _layer_norm(ctx: Ctx) -> Names:
     xt = ctx.in_type(0)
     normalized = list(ctx.arg(1))
     dt = xt.dtype
-    n = 1
-    for d in normalized:
-        n *= int(d)
-    scale = ctx.t(2) if ctx.arg(2) is not None else ctx.const([[1.0] * n], dt)
+    # no weight (OLMo's norm): ones of the normalized shape, which F.layer_norm
+    # takes as its weight only in exactly that shape
+    scale = (
+        ctx.t(2)
+        if ctx.arg(2) is not None
+        else ctx.const(np.ones([int(d) for d in normalized], dtype=np.float64), dt)
+    )
     ins = [ctx.t(0), scale] + ([ctx.t(3)] if ctx.arg(3) is not None else [])
-    if ctx.arg(2) is None and len(normalized) != 1:
-        raise NotSupported("layer norm without weight over several axes")
     attrs = {"axis": -len(normalized), "epsilon": float(ctx.arg(4))}
     wdt = ctx.in_type(2).dtype if ctx.arg(2) is not None else dt
     if wdt != dt:
