@@ -551,19 +551,23 @@ def _index_put(ctx: Ctx) -> Names:
 def _masked_put(
     ctx: Ctx, indices: list[Any], values: str, v_shape: tuple[Dim, ...], accumulate: bool
 ) -> Names:
-    """x[mask] = v with one value v (or +=): Where over the mask, unsqueezed to
-    x's rank at the dims it covers."""
+    """x[mask] = v (or +=) where v is the same for every selected element (one
+    value, or a row over the dims after the mask's: Wav2Vec2's
+    hidden[mask] = masked_spec_embed): Where over the mask, unsqueezed to
+    x's rank at the dims it covers, v right-aligned with those after it."""
     xt = ctx.in_type(0)
     positions = [d for d, i in enumerate(indices) if i is not None]
     if len(positions) != 1:
         raise NotSupported("index_put with a boolean mask beside other indices")
     d = positions[0]
     mt = indices[d]
-    if any(not isinstance(k, int) or k != 1 for k in v_shape):
+    rank, mrank = len(xt.shape), len(mt.shape)
+    rest = rank - d - mrank  # x[mask] is [count, *x.shape[d + mrank:]], after x.shape[:d]
+    head, tail = v_shape[: max(len(v_shape) - rest, 0)], v_shape[max(len(v_shape) - rest, 0) :]
+    if any(not isinstance(k, int) or k != 1 for k in head):
         raise NotSupported(
             "index_put of a value per selected element: their count depends on the data"
         )
-    rank, mrank = len(xt.shape), len(mt.shape)
     covered = xt.shape[d : d + mrank]
     if len(covered) != mrank or any(
         not _same_dim(ctx, a, b) for a, b in zip(mt.shape, covered, strict=True)
@@ -577,8 +581,10 @@ def _masked_put(
         full = [1] * d + list(mt.shape) + [1] * (rank - d - mrank)
         mask = ctx.helper("Unsqueeze", [mask, ctx.ints(axes)], TensorType("bool", tuple(full)))
     value = values
-    if v_shape:  # a one-element tensor: to a scalar that broadcasts anywhere
-        value = ctx.helper("Reshape", [values, ctx.ints([])], TensorType(ctx.out_type().dtype, ()))
+    if head:  # unit dims before the row (or a one-element tensor): dropped
+        value = ctx.helper(
+            "Reshape", [values, ctx.shape_const(tail)], TensorType(ctx.out_type().dtype, tail)
+        )
     if accumulate:
         value = ctx.helper("Add", [ctx.t(0), value], ctx.out_type())
     return ctx.one("Where", [mask, value, ctx.t(0)])
