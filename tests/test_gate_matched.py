@@ -133,3 +133,39 @@ def test_a_jax_check_runs_op_by_op_only_in_its_translation_rows(gates_log: Path)
     assert (False, "float64") in runs
     assert (False, "float32") not in runs, runs
     assert (True, "float32") in runs
+
+
+class _ZeroBiasRelu(nn.Module):
+    """A ReLU whose input is exactly 0 on some rows: a zero bias and zero
+    features (Swin V2's relative-coordinate table has such a row)."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.fc = nn.Linear(2, 8)
+        self.head = nn.Linear(8, 3)
+        with torch.no_grad():
+            self.fc.bias.zero_()
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return self.head(torch.relu(self.fc(x)))
+
+
+@pytest.mark.parametrize("target", ["tensorflow", "jax"])
+def test_a_draw_moves_no_zero_to_a_subnormal(tmp_path: Path, target: str) -> None:
+    """A draw nudges by one ulp, but a zero stays zero: its neighbours are
+    subnormal, which TensorFlow's and XLA's CPU kernels flush to 0 while the
+    draw's float64 run keeps their signs, so a ReLU at a zero bias opened in
+    the float64 run only (Swin V2's draws read 6e5 times the source's error
+    on that bias's gradient)."""
+    module = {"jax": "jax", "tensorflow": "tensorflow"}[target]
+    pytest.importorskip(module, reason=f"the {target} target needs {module}")
+    torch.manual_seed(0)
+    model = _ZeroBiasRelu()
+    x = torch.randn(8, 2)
+    x[::2] = 0.0
+    with tracelog.Listener(model, tmp_path / "log", strict=True) as listener:
+        with listener.batch():
+            F.cross_entropy(model(x), torch.arange(8) % 3).backward()
+    for draw in (1, 2):
+        report = tracelog.check(tmp_path / "log", target, draw=draw)
+        assert report.ok, report.table()

@@ -353,7 +353,8 @@ def _promoted(arrays: dict[str, np.ndarray]) -> dict[str, np.ndarray]:
 
 def _nudged(arrays: dict[str, Any], draw: int) -> dict[str, Any]:
     """`arrays` with each float32 (float16, float64) array moved by one ulp,
-    up or down element by element in a pattern fixed by `draw` (0: unchanged).
+    up or down element by element in a pattern fixed by `draw` (0: unchanged),
+    but where it would become subnormal (zeros stay zeros).
     (Not for a sample with bfloat16 arrays: read narrow they are framework
     tensors, read wide float32 arrays, and would be nudged in one form only.)"""
     if draw == 0:
@@ -365,9 +366,11 @@ def _nudged(arrays: dict[str, Any], draw: int) -> dict[str, Any]:
         if not isinstance(a, np.ndarray) or a.dtype.kind != "f":
             continue
         up = rng.random(a.shape) < 0.5
-        nudged[key] = np.where(up, np.nextafter(a, np.inf), np.nextafter(a, -np.inf)).astype(
-            a.dtype
-        )
+        moved = np.where(up, np.nextafter(a, np.inf), np.nextafter(a, -np.inf)).astype(a.dtype)
+        # a zero's neighbours are subnormal, which TensorFlow's and XLA's CPU kernels
+        # flush to 0 while the float64 run keeps their sign (a ReLU at a zero bias
+        # then opens in one run only): a value that would become subnormal stays
+        nudged[key] = np.where(np.abs(moved) < np.finfo(a.dtype).tiny, a, moved)
     return nudged
 
 
