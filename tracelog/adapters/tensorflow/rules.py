@@ -12,6 +12,7 @@ from typing import Any, SupportsInt
 
 import numpy as np
 
+from tracelog.adapters.arith import floor_mod_of, int_floor_div_of, is_int, trunc_of
 from tracelog.adapters.builder import Converter, Ctx, NotSupported, use_rewrites
 from tracelog.adapters.tape import TArg
 from tracelog.ir import TensorType
@@ -593,25 +594,6 @@ def _cumprod(ctx: Ctx) -> Names:
 # FloorMod is fmod corrected by the signs (integers: ONNX Mod); FloorDiv is floor(x / y)
 # for floats (not Python's x // y) and the truncated quotient less 1 where the signs
 # differ and it is not exact for integers; TruncateDiv truncates.
-def _is_int(dtype: str) -> bool:
-    return dtype.startswith(("int", "uint"))
-
-
-def _bool(ctx: Ctx, op: str, inputs: Sequence[str]) -> str:
-    return ctx.helper(op, list(inputs), TensorType("bool", ctx.out_type().shape))
-
-
-def _signs_differ(ctx: Ctx, u: str, v: str) -> str:
-    dt = ctx.out_type().dtype
-    zero = ctx.const(0 if _is_int(dt) else 0.0, dt)
-    return _bool(ctx, "Xor", [_bool(ctx, "Less", [u, zero]), _bool(ctx, "Less", [v, zero])])
-
-
-def _nonzero(ctx: Ctx, u: str) -> str:
-    dt = ctx.out_type().dtype
-    return _bool(ctx, "Not", [_bool(ctx, "Equal", [u, ctx.const(0 if _is_int(dt) else 0.0, dt)])])
-
-
 @TF_OPS.register("tf.TruncateMod")
 def _truncate_mod(ctx: Ctx) -> Names:
     return ctx.one("Mod", [ctx.t(0), ctx.t(1)], fmod=1)
@@ -619,36 +601,23 @@ def _truncate_mod(ctx: Ctx) -> Names:
 
 @TF_OPS.register("tf.FloorMod")
 def _floor_mod(ctx: Ctx) -> Names:
-    x, y, out = ctx.t(0), ctx.t(1), ctx.out_type()
-    if _is_int(out.dtype):
-        return ctx.one("Mod", [x, y])
-    m = ctx.helper("Mod", [x, y], out, fmod=1)
-    fix = _bool(ctx, "And", [_nonzero(ctx, m), _signs_differ(ctx, y, m)])
-    return ctx.one("Where", [fix, ctx.helper("Add", [m, y], out), m])
+    return [floor_mod_of(ctx, ctx.t(0), ctx.t(1), ctx.out_type())]
 
 
 @TF_OPS.register("tf.FloorDiv")
 def _floor_div(ctx: Ctx) -> Names:
     x, y, out = ctx.t(0), ctx.t(1), ctx.out_type()
-    if not _is_int(out.dtype):
+    if not is_int(out.dtype):
         return ctx.one("Floor", [ctx.helper("Div", [x, y], out)])
-    q = ctx.helper("Div", [x, y], out)
-    if out.dtype.startswith("uint"):
-        return [q]
-    m = ctx.helper("Mod", [x, y], out, fmod=1)
-    fix = _bool(ctx, "And", [_signs_differ(ctx, x, y), _nonzero(ctx, m)])
-    return ctx.one("Where", [fix, ctx.helper("Sub", [q, ctx.const(1, out.dtype)], out), q])
+    return [int_floor_div_of(ctx, x, y, out)]
 
 
 @TF_OPS.register("tf.TruncateDiv")
 def _truncate_div(ctx: Ctx) -> Names:
     x, y, out = ctx.t(0), ctx.t(1), ctx.out_type()
-    if _is_int(out.dtype):
+    if is_int(out.dtype):
         return ctx.one("Div", [x, y])
-    q = ctx.helper("Div", [x, y], out)
-    below = _bool(ctx, "Less", [q, ctx.const(0.0, out.dtype)])
-    ceil, floor = ctx.helper("Ceil", [q], out), ctx.helper("Floor", [q], out)
-    return ctx.one("Where", [below, ceil, floor])
+    return [trunc_of(ctx, ctx.helper("Div", [x, y], out), out)]
 
 
 @TF_OPS.register("tf.Log1p")

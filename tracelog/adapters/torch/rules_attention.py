@@ -534,11 +534,11 @@ def _index_put(ctx: Ctx) -> Names:
     values = ctx.helper(
         "Reshape", [values, ctx.shape_const(written)], TensorType(out.dtype, written)
     )
-    attrs = {"reduction": "add"} if accumulate else {}
-    scatter = ("ScatterElements", [m.x, index, values], {"axis": m.first, **attrs})
+    inputs = [m.x, index, values]
+    attrs: dict[str, Any] = {"axis": m.first, **({"reduction": "add"} if accumulate else {})}
     if m.flat == m.shape and m.perm is None:
-        return ctx.one(scatter[0], scatter[1], **scatter[2])
-    y = ctx.helper(scatter[0], scatter[1], TensorType(out.dtype, tuple(m.flat)), **scatter[2])
+        return ctx.one("ScatterElements", inputs, **attrs)
+    y = ctx.helper("ScatterElements", inputs, TensorType(out.dtype, tuple(m.flat)), **attrs)
     if m.flat != m.shape:
         unmerged = (ctx.shape_const(m.shape),)
         if m.perm is None:

@@ -17,6 +17,15 @@ from typing import Any
 
 import numpy as np
 
+from tracelog.adapters.arith import (
+    floor_mod_of,
+    fmod_of,
+    int_floor_div_of,
+    is_int,
+    nonzero,
+    signs_differ,
+    trunc_of,
+)
 from tracelog.adapters.builder import Converter, Ctx, NotSupported
 from tracelog.adapters.torch.rules import ATEN, Names, _axes, _operand, _vector_norm, argmax_of
 from tracelog.ir import TensorType, is_symbolic
@@ -366,10 +375,6 @@ _FLOAT_UNARY = {
 }
 
 
-def _is_int(dtype: str) -> bool:
-    return dtype.startswith(("int", "uint", "bool"))
-
-
 def _float_unary_rule(op: str) -> Converter:
     domain, _, name = op.rpartition(".")
 
@@ -413,7 +418,7 @@ def _round(ctx: Ctx) -> Names:
     # nearbyint (half to even) of x, or of x * 10^k / 10^k (x / 10^-k * 10^-k for k < 0),
     # 10^|k| in x's dtype, as torch's kernel takes it; an integer is its own rounding
     x, out = ctx.t(0), ctx.out_type()
-    if _is_int(out.dtype):
+    if is_int(out.dtype):
         return [x]
     decimals = int(ctx.arg(1, "decimals", 0) or 0)
     if decimals == 0:
@@ -424,20 +429,12 @@ def _round(ctx: Ctx) -> Names:
     return ctx.one(then, [rounded, scale])
 
 
-def _trunc_of(ctx: Ctx, x: str, ty: TensorType) -> str:
-    """trunc(x): ceil below 0, floor elsewhere (ONNX has no Trunc); no gradient."""
-    below = ctx.helper("Less", [x, ctx.const(0.0, ty.dtype)], TensorType("bool", ty.shape))
-    ceil = ctx.helper("Ceil", [x], ty)
-    floor = ctx.helper("Floor", [x], ty)
-    return ctx.helper("Where", [below, ceil, floor], ty)
-
-
 @ATEN.register("aten.trunc.default", "aten.trunc_.default")
 def _trunc(ctx: Ctx) -> Names:
     x, out = ctx.t(0), ctx.out_type()
-    if _is_int(out.dtype):
+    if is_int(out.dtype):
         return [x]
-    return [_trunc_of(ctx, x, out)]
+    return [trunc_of(ctx, x, out)]
 
 
 @ATEN.register("aten.nan_to_num.default", "aten.nan_to_num_.default")
@@ -446,7 +443,7 @@ def _nan_to_num(ctx: Ctx) -> Names:
     # finite values by default), each cast to x's dtype; integers have none of them
     x, out = ctx.t(0), ctx.out_type()
     dt = out.dtype
-    if _is_int(dt):
+    if is_int(dt):
         return [x]
     info = np.finfo(np.dtype(dt)) if dt != "bfloat16" else None
     if info is None:
@@ -478,23 +475,6 @@ def _cumprod(ctx: Ctx) -> Names:
 # -- fmod, remainder and the rounding divisions ------------------------------------------------
 # From torch's kernels (aten/src/ATen/native/cpu/BinaryOpsKernel.cpp, c10's div_floor_*):
 # fmod is C's (ONNX Mod, fmod=1); remainder and floor division correct it by the signs.
-def _fmod_of(ctx: Ctx, a: str, b: str, ty: TensorType) -> str:
-    return ctx.helper("Mod", [a, b], ty, fmod=1)
-
-
-def _signs_differ(ctx: Ctx, u: str, v: str, ty: TensorType) -> str:
-    """(u < 0) != (v < 0)."""
-    mask = TensorType("bool", ty.shape)
-    zero = ctx.const(0 if _is_int(ty.dtype) else 0.0, ty.dtype)
-    u_neg = ctx.helper("Less", [u, zero], mask)
-    v_neg = ctx.helper("Less", [v, zero], mask)
-    return ctx.helper("Xor", [u_neg, v_neg], mask)
-
-
-def _nonzero(ctx: Ctx, u: str, ty: TensorType) -> str:
-    mask = TensorType("bool", ty.shape)
-    zero = ctx.const(0 if _is_int(ty.dtype) else 0.0, ty.dtype)
-    return ctx.helper("Not", [ctx.helper("Equal", [u, zero], mask)], mask)
 
 
 def _binary_operands(ctx: Ctx) -> tuple[str, str, TensorType]:
@@ -517,16 +497,9 @@ def _fmod(ctx: Ctx) -> Names:
     "aten.remainder_.Scalar",
 )
 def _remainder(ctx: Ctx) -> Names:
-    # Python's %, the divisor's sign. Integers: ONNX Mod (fmod=0, which ONNX defines for
-    # integers only); floats as torch's kernel: m = fmod(a, b), m + b where m is not 0
-    # and its sign is not b's
+    # Python's %, the divisor's sign (arith.floor_mod_of, as torch's kernel)
     a, b, out = _binary_operands(ctx)
-    if _is_int(out.dtype):
-        return ctx.one("Mod", [a, b])
-    m = _fmod_of(ctx, a, b, out)
-    mask = TensorType("bool", out.shape)
-    fix = ctx.helper("And", [_nonzero(ctx, m, out), _signs_differ(ctx, b, m, out)], mask)
-    return ctx.one("Where", [fix, ctx.helper("Add", [m, b], out), m])
+    return [floor_mod_of(ctx, a, b, out)]
 
 
 def _floor_divide_of(ctx: Ctx, a: str, b: str, out: TensorType) -> str:
@@ -537,18 +510,12 @@ def _floor_divide_of(ctx: Ctx, a: str, b: str, out: TensorType) -> str:
     integer (floor, plus 1 above a half), and 0 with the sign of a / b where
     d is 0. Its gradient is 0, as torch's."""
     dt, mask = out.dtype, TensorType("bool", out.shape)
-    one = ctx.const(1 if _is_int(dt) else 1.0, dt)
-    if _is_int(dt):
-        q = ctx.helper("Div", [a, b], out)  # ONNX integer Div truncates
-        if dt.startswith(("uint", "bool")):
-            return q
-        m = _fmod_of(ctx, a, b, out)
-        fix = ctx.helper("And", [_signs_differ(ctx, a, b, out), _nonzero(ctx, m, out)], mask)
-        return ctx.helper("Where", [fix, ctx.helper("Sub", [q, one], out), q], out)
-    zero, half = ctx.const(0.0, dt), ctx.const(0.5, dt)
-    m = _fmod_of(ctx, a, b, out)
+    if is_int(dt):
+        return int_floor_div_of(ctx, a, b, out)
+    one, zero, half = ctx.const(1.0, dt), ctx.const(0.0, dt), ctx.const(0.5, dt)
+    m = fmod_of(ctx, a, b, out)
     d = ctx.helper("Div", [ctx.helper("Sub", [a, m], out), b], out)
-    fix = ctx.helper("And", [_nonzero(ctx, m, out), _signs_differ(ctx, b, m, out)], mask)
+    fix = ctx.helper("And", [nonzero(ctx, m, out), signs_differ(ctx, b, m, out)], mask)
     d = ctx.helper("Where", [fix, ctx.helper("Sub", [d, one], out), d], out)
     f = ctx.helper("Floor", [d], out)
     up = ctx.helper("Greater", [ctx.helper("Sub", [d, f], out), half], mask)
@@ -587,4 +554,4 @@ def _div_mode(ctx: Ctx) -> Names:
     if mode != "trunc":
         raise NotSupported(f"division with rounding mode {mode!r}")
     q = ctx.helper("Div", [a, b], out)
-    return [q if _is_int(out.dtype) else _trunc_of(ctx, q, out)]
+    return [q if is_int(out.dtype) else trunc_of(ctx, q, out)]
