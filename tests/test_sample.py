@@ -115,3 +115,65 @@ def test_a_recorded_run_writes_the_sample_through_the_module(tmp_path) -> None:
     np.testing.assert_array_equal(
         sample[input_key("x")], batches[0][0].numpy()
     )  # the batch as it ran
+
+
+def _sample_bytes(tmp_path, name: str) -> bytes:
+    torch.manual_seed(0)
+    model = CNNBnDrop()
+    batches = [(torch.randn(4, 3, 8, 8), torch.randint(0, 5, (4,))) for _ in range(2)]
+    record(model, tmp_path / name, batches, torch.nn.functional.cross_entropy, eval_batches=0)
+    return (tmp_path / name / "sample.safetensors").read_bytes()
+
+
+def test_the_reference_backward_on_a_helper_thread_gives_the_same_sample(
+    tmp_path, monkeypatch
+) -> None:
+    """The float64 reference's backward runs beside the graphs' building (issue
+    18); the sample it gives is byte for byte the one computed in line."""
+    import threading
+
+    from tracelog.adapters.torch import listener as torch_listener
+
+    ran_on: list[str] = []
+    forward64 = torch_listener.forward64
+
+    def watched(*args, **kwargs):
+        rest = forward64(*args, **kwargs)
+
+        def backward():
+            ran_on.append(threading.current_thread().name)
+            return rest()
+
+        return backward
+
+    monkeypatch.setattr(torch_listener, "forward64", watched)
+    in_background = _sample_bytes(tmp_path, "background")
+    assert ran_on == ["tracelog-reference64"]
+    monkeypatch.setattr(torch_listener.TorchListener, "reference_in_background", False)
+    in_line = _sample_bytes(tmp_path, "in_line")
+    assert ran_on == ["tracelog-reference64", threading.current_thread().name]
+    assert in_background == in_line
+
+
+def test_a_reference_backward_that_fails_on_its_thread_leaves_the_sample(
+    tmp_path, monkeypatch
+) -> None:
+    from tracelog.adapters.torch import listener as torch_listener
+
+    def failing(*args, **kwargs):
+        def backward():
+            raise RuntimeError("no float64 kernel for this op")
+
+        return backward
+
+    monkeypatch.setattr(torch_listener, "forward64", failing)
+    torch.manual_seed(0)
+    model = CNNBnDrop()
+    batches = [(torch.randn(4, 3, 8, 8), torch.randint(0, 5, (4,)))]
+    record(model, tmp_path, batches, torch.nn.functional.cross_entropy, eval_batches=0)
+    log = tracelog.load(tmp_path)
+    info = log.sample_info
+    assert info is not None
+    assert info["reference"] == "none: RuntimeError: no float64 kernel for this op"
+    sample = log.sample()
+    assert LOSS_KEY in sample and reference_key(LOSS_KEY) not in sample

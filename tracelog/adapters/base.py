@@ -21,6 +21,7 @@ import atexit
 import functools
 import logging
 import os
+import threading
 import weakref
 from abc import ABC, abstractmethod
 from collections.abc import Callable, Iterable, Iterator
@@ -91,6 +92,7 @@ class WindowBase(ABC):
         self.output_tensors: dict[str, Any] = {}
         self.target_tensors: list[Any] = []
         self.before: StateBefore | None = None  # set where this window may give the sample
+        self.reference: BackgroundCall | None = None  # its float64 reference, being computed
 
     # -- how the framework sees a tensor -------------------------------------------------
     @abstractmethod
@@ -355,6 +357,40 @@ class WindowBase(ABC):
         raise KeyError(ref)
 
 
+class BackgroundCall:
+    """``fn()`` run on a daemon thread from now; ``result()`` waits for it and
+    returns its value or raises its exception. Daemon: a run that ends (or
+    crashes) before the result is asked for is not held up by it."""
+
+    def __init__(self, fn: Callable[[], Any] | None, name: str) -> None:
+        self._value: Any = None
+        self._error: BaseException | None = None
+        self._thread: threading.Thread | None = None
+        if fn is not None:
+            self._thread = threading.Thread(target=self._run, args=(fn,), name=name, daemon=True)
+            self._thread.start()
+
+    @classmethod
+    def failed(cls, error: BaseException) -> BackgroundCall:
+        """A call that failed before it could start: ``result()`` raises ``error``."""
+        call = cls(None, "")
+        call._error = error
+        return call
+
+    def _run(self, fn: Callable[[], Any]) -> None:
+        try:
+            self._value = fn()
+        except BaseException as e:  # handed to result(): the caller decides
+            self._error = e
+
+    def result(self) -> Any:
+        if self._thread is not None:
+            self._thread.join()
+        if self._error is not None:
+            raise self._error
+        return self._value
+
+
 @dataclass
 class StateBefore:
     """The model's state when a sampled batch began, as arrays; ``grad_state``
@@ -430,6 +466,9 @@ class ListenerBase(ABC):
     # the failure reasons logs have always carried
     no_forward_reason = "the model was not called inside the batch window"
     raised_reason = "the batch raised {}"
+    # the sample's float64 reference computed on a helper thread while the batch's
+    # graphs are built (an adapter whose replay is safe off the training thread)
+    reference_in_background = False
 
     def __init__(
         self,
@@ -706,6 +745,10 @@ class ListenerBase(ABC):
         if w.root_calls == 0:
             raise RuntimeError(self.no_forward_reason)
         self._close_tape(w)
+        sampled = before is not None and w.phase == "train"
+        if sampled and self.reference_in_background:
+            assert before is not None
+            w.reference = self._reference_started(w, before)
         fp = w.tape.fingerprint()
         cached = self._cache.get(fp)
         if cached is None:
@@ -758,7 +801,10 @@ class ListenerBase(ABC):
         ir = input_names(w.tape)  # the IR's name of each data input
         roles = output_roles(w.tape)  # and of each prediction output
         try:
-            reference: dict[str, Any] | None = self._reference64(w, before)
+            pending, w.reference = w.reference, None
+            reference: dict[str, Any] | None = (
+                pending.result() if pending is not None else self._reference64(w, before)
+            )
             reference_note = "float64" if reference is not None else "not computed by this adapter"
         except Exception as e:  # the sample stands without it; check says why
             reference, reference_note = None, f"none: {describe(e)}"
@@ -795,7 +841,28 @@ class ListenerBase(ABC):
         """The batch replayed in float64 through the framework's own kernels:
         {"outputs": {tape role: array}, "loss", "grads": {param}, "updates":
         {buffer}}; None where the adapter has no replay; raises when it fails."""
+        rest = self._reference64_forward(w, before)
+        return None if rest is None else rest()
+
+    def _reference64_forward(
+        self, w: Any, before: StateBefore
+    ) -> Callable[[], dict[str, Any]] | None:
+        """``_reference64`` in two parts: its forward replay now, and the call
+        that finishes it (the backward), which ``reference_in_background``
+        runs on a helper thread. None where the adapter has no replay."""
         return None
+
+    def _reference_started(self, w: Any, before: StateBefore) -> BackgroundCall:
+        """The reference's forward replay, here; its backward on a helper thread
+        while the batch's graphs are built (autograd's engine runs without the
+        GIL, the batch-dim replay is Python), joined where the sample is taken."""
+        try:
+            rest = self._reference64_forward(w, before)
+        except Exception as e:  # the sample stands without it, saying why
+            return BackgroundCall.failed(e)
+        if rest is None:  # this adapter has no replay: the sample says so
+            return BackgroundCall(None, "")
+        return BackgroundCall(rest, "tracelog-reference64")
 
     @abstractmethod
     def _grads_from(self, w: Any) -> str:

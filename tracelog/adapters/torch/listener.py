@@ -51,7 +51,7 @@ from .compiled import (
 from .distributed import LocalGrads, Ranks, facts_for_log, placement, unwrap, world
 from .guards import Calls, FastWindow, input_key, on_backward
 from .recurrent import InnerOps, RecurrentScopes
-from .reference import reference64
+from .reference import forward64
 from .rules import ATEN, DRAW_OPS, RESTRIDE, VIEW_WRITE, WHOLE_VIEWS
 from .tensors import (
     _DTYPES,
@@ -594,6 +594,9 @@ class TorchListener(GuardedCounting, ListenerBase):
     rules = ATEN
     no_forward_reason = "the model's forward did not run inside the batch window"
     raised_reason = "_UserError: the batch raised {}"
+    # the reference's backward runs on float64 copies, outside any mode (dispatch
+    # and function modes, grad mode and autograd's reading are per thread)
+    reference_in_background = True
 
     def __init__(
         self,
@@ -1284,8 +1287,10 @@ class TorchListener(GuardedCounting, ListenerBase):
                     grads[n] = to_array(g)
         return grads
 
-    def _reference64(self, w: _Window, before: StateBefore) -> dict[str, Any] | None:
-        return reference64(
+    def _reference64_forward(
+        self, w: _Window, before: StateBefore
+    ) -> Callable[[], dict[str, Any]] | None:
+        return forward64(
             w.tape,
             inputs=w.input_tensors,
             targets=list(w.target_tensors),

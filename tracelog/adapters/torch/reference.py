@@ -16,7 +16,7 @@ rounding, whatever the model's float32 conditioning.
 
 from __future__ import annotations
 
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from typing import Any
 
 import numpy as np
@@ -242,6 +242,34 @@ def reference64(
     ``buffers`` are the values when the batch began; ``rec_out`` the tensors
     each record produced (for the random draws), ``draws`` the values a random
     draw gave as it was drawn (its tensor in ``rec_out`` may be changed later)."""
+    return forward64(
+        tape,
+        inputs=inputs,
+        targets=targets,
+        params=params,
+        buffers=buffers,
+        rec_out=rec_out,
+        trainable=trainable,
+        draws=draws,
+    )()
+
+
+def forward64(
+    tape: Tape,
+    *,
+    inputs: Mapping[str, torch.Tensor],
+    targets: list[torch.Tensor],
+    params: Mapping[str, np.ndarray],
+    buffers: Mapping[str, np.ndarray],
+    rec_out: list[list[Any]],
+    trainable: list[str],
+    draws: Mapping[int, torch.Tensor] | None = None,
+) -> Callable[[], dict[str, Any]]:
+    """``reference64`` in two parts: the forward replay now, and the call
+    that returns the reference (the backward, the arrays). The call touches
+    only the replay's own float64 tensors, so it may run on another thread
+    while this one goes on: autograd's engine runs without the GIL, the
+    forward's many short Python calls would wait for it there."""
     if tape.loss is None:
         raise ReferenceUnavailable("the batch has no loss")
     sources: dict[Ref, torch.Tensor] = {}
@@ -276,24 +304,29 @@ def reference64(
             except Exception as e:  # an op with no float64 kernel, say
                 first = (str(e).splitlines() or [""])[0][:120]
                 replay.lose(rec, f"{rec.op} in float64: {type(e).__name__}: {first}")
-        loss = replay.value(tape.loss)
-        names = [n for n in trainable if n in leaves]
-        predictions = [replay.value(ref) for _, ref in tape.outputs]
-        updates = {name: replay.value(ref) for name, ref in tape.buffer_updates}
-        wrt = [p for p in predictions if isinstance(p, torch.Tensor) and p.requires_grad]
+    loss = replay.value(tape.loss)
+    names = [n for n in trainable if n in leaves]
+    outputs = {role: replay.value(ref) for role, ref in tape.outputs}
+    updates = {name: replay.value(ref) for name, ref in tape.buffer_updates}
+    wrt = [p for p in outputs.values() if isinstance(p, torch.Tensor) and p.requires_grad]
+    del replay  # the rest holds only what it reads: the graph's own tensors
+
+    def backward() -> dict[str, Any]:
         found = torch.autograd.grad(loss, [leaves[n] for n in names] + wrt, allow_unused=True)
-    by_prediction, found = found[len(names) :], found[: len(names)]
-    return {
-        "outputs": {role: _array(replay.value(ref)) for role, ref in tape.outputs},
-        "loss": _array(loss),
-        "grads": {n: _array(g) for n, g in zip(names, found, strict=True) if g is not None},
-        "updates": {name: _array(t) for name, t in updates.items()},
-        "loss_scale": sum(  # tracelog.sample.scale_key
-            float(np.abs(_array(p) * _array(g)).sum())
-            for p, g in zip(wrt, by_prediction, strict=True)
-            if g is not None
-        ),
-    }
+        by_prediction, found = found[len(names) :], found[: len(names)]
+        return {
+            "outputs": {role: _array(t) for role, t in outputs.items()},
+            "loss": _array(loss),
+            "grads": {n: _array(g) for n, g in zip(names, found, strict=True) if g is not None},
+            "updates": {name: _array(t) for name, t in updates.items()},
+            "loss_scale": sum(  # tracelog.sample.scale_key
+                float(np.abs(_array(p) * _array(g)).sum())
+                for p, g in zip(wrt, by_prediction, strict=True)
+                if g is not None
+            ),
+        }
+
+    return backward
 
 
 def _from_numpy(array: np.ndarray) -> torch.Tensor:
