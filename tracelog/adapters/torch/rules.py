@@ -593,8 +593,30 @@ def _vector_norm(ctx: Ctx) -> Names:
     if order == 1:
         a = ctx.helper("Abs", [x], wide)
         return ctx.one("ReduceSum", [a, *reduced], keepdims=keep)
+    if order == 0:  # how many are nonzero (no gradient, as torch's)
+        nonzero = ctx.helper(
+            "Not",
+            [ctx.helper("Equal", [x, ctx.const(0.0, out.dtype)], TensorType("bool", src.shape))],
+            TensorType("bool", src.shape),
+        )
+        counted = ctx.helper("Cast", [nonzero], wide, to=out.dtype)
+        return ctx.one("ReduceSum", [counted, *reduced], keepdims=keep)
     if order != 2:
-        raise NotSupported(f"a vector norm of order {order:g}")
+        # (sum |x|^p)^(1/p), as the CPU kernel's generic order; at a zero sum
+        # (p > 0) the root is taken of 1 and replaced by 0, as torch's gradient
+        powers = ctx.helper(
+            "Pow", [ctx.helper("Abs", [x], wide), ctx.const(order, out.dtype)], wide
+        )
+        total = ctx.helper("ReduceSum", [powers, *reduced], out, keepdims=keep)
+        inverse = ctx.const(1.0 / order, out.dtype)
+        if order < 0:
+            return ctx.one("Pow", [total, inverse])
+        zero = ctx.helper(
+            "Equal", [total, ctx.const(0.0, out.dtype)], TensorType("bool", out.shape)
+        )
+        safe = ctx.helper("Where", [zero, ctx.const(1.0, out.dtype), total], out)
+        root = ctx.helper("Pow", [safe, inverse], out)
+        return ctx.one("Where", [zero, ctx.const(0.0, out.dtype), root])
     squares = ctx.helper("Mul", [x, x], wide)
     total = ctx.helper("ReduceSum", [squares, *reduced], out, keepdims=keep)
     # torch's gradient of a zero norm is 0 (norm_backward masks it); sqrt's is
@@ -1028,6 +1050,92 @@ def _bce_with_logits(ctx: Ctx) -> Names:
     if ctx.arg(2, "weight") is not None:
         loss = ctx.helper("Mul", [loss, ctx.t(2, "weight")], xt)
     return _reduce_loss(ctx, loss, ctx.arg(4, "reduction", 1))
+
+
+def _abs_diff(ctx: Ctx) -> tuple[str, TensorType]:
+    """|input - target| of a loss, in the result's elementwise type."""
+    a = ctx.in_type(0)
+    return ctx.helper("Abs", [ctx.helper("Sub", [ctx.t(0), ctx.t(1)], a)], a), a
+
+
+def _piecewise(ctx: Ctx, z: str, a: TensorType, width: float, near: str, far: str) -> str:
+    """Where z < width the quadratic piece, else the linear one."""
+    below = ctx.helper("Less", [z, ctx.const(width, a.dtype)], TensorType("bool", a.shape))
+    return ctx.helper("Where", [below, near, far], a)
+
+
+@ATEN.register("aten.smooth_l1_loss.default")
+def _smooth_l1_loss(ctx: Ctx) -> Names:
+    # z = |x - y|: 0.5 z^2 / beta below beta, z - 0.5 beta from it (aten's
+    # smooth_l1 kernel, in its order of operations); beta 0: the L1 loss
+    beta = float(ctx.arg(3, "beta", 1.0))
+    z, a = _abs_diff(ctx)
+    dt = a.dtype
+    if beta == 0.0:
+        return _reduce_loss(ctx, z, ctx.arg(2, "reduction", 1))
+    half_z = ctx.helper("Mul", [ctx.const(0.5, dt), z], a)
+    near = ctx.helper("Div", [ctx.helper("Mul", [half_z, z], a), ctx.const(beta, dt)], a)
+    far = ctx.helper("Sub", [z, ctx.const(0.5 * beta, dt)], a)
+    return _reduce_loss(ctx, _piecewise(ctx, z, a, beta, near, far), ctx.arg(2, "reduction", 1))
+
+
+@ATEN.register("aten.huber_loss.default")
+def _huber_loss(ctx: Ctx) -> Names:
+    # z = |x - y|: 0.5 z^2 below delta, delta (z - 0.5 delta) from it (aten's
+    # huber kernel)
+    delta = float(ctx.arg(3, "delta", 1.0))
+    z, a = _abs_diff(ctx)
+    dt = a.dtype
+    half_z = ctx.helper("Mul", [ctx.const(0.5, dt), z], a)
+    near = ctx.helper("Mul", [half_z, z], a)
+    linear = ctx.helper("Sub", [z, ctx.const(0.5 * delta, dt)], a)
+    far = ctx.helper("Mul", [ctx.const(delta, dt), linear], a)
+    return _reduce_loss(ctx, _piecewise(ctx, z, a, delta, near, far), ctx.arg(2, "reduction", 1))
+
+
+@ATEN.register("aten.soft_margin_loss.default")
+def _soft_margin_loss(ctx: Ctx) -> Names:
+    # log1p(exp(-y x)), as aten's soft_margin_loss writes it
+    a = ctx.in_type(0)
+    product = ctx.helper("Mul", [ctx.helper("Neg", [ctx.t(0)], a), ctx.t(1)], a)
+    loss = ctx.helper("Log1p", [ctx.helper("Exp", [product], a)], a, domain="tracelog")
+    return _reduce_loss(ctx, loss, ctx.arg(2, "reduction", 1))
+
+
+@ATEN.register("aten.multi_margin_loss.default")
+def _multi_margin_loss(ctx: Ctx) -> Names:
+    """Per sample i of [N, C] scores x and its class y_i: the sum over the
+    other classes j of w[y_i] * max(0, margin - x[y_i] + x[j])^p, over C
+    (aten's multi_margin_loss_cpu_kernel; p 1 or 2)."""
+    xt = ctx.in_type(0)
+    if len(xt.shape) != 2:
+        raise NotSupported("multi_margin_loss of one sample (a 1-d input)")
+    p, margin = int(ctx.arg(2, "p", 1)), float(ctx.arg(3, "margin", 1.0))
+    if p not in (1, 2):
+        raise NotSupported(f"multi_margin_loss with p={p}")
+    dt, classes = xt.dtype, xt.shape[1]
+    if is_symbolic(classes):
+        raise NotSupported("multi_margin_loss over a symbolic number of classes")
+    n = xt.shape[0]
+    column = TensorType(dt, (n, 1))
+    labels = ctx.helper("Unsqueeze", [ctx.t(1), ctx.ints([1])], TensorType("int64", (n, 1)))
+    picked = ctx.helper("GatherElements", [ctx.t(0), labels], column, axis=1)
+    gap = ctx.helper("Sub", [ctx.const(margin, dt), picked], column)
+    hinge = ctx.helper("Relu", [ctx.helper("Add", [gap, ctx.t(0)], xt)], xt)
+    if p == 2:
+        hinge = ctx.helper("Mul", [hinge, hinge], xt)
+    own = ctx.helper(
+        "Equal",
+        [ctx.ints(list(range(int(classes)))), labels],
+        TensorType("bool", xt.shape),
+    )
+    hinge = ctx.helper("Where", [own, ctx.const(0.0, dt), hinge], xt)
+    if ctx.arg(4, "weight") is not None:
+        w = ctx.helper("Gather", [ctx.t(4, "weight"), labels], column, axis=0)
+        hinge = ctx.helper("Mul", [hinge, w], xt)
+    per_sample = ctx.helper("ReduceSum", [hinge, ctx.ints([1])], TensorType(dt, (n,)), keepdims=0)
+    loss = ctx.helper("Div", [per_sample, ctx.const(float(classes), dt)], TensorType(dt, (n,)))
+    return _reduce_loss(ctx, loss, ctx.arg(5, "reduction", 1))
 
 
 def dim_sub(d: int | str, k: int) -> int | str:

@@ -555,3 +555,97 @@ def _div_mode(ctx: Ctx) -> Names:
         raise NotSupported(f"division with rounding mode {mode!r}")
     q = ctx.helper("Div", [a, b], out)
     return [q if is_int(out.dtype) else trunc_of(ctx, q, out)]
+
+
+# -- more element-wise functions: xlogy (KL divergence), logaddexp, sinc, sgn, addcmul,
+# addcdiv, clamp by tensors -------------------------------------------------------------------
+@ATEN.register("aten.xlogy.Tensor", "aten.xlogy.Scalar_Other", "aten.xlogy.Scalar_Self")
+@ATEN.register("aten.xlogy_.Tensor", "aten.xlogy_.Scalar_Other")
+def _xlogy(ctx: Ctx) -> Names:
+    # x * log(y), 0 where x is 0 unless y is NaN (aten's xlogy: F.kl_div's
+    # target * log(target)); the product is taken of log(1) there, so no
+    # 0 * inf or 0 * NaN reaches the gradient
+    out = ctx.out_type()
+    dt, mask = out.dtype, TensorType("bool", out.shape)
+    x, y = _operand(ctx, 0, "self", dt), _operand(ctx, 1, "other", dt)
+    x_zero = ctx.helper("Equal", [x, ctx.const(0.0, dt)], mask)
+    y_nan = ctx.helper("IsNaN", [y], mask)
+    zero = ctx.helper("And", [x_zero, ctx.helper("Not", [y_nan], mask)], mask)
+    safe_y = ctx.helper("Where", [zero, ctx.const(1.0, dt), y], out)
+    product = ctx.helper("Mul", [x, ctx.helper("Log", [safe_y], out)], out)
+    return ctx.one("Where", [zero, ctx.const(0.0, dt), product])
+
+
+@ATEN.register("aten.logaddexp.default")
+def _logaddexp(ctx: Ctx) -> Names:
+    # log(e^a + e^b) as aten's kernel: max(a, b) + log1p(exp(-|a - b|)), and a
+    # itself where a == b is infinite (where a - b is NaN)
+    out = ctx.out_type()
+    dt, mask = out.dtype, TensorType("bool", out.shape)
+    a, b = _operand(ctx, 0, "self", dt), _operand(ctx, 1, "other", dt)
+    top = ctx.helper("Max", [a, b], out)
+    gap = ctx.helper("Abs", [ctx.helper("Sub", [a, b], out)], out)
+    tail = ctx.helper("Exp", [ctx.helper("Neg", [gap], out)], out)
+    total = ctx.helper("Add", [top, ctx.helper("Log1p", [tail], out, domain="tracelog")], out)
+    same = ctx.helper("Equal", [a, b], mask)
+    infinite = ctx.helper("And", [same, ctx.helper("IsInf", [a], mask)], mask)
+    return ctx.one("Where", [infinite, a, total])
+
+
+@ATEN.register("aten.sinc.default", "aten.sinc_.default")
+def _sinc(ctx: Ctx) -> Names:
+    # sin(pi x) / (pi x), 1 at x == 0 (aten's kernel); the quotient is taken of
+    # sin(0) / 1 there, so its gradient is 0 as torch's, not NaN
+    out = ctx.out_type()
+    dt, mask = out.dtype, TensorType("bool", out.shape)
+    x = ctx.t(0)
+    zero = ctx.helper("Equal", [x, ctx.const(0.0, dt)], mask)
+    product = ctx.helper("Mul", [x, ctx.const(math.pi, dt)], out)
+    safe = ctx.helper("Where", [zero, ctx.const(1.0, dt), product], out)
+    ratio = ctx.helper("Div", [ctx.helper("Sin", [product], out), safe], out)
+    return ctx.one("Where", [zero, ctx.const(1.0, dt), ratio])
+
+
+@ATEN.register("aten.sgn.default", "aten.sgn_.default")
+def _sgn(ctx: Ctx) -> Names:
+    # x / |x| for complex x; a real tensor's sign
+    if ctx.in_type(0).dtype.startswith("complex"):
+        raise NotSupported("sgn of a complex tensor")
+    return _sign(ctx)
+
+
+def _addc(op: str) -> Converter:
+    def rule(ctx: Ctx) -> Names:
+        # self + value * (t1 op t2), in aten's order: (value * t1) op t2
+        out = ctx.out_type()
+        dt = out.dtype
+        a, b = _operand(ctx, 1, "tensor1", dt), _operand(ctx, 2, "tensor2", dt)
+        value = ctx.arg(3, "value", 1)
+        if value != 1:
+            a = ctx.helper("Mul", [ctx.const(value, dt), a], ctx.in_type(1))
+        term = ctx.helper(op, [a, b], out)
+        return ctx.one("Add", [_operand(ctx, 0, "self", dt), term])
+
+    return rule
+
+
+ATEN.update_from(["aten.addcmul.default", "aten.addcmul_.default"], _addc("Mul"))
+ATEN.update_from(["aten.addcdiv.default", "aten.addcdiv_.default"], _addc("Div"))
+
+
+@ATEN.register("aten.clamp.Tensor", "aten.clamp_.Tensor")
+def _clamp_tensor(ctx: Ctx) -> Names:
+    # min(max(x, lo), hi), each bound a tensor, a number or absent
+    out = ctx.out_type()
+    dt = out.dtype
+    y = ctx.t(0)
+    if ctx.in_type(0).dtype != dt:
+        y = ctx.helper("Cast", [y], TensorType(dt, ctx.in_type(0).shape), to=dt)
+    bounds = [(1, "min", "Max"), (2, "max", "Min")]
+    given = [(i, name, op) for i, name, op in bounds if ctx.arg(i, name) is not None]
+    if not given:
+        raise NotSupported("clamp with neither bound")
+    for i, name, op in given[:-1]:
+        y = ctx.helper(op, [y, _operand(ctx, i, name, dt)], out)
+    i, name, op = given[-1]
+    return ctx.one(op, [y, _operand(ctx, i, name, dt)])

@@ -15,7 +15,7 @@ import numpy as np
 
 from tracelog.adapters.builder import Ctx, NotSupported
 from tracelog.adapters.torch.rules import ATEN, Names, _pair
-from tracelog.ir import TensorType
+from tracelog.ir import TensorType, is_symbolic
 
 
 # -- group norm ------------------------------------------------------------------------
@@ -423,3 +423,50 @@ def _adaptive_max_slices(ctx: Ctx, ins: list[int], outs: list[int]) -> Names:
 ATEN.add("aten._adaptive_avg_pool3d.default", lambda ctx: adaptive_pool(ctx, "avg"))
 ATEN.add("aten.adaptive_max_pool2d.default", lambda ctx: adaptive_pool(ctx, "max"))
 ATEN.add("aten.adaptive_max_pool3d.default", lambda ctx: adaptive_pool(ctx, "max"))
+
+
+# -- pixel and channel shuffles: a reshape, a transpose, a reshape (as aten's kernels) -----
+def _regroup(ctx: Ctx, split: list[int | str], perm: list[int]) -> Names:
+    """The input viewed as `split`, its axes put in `perm`'s order, and viewed
+    as the record's output shape."""
+    xt, out = ctx.in_type(0), ctx.out_type()
+    split_t = TensorType(xt.dtype, tuple(split))
+    grouped = ctx.helper("Reshape", [ctx.t(0), ctx.shape_const(split)], split_t)
+    moved_t = TensorType(xt.dtype, tuple(split[p] for p in perm))
+    moved = ctx.helper("Transpose", [grouped], moved_t, perm=perm)
+    return ctx.one("Reshape", [moved, ctx.shape_const(list(out.shape))])
+
+
+@ATEN.register("aten.pixel_shuffle.default")
+def _pixel_shuffle(ctx: Ctx) -> Names:
+    # [*, C r^2, H, W] -> [*, C, r, r, H, W] -> [*, C, H, r, W, r] -> [*, C, H r, W r]
+    r = int(ctx.arg(1, "upscale_factor"))
+    *lead, depth, h, w = ctx.in_type(0).shape
+    if is_symbolic(depth):
+        raise NotSupported("pixel_shuffle of a symbolic number of channels")
+    n = len(lead)
+    split = [*lead, int(depth) // (r * r), r, r, h, w]
+    return _regroup(ctx, split, [*range(n), n, n + 3, n + 1, n + 4, n + 2])
+
+
+@ATEN.register("aten.pixel_unshuffle.default")
+def _pixel_unshuffle(ctx: Ctx) -> Names:
+    # [*, C, H r, W r] -> [*, C, H, r, W, r] -> [*, C, r, r, H, W] -> [*, C r^2, H, W]
+    r = int(ctx.arg(1, "downscale_factor"))
+    *lead, c, h, w = ctx.in_type(0).shape
+    if is_symbolic(h) or is_symbolic(w):
+        raise NotSupported("pixel_unshuffle of a symbolic height or width")
+    n = len(lead)
+    split = [*lead, c, int(h) // r, r, int(w) // r, r]
+    return _regroup(ctx, split, [*range(n), n, n + 2, n + 4, n + 1, n + 3])
+
+
+@ATEN.register("aten.channel_shuffle.default", "aten.native_channel_shuffle.default")
+def _channel_shuffle(ctx: Ctx) -> Names:
+    # [N, C, *rest] -> [N, g, C / g, *rest] -> [N, C / g, g, *rest] -> [N, C, *rest]
+    g = int(ctx.arg(1, "groups"))
+    b, c, *rest = ctx.in_type(0).shape
+    if is_symbolic(c):
+        raise NotSupported("channel_shuffle of a symbolic number of channels")
+    split = [b, g, int(c) // g, *rest]
+    return _regroup(ctx, split, [0, 2, 1, *range(3, len(split))])
