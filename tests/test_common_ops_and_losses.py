@@ -1,7 +1,7 @@
 """Ops and losses common in training code that the aten table had no rule
 for (found by trying them): xlogy (F.kl_div), logaddexp, sinc, sgn, addcmul,
-addcdiv, clamp by tensors, vector norms of any order, pixel and channel
-shuffles, and the smooth L1, Huber, soft-margin and multi-margin losses.
+addcdiv, clamp by tensors, vector norms of any order, cdist, median,
+kthvalue, pixel and channel shuffles, and the smooth L1, Huber, soft-margin and multi-margin losses.
 Each records with no unsupported node and translates on every target, with
 the float64 verdict."""
 
@@ -27,6 +27,7 @@ class _Ops(torch.nn.Module):
         super().__init__()
         self.fc = torch.nn.Linear(6, 16)
         self.head = torch.nn.Linear(16, 5)
+        self.prototypes = torch.nn.Parameter(torch.randn(5, 16))
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         h = self.fc(x)
@@ -48,6 +49,11 @@ class _Ops(torch.nn.Module):
             F.pixel_shuffle(h.view(n, 4, 2, 2), 2).reshape(n, 16),
             F.pixel_unshuffle(h.view(n, 1, 4, 4), 2).reshape(n, 16),
             F.channel_shuffle(h.view(n, 4, 2, 2), 2).reshape(n, 16),
+            torch.cdist(h, self.prototypes).sum(-1, keepdim=True) * 0.01,
+            torch.cdist(h, self.prototypes, p=1).mean(-1, keepdim=True) * 0.01,
+            h.median(-1, keepdim=True).values,
+            h.kthvalue(3, -1).values.unsqueeze(-1),
+            torch.median(self.prototypes),
         ]
         total = h
         for term in terms:

@@ -585,47 +585,67 @@ def _vector_norm(ctx: Ctx) -> Names:
     x, src, out = ctx.t(0), ctx.in_type(0), ctx.out_type()
     if src.dtype != out.dtype:  # dtype=: the norm is taken in it
         x = ctx.helper("Cast", [x], TensorType(out.dtype, src.shape), to=out.dtype)
-    wide = TensorType(out.dtype, src.shape)
-    reduced = [ctx.ints(axes)] if axes else []
+    return [norm_along(ctx, x, TensorType(out.dtype, src.shape), order, axes or [], keep)]
+
+
+def norm_along(
+    ctx: Ctx, x: str, wide: TensorType, order: float, axes: Sequence[int], keep: int
+) -> str:
+    """The vector norm of order `order` of x (of type `wide`) over `axes` (none:
+    all), as the record's output; see _vector_norm."""
+    out = ctx.out_type()
+    dt = out.dtype
+    reduced = [ctx.ints(list(axes))] if axes else []
+    bools = TensorType("bool", wide.shape)
     if order in (math.inf, -math.inf):
         a = ctx.helper("Abs", [x], wide)
-        return ctx.one("ReduceMax" if order > 0 else "ReduceMin", [a, *reduced], keepdims=keep)
+        return ctx.one("ReduceMax" if order > 0 else "ReduceMin", [a, *reduced], keepdims=keep)[0]
     if order == 1:
         a = ctx.helper("Abs", [x], wide)
-        return ctx.one("ReduceSum", [a, *reduced], keepdims=keep)
+        return ctx.one("ReduceSum", [a, *reduced], keepdims=keep)[0]
     if order == 0:  # how many are nonzero (no gradient, as torch's)
-        nonzero = ctx.helper(
-            "Not",
-            [ctx.helper("Equal", [x, ctx.const(0.0, out.dtype)], TensorType("bool", src.shape))],
-            TensorType("bool", src.shape),
-        )
-        counted = ctx.helper("Cast", [nonzero], wide, to=out.dtype)
-        return ctx.one("ReduceSum", [counted, *reduced], keepdims=keep)
-    if order != 2:
-        # (sum |x|^p)^(1/p), as the CPU kernel's generic order; at a zero sum
-        # (p > 0) the root is taken of 1 and replaced by 0, as torch's gradient
-        powers = ctx.helper(
-            "Pow", [ctx.helper("Abs", [x], wide), ctx.const(order, out.dtype)], wide
-        )
-        total = ctx.helper("ReduceSum", [powers, *reduced], out, keepdims=keep)
-        inverse = ctx.const(1.0 / order, out.dtype)
-        if order < 0:
-            return ctx.one("Pow", [total, inverse])
-        zero = ctx.helper(
-            "Equal", [total, ctx.const(0.0, out.dtype)], TensorType("bool", out.shape)
-        )
-        safe = ctx.helper("Where", [zero, ctx.const(1.0, out.dtype), total], out)
-        root = ctx.helper("Pow", [safe, inverse], out)
-        return ctx.one("Where", [zero, ctx.const(0.0, out.dtype), root])
-    squares = ctx.helper("Mul", [x, x], wide)
-    total = ctx.helper("ReduceSum", [squares, *reduced], out, keepdims=keep)
-    # torch's gradient of a zero norm is 0 (norm_backward masks it); sqrt's is
-    # inf there, so the root is taken of 1 where the sum is 0 and its result
+        zero = ctx.helper("Equal", [x, ctx.const(0.0, dt)], bools)
+        nonzero = ctx.helper("Not", [zero], bools)
+        counted = ctx.helper("Cast", [nonzero], wide, to=dt)
+        return ctx.one("ReduceSum", [counted, *reduced], keepdims=keep)[0]
+    if order == 2:
+        powers = ctx.helper("Mul", [x, x], wide)
+        inverse = None
+    else:  # the CPU kernel's generic order: (sum |x|^p)^(1/p)
+        powers = ctx.helper("Pow", [ctx.helper("Abs", [x], wide), ctx.const(order, dt)], wide)
+        inverse = ctx.const(1.0 / order, dt)
+    total = ctx.helper("ReduceSum", [powers, *reduced], out, keepdims=keep)
+    if order < 0:
+        assert inverse is not None
+        return ctx.one("Pow", [total, inverse])[0]
+    # torch's gradient of a zero norm is 0 (norm_backward masks it); the root's
+    # is inf there, so the root is taken of 1 where the sum is 0 and its result
     # replaced: no inf * 0 reaches the gradient
-    zero = ctx.helper("Equal", [total, ctx.const(0.0, out.dtype)], TensorType("bool", out.shape))
-    safe = ctx.helper("Where", [zero, ctx.const(1.0, out.dtype), total], out)
-    root = ctx.helper("Sqrt", [safe], out)
-    return ctx.one("Where", [zero, ctx.const(0.0, out.dtype), root])
+    zero = ctx.helper("Equal", [total, ctx.const(0.0, dt)], TensorType("bool", out.shape))
+    safe = ctx.helper("Where", [zero, ctx.const(1.0, dt), total], out)
+    root = (
+        ctx.helper("Sqrt", [safe], out)
+        if inverse is None
+        else ctx.helper("Pow", [safe, inverse], out)
+    )
+    return ctx.one("Where", [zero, ctx.const(0.0, dt), root])[0]
+
+
+@ATEN.register("aten._cdist_forward.default")
+def _cdist(ctx: Ctx) -> Names:
+    """torch.cdist: the p-norm of x1[..., i, :] - x2[..., j, :] for each pair,
+    from the differences (torch's matrix-product form for p = 2 over more
+    than 25 rows rounds worse; both are the same function)."""
+    t1, t2, out = ctx.in_type(0), ctx.in_type(1), ctx.out_type()
+    p = float(ctx.arg(2, "p", 2.0))
+    width = t1.shape[-1]
+    a_t = TensorType(t1.dtype, (*t1.shape[:-1], 1, width))
+    b_t = TensorType(t2.dtype, (*t2.shape[:-2], 1, *t2.shape[-2:]))
+    a = ctx.helper("Unsqueeze", [ctx.t(0), ctx.ints([-2])], a_t)
+    b = ctx.helper("Unsqueeze", [ctx.t(1), ctx.ints([-3])], b_t)
+    diff_t = TensorType(out.dtype, (*out.shape, width))
+    diff = ctx.helper("Sub", [a, b], diff_t)
+    return [norm_along(ctx, diff, diff_t, p, [len(out.shape)], 0)]
 
 
 def _max_dim_rule(op: str) -> Converter:

@@ -649,3 +649,74 @@ def _clamp_tensor(ctx: Ctx) -> Names:
         y = ctx.helper(op, [y, _operand(ctx, i, name, dt)], out)
     i, name, op = given[-1]
     return ctx.one(op, [y, _operand(ctx, i, name, dt)])
+
+
+# -- order statistics: the k-th smallest along a dim, the median -------------------------
+def _kth(ctx: Ctx, k: int, axis: int, keep: int) -> Names:
+    """The k-th smallest values along `axis` and their indices (TopK of the k
+    least, its last); torch's own choice among equal values is unspecified."""
+    xt = ctx.in_type(0)
+    if not 1 <= k <= int(xt.shape[axis]):
+        raise NotSupported(f"the {k}-th value of {xt.shape[axis]}")
+    least_t = TensorType(xt.dtype, tuple(k if i == axis else d for i, d in enumerate(xt.shape)))
+    least, where = ctx.node(
+        "TopK",
+        [ctx.t(0), ctx.ints([k])],
+        outs=[least_t, TensorType("int64", least_t.shape)],
+        axis=axis,
+        largest=0,
+        sorted=1,
+    )
+    picked = []
+    for name, out in ((least, ctx.out_type(0)), (where, ctx.out_type(1))):
+        one_t = TensorType(out.dtype, tuple(1 if i == axis else d for i, d in enumerate(xt.shape)))
+        kept = ctx.helper("Gather", [name, ctx.ints([k - 1])], one_t, axis=axis)
+        picked.append(kept if keep else ctx.helper("Squeeze", [kept, ctx.ints([axis])], out))
+    return picked
+
+
+def _along(ctx: Ctx, i: int) -> tuple[int, int]:
+    """The dim argument at i (default -1) as an axis, and keepdim after it."""
+    rank = len(ctx.in_type(0).shape)
+    axis = int(ctx.arg(i, "dim", -1)) % rank
+    size = ctx.in_type(0).shape[axis]
+    if is_symbolic(size):
+        raise NotSupported("an order statistic along a symbolic-size dim")
+    return axis, int(bool(ctx.arg(i + 1, "keepdim", False)))
+
+
+@ATEN.register("aten.kthvalue.default")
+def _kthvalue(ctx: Ctx) -> Names:
+    axis, keep = _along(ctx, 2)
+    return _kth(ctx, int(ctx.arg(1, "k")), axis, keep)
+
+
+@ATEN.register("aten.median.dim")
+def _median_dim(ctx: Ctx) -> Names:
+    # the lower of the two middle values of an even count, as torch's
+    axis, keep = _along(ctx, 1)
+    n = int(ctx.in_type(0).shape[axis])
+    return _kth(ctx, (n + 1) // 2, axis, keep)
+
+
+@ATEN.register("aten.median.default")
+def _median(ctx: Ctx) -> Names:
+    # over every element: the flattened tensor's median, a 0-d value
+    xt = ctx.in_type(0)
+    if any(is_symbolic(d) for d in xt.shape):
+        raise NotSupported("a median of a symbolic number of elements")
+    n = math.prod(int(d) for d in xt.shape)
+    flat_t = TensorType(xt.dtype, (n,))
+    flat = ctx.helper("Reshape", [ctx.t(0), ctx.ints([n])], flat_t)
+    k = (n + 1) // 2
+    least_t = TensorType(xt.dtype, (k,))
+    least = ctx.node(
+        "TopK",
+        [flat, ctx.ints([k])],
+        outs=[least_t, TensorType("int64", (k,))],
+        axis=0,
+        largest=0,
+        sorted=1,
+    )[0]
+    one = ctx.helper("Gather", [least, ctx.ints([k - 1])], TensorType(xt.dtype, (1,)), axis=0)
+    return ctx.one("Squeeze", [one, ctx.ints([0])])
