@@ -172,3 +172,41 @@ def test_a_view_or_expand_not_asked_is_one_that_raises() -> None:
     assert batch_dims._cannot_fit(view, plan, (5,), None)
     assert batch_dims._cannot_fit(view, plan, (5,), 1)  # [5, -1]: 192 is no multiple of 5
     assert not batch_dims._cannot_fit(view, plan, (4,), 1)
+
+
+class _ConstantMask(nn.Module):
+    """A constant made in the forward whose size is twice the batch size
+    (8 with batches of 4), beside zeros made from x.size(0) and twice it."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.fc = nn.Linear(8, 8)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        n = x.size(0)
+        mask = torch.tril(torch.ones(8, 8))
+        state = torch.zeros(n, 8) + torch.zeros(n * 2, 8).view(n, 16)[:, :8]
+        return self.fc(x) @ mask + state
+
+
+def test_a_constant_sized_twice_the_batch_stays_a_number(tmp_path: Path) -> None:
+    """torch.ones(8, 8) in a batch of 4 runs in the B + 1 replay either kept or
+    as ones(8, 2B); the reading that keeps a record's k*B (k > 1) ranks first,
+    so its columns stay 8 (a slice of them was refused as part of the batch),
+    while zeros(x.size(0), 8) and zeros(2 * x.size(0), 8), which the data
+    needs moved, still follow the batch: batches of 4 and 5 give one graph."""
+    torch.manual_seed(0)
+    model = _ConstantMask()
+    with tracelog.Listener(model, tmp_path, strict=True) as listener:
+        for n in (4, 5):
+            with listener.batch():
+                out = model(torch.randn(n, 8))
+                torch.nn.functional.mse_loss(out[:, :1], torch.zeros(n, 1)).backward()
+    log = tracelog.load(tmp_path)
+    assert log.unrecorded == 0, log.failures
+    kinds = [g.kind for g in log.graphs.values()]
+    assert sorted(kinds) == ["loss", "prediction"], kinds  # one pair for both sizes
+    ops = set().union(*(g.op_histogram() for g in log.graphs.values()))
+    assert "Unsupported" not in ops and "tracelog.Unsupported" not in ops, ops
+    report = tracelog.check(tmp_path, "onnx")
+    assert report.ok, report.table()

@@ -492,11 +492,31 @@ class _MetaReplay:
             moved = self.changes(rec, outs)
             if moved is None or not self._view_kept(rec, outs):
                 continue
-            key = (not moved, moved)
+            key = (self._unlikely(rec, outs), not moved, moved)
             shapes = tuple(tuple(t.shape) for t in outs)
             if shapes not in ranked or key < ranked[shapes][0]:
                 ranked[shapes] = (key, outs)
         return [outs for _key, outs in sorted(ranked.values(), key=lambda ko: ko[0])]
+
+    def _unlikely(self, rec: Any, outs: list[torch.Tensor]) -> int:
+        """How many dims of a record not derived from the data this choice moves
+        from a multiple k*B (k > 1) of the batch: such a size is more likely a
+        number of its own (torch.ones(8, 8) in a batch of 4) than the batch's
+        size scaled, which x.size(0) gives as itself. Where the replay runs
+        either way, the reading that keeps it ranks first (a later record that
+        needs it moved still backtracks to it); 0 for data-derived records
+        and in the replays of other symbols."""
+        if rec.tainted or not self.strict:
+            return 0
+        count = 0
+        for k, t in enumerate(outs):
+            concrete = self._recorded(rec.outs[k].shape)
+            if t.dim() != len(concrete):
+                continue
+            count += sum(
+                1 for d, m in zip(concrete, t.shape, strict=True) if d != m and d != self.batch
+            )
+        return count
 
     def _view_kept(self, rec: Any, outs: list[torch.Tensor]) -> bool:
         """A view regroups dims without moving elements across groups: where
