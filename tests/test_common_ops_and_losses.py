@@ -1,7 +1,8 @@
 """Ops and losses common in training code that the aten table had no rule
 for (found by trying them): xlogy (F.kl_div), logaddexp, sinc, sgn, addcmul,
 addcdiv, clamp by tensors, vector norms of any order, cdist, median,
-kthvalue, pixel and channel shuffles, and the smooth L1, Huber, soft-margin and multi-margin losses.
+kthvalue, pixel and channel shuffles, LSTMCell and GRUCell, Bilinear,
+reflection and replication padding, and the smooth L1, Huber, soft-margin and multi-margin losses.
 Each records with no unsupported node and translates on every target, with
 the float64 verdict."""
 
@@ -61,6 +62,36 @@ class _Ops(torch.nn.Module):
         return self.head(total)
 
 
+class _Layers(torch.nn.Module):
+    """torch.nn layers whose kernels had no rule: LSTMCell and GRUCell (their
+    gates split by unsafe_split), Bilinear (_trilinear), reflection and
+    replication padding."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.fc = torch.nn.Linear(6, 8)
+        self.lstm = torch.nn.LSTMCell(8, 8)
+        self.gru = torch.nn.GRUCell(8, 8)
+        self.bilinear = torch.nn.Bilinear(8, 8, 8)
+        self.reflect = torch.nn.ReflectionPad2d((1, 1, 1, 0))
+        self.replicate = torch.nn.ReplicationPad1d((2, 1))
+        self.reflect1 = torch.nn.ReflectionPad1d(3)
+        self.head = torch.nn.Linear(8 + 24 + 11 + 20, 5)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        h = self.fc(x)
+        n = h.shape[0]
+        state = self.lstm(h)
+        h = h + self.gru(h, state[0]) + self.lstm(h, state)[1]
+        h = h + self.bilinear(h, torch.tanh(h))
+        padded = [
+            self.reflect(h.view(n, 2, 2, 2)).reshape(n, 24),
+            self.replicate(h.view(n, 1, 8)).reshape(n, 11),
+            self.reflect1(h.view(n, 2, 4)).reshape(n, 20),
+        ]
+        return self.head(torch.cat([h, *padded], -1))
+
+
 def _losses(p: torch.Tensor, y: torch.Tensor) -> torch.Tensor:
     """Every newly ruled loss of 5-class scores `p` and labels `y`, summed."""
     soft = F.softmax(p.detach().flip(-1), -1)
@@ -98,6 +129,12 @@ def _check(target: str, tmp_path: Path, model: torch.nn.Module, loss: Any) -> An
 def test_elementwise_norm_and_shuffle_ops_translate(target: str, tmp_path: Path) -> None:
     torch.manual_seed(0)
     _check(target, tmp_path, _Ops(), F.cross_entropy)
+
+
+@pytest.mark.parametrize("target", TARGETS)
+def test_cells_bilinear_and_padding_layers_translate(target: str, tmp_path: Path) -> None:
+    torch.manual_seed(0)
+    _check(target, tmp_path, _Layers(), F.cross_entropy)
 
 
 @pytest.mark.parametrize("target", TARGETS)

@@ -791,7 +791,13 @@ def _split(ctx: Ctx, sizes: list[int], dim: int) -> Names:
     return ctx.node("Split", [ctx.t(0), ctx.ints(sizes)], axis=dim)
 
 
-@ATEN.register("aten.split.Tensor", "aten.split_with_sizes.default")
+@ATEN.register(
+    "aten.split.Tensor",
+    "aten.split_with_sizes.default",
+    # the same split, its outputs not tracked as views (LSTMCell's and GRUCell's gates)
+    "aten.unsafe_split.Tensor",
+    "aten.unsafe_split_with_sizes.default",
+)
 def _split_rule(ctx: Ctx) -> Names:
     shape = ctx.in_type(0).shape
     dim = int(ctx.arg(2, "dim", 0)) % len(shape)

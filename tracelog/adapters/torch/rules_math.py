@@ -720,3 +720,38 @@ def _median(ctx: Ctx) -> Names:
     )[0]
     one = ctx.helper("Gather", [least, ctx.ints([k - 1])], TensorType(xt.dtype, (1,)), axis=0)
     return ctx.one("Squeeze", [one, ctx.ints([0])])
+
+
+@ATEN.register("aten._trilinear.default")
+def _trilinear(ctx: Ctx) -> Names:
+    """torch.bilinear's kernel (nn.Bilinear: x1 W x2): each of three tensors
+    given size-1 dims at its `expand` positions, their product, summed over
+    `sumdim` (aten/src/ATen/native/Linear.cpp, the same sum of products)."""
+    out = ctx.out_type()
+    dt = out.dtype
+    expanded: list[tuple[str, TensorType]] = []
+    for i in range(3):
+        t, where = ctx.in_type(i), sorted(int(d) for d in ctx.arg(3 + i))
+        shape = list(t.shape)
+        for d in where:
+            shape.insert(d, 1)
+        ty = TensorType(dt, tuple(shape))
+        name = ctx.t(i)
+        if where:
+            name = ctx.helper("Unsqueeze", [name, ctx.ints(where)], ty)
+        expanded.append((name, ty))
+
+    def broadcast(*types: TensorType) -> TensorType:
+        rank = len(types[0].shape)
+        return TensorType(
+            dt,
+            tuple(next((t.shape[d] for t in types if t.shape[d] != 1), 1) for d in range(rank)),
+        )
+
+    (a, at), (b, bt), (c, ct) = expanded
+    product = ctx.helper("Mul", [a, b], broadcast(at, bt))
+    product = ctx.helper("Mul", [product, c], broadcast(at, bt, ct))
+    summed = sorted(int(d) for d in ctx.arg(6, "sumdim"))
+    if not summed:
+        return ctx.one("Identity", [product])
+    return ctx.one("ReduceSum", [product, ctx.ints(summed)], keepdims=0)

@@ -13,7 +13,7 @@ from collections.abc import Sequence
 
 import numpy as np
 
-from tracelog.adapters.builder import Ctx, NotSupported
+from tracelog.adapters.builder import Converter, Ctx, NotSupported
 from tracelog.adapters.torch.rules import ATEN, Names, _pair
 from tracelog.ir import TensorType, is_symbolic
 
@@ -470,3 +470,52 @@ def _channel_shuffle(ctx: Ctx) -> Names:
         raise NotSupported("channel_shuffle of a symbolic number of channels")
     split = [b, g, int(c) // g, *rest]
     return _regroup(ctx, split, [0, 2, 1, *range(3, len(split))])
+
+
+# -- reflection and replication padding: one Gather per padded dim ----------------------------
+def _pad_indices(n: int, before: int, after: int, mode: str) -> list[int]:
+    """The source index of each position of a dim of size n padded by
+    (before, after): mirrored about the edge element (reflect) or the edge
+    element repeated (replicate), as aten's reflection_pad and replication_pad."""
+    if mode == "reflect":
+        if before >= n or after >= n:
+            raise NotSupported(f"reflection padding of {max(before, after)} on a dim of size {n}")
+        return [*range(before, 0, -1), *range(n), *range(n - 2, n - 2 - after, -1)]
+    return [0] * before + list(range(n)) + [n - 1] * after
+
+
+def _pad_by_gather(mode: str) -> Converter:
+    def rule(ctx: Ctx) -> Names:
+        xt = ctx.in_type(0)
+        pads = [int(p) for p in ctx.arg(1, "padding")]
+        rank = len(xt.shape)
+        if any(p < 0 for p in pads):
+            raise NotSupported(f"a negative {mode} padding")
+        shape = list(xt.shape)
+        x = ctx.t(0)
+        padded = [
+            (rank - 1 - j, pads[2 * j], pads[2 * j + 1])
+            for j in range(len(pads) // 2)
+            if pads[2 * j] or pads[2 * j + 1]
+        ]
+        if not padded:
+            return ctx.one("Identity", [x])
+        for k, (axis, before, after) in enumerate(padded):
+            if is_symbolic(shape[axis]):
+                raise NotSupported(f"{mode} padding of a symbolic-size dim")
+            n = int(shape[axis])
+            index = _pad_indices(n, before, after, mode)
+            shape[axis] = len(index)
+            if k == len(padded) - 1:
+                return ctx.one("Gather", [x, ctx.ints(index)], axis=axis)
+            x = ctx.helper(
+                "Gather", [x, ctx.ints(index)], TensorType(xt.dtype, tuple(shape)), axis=axis
+            )
+        raise AssertionError("unreachable")
+
+    return rule
+
+
+for _rank in (1, 2, 3):
+    ATEN.add(f"aten.reflection_pad{_rank}d.default", _pad_by_gather("reflect"))
+    ATEN.add(f"aten.replication_pad{_rank}d.default", _pad_by_gather("replicate"))
