@@ -65,7 +65,7 @@ class _Ops(torch.nn.Module):
 class _Layers(torch.nn.Module):
     """torch.nn layers whose kernels had no rule: LSTMCell and GRUCell (their
     gates split by unsafe_split), Bilinear (_trilinear), reflection and
-    replication padding."""
+    replication padding, instance norm (a batch norm over [1, B*C, ...])."""
 
     def __init__(self) -> None:
         super().__init__()
@@ -76,6 +76,8 @@ class _Layers(torch.nn.Module):
         self.reflect = torch.nn.ReflectionPad2d((1, 1, 1, 0))
         self.replicate = torch.nn.ReplicationPad1d((2, 1))
         self.reflect1 = torch.nn.ReflectionPad1d(3)
+        self.instance = torch.nn.InstanceNorm2d(2)
+        self.instance_affine = torch.nn.InstanceNorm1d(2, affine=True)
         self.head = torch.nn.Linear(8 + 24 + 11 + 20, 5)
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
@@ -84,6 +86,8 @@ class _Layers(torch.nn.Module):
         state = self.lstm(h)
         h = h + self.gru(h, state[0]) + self.lstm(h, state)[1]
         h = h + self.bilinear(h, torch.tanh(h))
+        h = h + self.instance(h.view(n, 2, 2, 2)).reshape(n, 8)
+        h = h + self.instance_affine(h.view(n, 2, 4)).reshape(n, 8)
         padded = [
             self.reflect(h.view(n, 2, 2, 2)).reshape(n, 24),
             self.replicate(h.view(n, 1, 8)).reshape(n, 11),

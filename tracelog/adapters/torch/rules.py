@@ -410,6 +410,8 @@ def _batch_norm(ctx: Ctx) -> Names:
     xt = ctx.in_type(0)
     c, dt = xt.shape[1], xt.dtype
     training, momentum, eps = ctx.arg(5), float(ctx.arg(6)), float(ctx.arg(7))
+    if training and ctx.arg(3) is None and not isinstance(c, int):
+        return _instance_norm(ctx, eps)
     scale, bias = _affine(ctx, 1, 1.0, c, dt), _affine(ctx, 2, 0.0, c, dt)
     has_stats = ctx.arg(3) is not None
     if not training:
@@ -434,6 +436,40 @@ def _batch_norm(ctx: Ctx) -> Names:
     )
     # outputs: out, save_mean, save_invstd, then running_mean and running_var updated in place
     return [y, None, None, new_mean, new_var]
+
+
+def _instance_norm(ctx: Ctx, eps: float) -> Names:
+    """Batch statistics over a batch-sized channel axis: F.instance_norm's
+    batch norm of x viewed as [1, B*C, *spatial] (its weight and bias repeated
+    B times, or none). Each (sample, channel) row normalised over its own
+    elements, as the CPU kernel: (x - mean) * (1 / sqrt(var + eps)) * w + b,
+    the variance the biased one."""
+    xt = ctx.in_type(0)
+    dt = xt.dtype
+    axes = [0, *range(2, len(xt.shape))]
+    stats = TensorType(dt, tuple(1 if i in axes else d for i, d in enumerate(xt.shape)))
+    mean = ctx.helper("ReduceMean", [ctx.t(0), ctx.ints(axes)], stats, keepdims=1)
+    centred = ctx.helper("Sub", [ctx.t(0), mean], xt)
+    var = ctx.helper(
+        "ReduceMean", [ctx.helper("Mul", [centred, centred], xt), ctx.ints(axes)], stats, keepdims=1
+    )
+    root = ctx.helper("Sqrt", [ctx.helper("Add", [var, ctx.const(eps, dt)], stats)], stats)
+    invstd = ctx.helper("Reciprocal", [root], stats)
+    steps = [("Mul", invstd)]
+    for i, op in ((1, "Mul"), (2, "Add")):
+        if ctx.arg(i) is not None:
+            ones = (len(xt.shape) - 2) * [1]
+            per = ctx.helper(
+                "Unsqueeze",
+                [ctx.t(i), ctx.ints(list(range(1, 1 + len(ones))))],
+                TensorType(ctx.in_type(i).dtype, (xt.shape[1], *ones)),
+            )
+            steps.append((op, per))
+    y = centred
+    for op, operand in steps[:-1]:
+        y = ctx.helper(op, [y, operand], xt)
+    op, operand = steps[-1]
+    return [ctx.one(op, [y, operand])[0], None, None]
 
 
 @ATEN.register("aten._native_batch_norm_legit_no_training.default")
