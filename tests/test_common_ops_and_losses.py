@@ -65,7 +65,8 @@ class _Ops(torch.nn.Module):
 class _Layers(torch.nn.Module):
     """torch.nn layers whose kernels had no rule: LSTMCell and GRUCell (their
     gates split by unsafe_split), Bilinear (_trilinear), reflection and
-    replication padding, instance norm (a batch norm over [1, B*C, ...])."""
+    replication padding, instance norm (a batch norm over [1, B*C, ...]),
+    Dropout2d and Dropout1d (a keep draw per sample and channel)."""
 
     def __init__(self) -> None:
         super().__init__()
@@ -78,6 +79,7 @@ class _Layers(torch.nn.Module):
         self.reflect1 = torch.nn.ReflectionPad1d(3)
         self.instance = torch.nn.InstanceNorm2d(2)
         self.instance_affine = torch.nn.InstanceNorm1d(2, affine=True)
+        self.drop2d, self.drop1d = torch.nn.Dropout2d(0.3), torch.nn.Dropout1d(0.5)
         self.head = torch.nn.Linear(8 + 24 + 11 + 20, 5)
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
@@ -88,6 +90,9 @@ class _Layers(torch.nn.Module):
         h = h + self.bilinear(h, torch.tanh(h))
         h = h + self.instance(h.view(n, 2, 2, 2)).reshape(n, 8)
         h = h + self.instance_affine(h.view(n, 2, 4)).reshape(n, 8)
+        h = self.drop2d(h.view(n, 4, 2, 1)).reshape(n, 8) + self.drop1d(h.view(n, 4, 2)).reshape(
+            n, 8
+        )
         padded = [
             self.reflect(h.view(n, 2, 2, 2)).reshape(n, 24),
             self.replicate(h.view(n, 1, 8)).reshape(n, 11),

@@ -507,7 +507,10 @@ class Ctx:
         if not isinstance(a, TArg):
             raise NotSupported(f"argument {i} is not a tensor")
         n = self.b.name_of(a)
-        if n in self.b.pseudo:
+        info = self.b.pseudo.get(n)
+        if info is not None:
+            if info[0] == "empty":  # its values are whatever memory held until written
+                raise NotSupported("an uninitialised tensor (empty) read or written in part")
             raise NotSupported("a random tensor is used outside the dropout pattern")
         return n
 
@@ -574,10 +577,11 @@ class Ctx:
         self.b.node_region.append(self.rec.region)
         return names
 
-    def dropout(self, x: str, ratio: float, mask_rec: int) -> str:
-        """Dropout(x, ratio) in training mode for the record's first output; the
-        sample takes its keep mask from record ``mask_rec`` (the listener's mask())."""
-        out = self.out_type()
+    def dropout(self, x: str, ratio: float, mask_rec: int, ty: TensorType | None = None) -> str:
+        """Dropout(x, ratio) in training mode for the record's first output (a
+        helper of type ``ty`` where given); the sample takes its keep mask from
+        record ``mask_rec`` (the listener's mask())."""
+        out = self.out_type() if ty is None else ty
         y, _mask = self.node(
             "Dropout",
             [x, self.const(ratio, out.dtype), self.const(True, "bool")],

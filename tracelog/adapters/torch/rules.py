@@ -955,17 +955,27 @@ ATEN.add("aten.scalar_tensor.default", _fill_rule(0, 0.0))
 @ATEN.register("aten.empty_like.default")
 def _empty_like(ctx: Ctx) -> Names:
     name = ctx.b.helper_name()
-    ctx.b.pseudo[name] = ("empty",)
+    ctx.b.pseudo[name] = ("empty", None)
+    return [name]
+
+
+@ATEN.register("aten.new_empty.default")
+def _new_empty(ctx: Ctx) -> Names:
+    # feature dropout (F.dropout1d/2d/3d, nn.Dropout2d): one keep draw per sample
+    # and channel, a fresh [B, C, 1, ...] tensor that multiplies the input
+    name = ctx.b.helper_name()
+    ctx.b.pseudo[name] = ("empty", tuple(ctx.out_type().shape))
     return [name]
 
 
 @ATEN.register("aten.bernoulli_.float")
 def _bernoulli_(ctx: Ctx) -> Names:
     src = ctx.raw_name(0)
-    if ctx.b.pseudo.get(src) != ("empty",):
+    info = ctx.b.pseudo.get(src)
+    if info is None or info[0] != "empty":
         raise NotSupported("bernoulli_ on a tensor that is not a fresh mask")
     name = ctx.b.helper_name()
-    ctx.b.pseudo[name] = ("bernoulli", float(ctx.arg(1, "p", 0.5)), ctx.rec.index)
+    ctx.b.pseudo[name] = ("bernoulli", float(ctx.arg(1, "p", 0.5)), ctx.rec.index, info[1])
     return [name]
 
 
@@ -979,7 +989,7 @@ def _dropout_scale(ctx: Ctx) -> Names | None:
     if info[0] != "bernoulli" or not isinstance(keep, (int, float)) or abs(keep - info[1]) > 1e-12:
         raise NotSupported("a dropout mask scaled other than by 1 / (1 - p)")
     name = ctx.b.helper_name()
-    ctx.b.pseudo[name] = ("mask", info[1], info[2])
+    ctx.b.pseudo[name] = ("mask", info[1], info[2], info[3])
     return [name]
 
 
@@ -993,10 +1003,23 @@ def _dropout_mul(ctx: Ctx) -> Names | None:
     info = infos[k]
     if info is None or info[0] != "mask" or names[1 - k] is None or infos[1 - k]:
         raise NotSupported("a random tensor is used outside the dropout pattern")
-    keep, rec_index = info[1], info[2]
+    keep, rec_index, shape = info[1], info[2], info[3]
     x = names[1 - k]
     assert x is not None  # checked above
-    return [ctx.dropout(x, 1.0 - keep, rec_index)]
+    out = ctx.out_type()
+    if shape is None or tuple(shape) == tuple(out.shape):
+        return [ctx.dropout(x, 1.0 - keep, rec_index)]
+    # a mask of its own shape (a draw per sample and channel): Dropout of ones of
+    # that shape is the scaled mask (its mask the one drawn), times x
+    ones_t = TensorType(out.dtype, tuple(shape))
+    ones = ctx.helper(
+        "ConstantOfShape",
+        [ctx.shape_const(list(shape), allow_minus_one=False)],
+        ones_t,
+        value=1.0,
+    )
+    scaled = ctx.dropout(ones, 1.0 - keep, rec_index, ones_t)
+    return ctx.one("Mul", [x, scaled] if k == 1 else [scaled, x])
 
 
 _plain_div = _binary_rule("Div")
