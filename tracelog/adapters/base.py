@@ -68,6 +68,9 @@ class WindowBase(ABC):
     # a tensor the loss meets from outside with k*B rows is a target too (its
     # batch replay knows how to grow it), not only one with B rows
     merged_targets = False
+    # is autograd recording the op now (False inside torch.no_grad()): a
+    # framework with a grad mode says; the others always record gradients
+    grad_enabled: Callable[[], bool] = staticmethod(lambda: True)
 
     def __init__(self, listener: ListenerBase, phase: str, epoch: int, batch: int) -> None:
         self.listener = listener
@@ -296,6 +299,7 @@ class WindowBase(ABC):
                 tainted,
                 func,
                 mutated,
+                self.grad_enabled(),
             )
         )
         if region == "post" or self.scalars_in_pred:

@@ -10,7 +10,7 @@ from typing import Any
 
 import numpy as np
 
-from tracelog.adapters.tape import Rec, Tape, TArg
+from tracelog.adapters.tape import Rec, Ref, Tape, TArg
 from tracelog.ir import (
     BATCH,
     INLINE_CONSTANT_LIMIT,
@@ -124,6 +124,10 @@ class Builder:
         self._n_const = 0
         self._const_cache: dict[tuple[Any, ...], str] = {}
         self._current: Rec | None = None  # the record being converted
+        # outputs of records autograd did not record (torch.no_grad()): read by a
+        # record it did, through a StopGradient (one per value, by its name)
+        self.no_grad_refs: set[Ref] = set()
+        self._stopped: dict[str, str] = {}
         self._user = user_names(tape)
         self._inputs = input_names(tape)
         self._targets = target_names(tape)
@@ -260,6 +264,18 @@ class Builder:
                 names = self._unsupported(ctx, str(e))
             for k in range(len(rec.outs)):
                 self.names[("o", rec.index, k)] = names[k] if k < len(names) else None
+            if not rec.grad:
+                self.no_grad_refs.update(a.ref for a in rec.outs if a.dtype in _FLOATS)
+
+    def stopped(self, ctx: Ctx, name: str, ty: TensorType) -> str:
+        """``name`` with no gradient through it (one StopGradient per value, made
+        where a record autograd recorded first reads it)."""
+        found = self._stopped.get(name)
+        if found is None:
+            found = self._stopped[name] = ctx.helper(
+                "StopGradient", [name], ty, domain=TRACELOG_DOMAIN
+            )
+        return found
 
     def _unsupported(self, ctx: Ctx, reason: str) -> list[str | None]:
         inputs = []
@@ -479,6 +495,9 @@ class Builder:
         return graph
 
 
+_FLOATS = frozenset({"float16", "bfloat16", "float32", "float64"})  # values with gradients
+
+
 def _inputs_first(values: dict[str, Value]) -> dict[str, Value]:
     inputs = {k: v for k, v in values.items() if v.kind == "input"}
     return {**inputs, **{k: v for k, v in values.items() if v.kind != "input"}}
@@ -507,6 +526,8 @@ class Ctx:
         if not isinstance(a, TArg):
             raise NotSupported(f"argument {i} is not a tensor")
         n = self.b.name_of(a)
+        if a.ref in self.b.no_grad_refs and self.rec.grad and n not in self.b.pseudo:
+            return self.b.stopped(self, n, a.type)
         info = self.b.pseudo.get(n)
         if info is not None:
             if info[0] == "empty":  # its values are whatever memory held until written

@@ -46,13 +46,16 @@ class Rec:
     tainted: bool
     func: Any = field(default=None, compare=False, repr=False)  # the OpOverload, for replay
     mutated: tuple[int, ...] = ()  # positional args written in place, not returned
+    # autograd records it (grad mode on); False under torch.no_grad(): its
+    # outputs carry no gradient back to what they were computed from
+    grad: bool = True
 
     def key(self, batch: int | None) -> tuple[Any, ...]:
         args, kwargs = self.args, self.kwargs
         if self.tainted:
             args = symbolic_ints(args, batch)
             kwargs = symbolic_ints(kwargs, batch) if kwargs else kwargs
-        return (self.op, self.region, self.module, args, kwargs, self.outs)
+        return (self.op, self.region, self.module, args, kwargs, self.outs, self.grad)
 
     def tensor_args(self) -> list[TArg]:
         found: list[TArg] = []

@@ -223,6 +223,7 @@ class _Window(WindowBase):
 
     listener: TorchListener
     merged_targets = True
+    grad_enabled = staticmethod(torch.is_grad_enabled)
 
     def __init__(self, listener: TorchListener, phase: str, epoch: int, batch: int) -> None:
         super().__init__(listener, phase, epoch, batch)

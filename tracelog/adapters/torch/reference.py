@@ -120,6 +120,13 @@ class _Replay:
         return obj
 
     def run(self, rec: Any) -> None:
+        if not rec.grad:  # as the batch ran it: inside torch.no_grad(), no gradient through it
+            with torch.no_grad():
+                self._run(rec)
+            return
+        self._run(rec)
+
+    def _run(self, rec: Any) -> None:
         if rec.op in _DRAWS or rec.op in _RANDOM:
             outs = self._drawn(rec)
         elif rec.op == VIEW_WRITE:

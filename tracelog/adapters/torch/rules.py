@@ -1026,6 +1026,14 @@ _plain_div = _binary_rule("Div")
 _plain_mul = _binary_rule("Mul")
 
 
+@ATEN.register("aten.div.out")
+def _div_out(ctx: Ctx) -> Names:
+    # torch.div(a, b, out=t) (spectral norm's power iteration into its u and v
+    # buffers): the quotient, which t holds from here on
+    dt = ctx.out_type().dtype
+    return ctx.one("Div", [_operand(ctx, 0, "self", dt), _operand(ctx, 1, "other", dt)])
+
+
 @ATEN.register("aten.div_.Scalar")
 def _div_scalar_inplace(ctx: Ctx) -> Names:
     return _dropout_scale(ctx) or _plain_div(ctx)

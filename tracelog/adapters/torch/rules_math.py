@@ -755,3 +755,21 @@ def _trilinear(ctx: Ctx) -> Names:
     if not summed:
         return ctx.one("Identity", [product])
     return ctx.one("ReduceSum", [product, ctx.ints(summed)], keepdims=0)
+
+
+@ATEN.register("aten.vdot.default")
+def _vdot(ctx: Ctx) -> Names:
+    # the dot product of two vectors (conjugating the first: real here)
+    if ctx.in_type(0).dtype.startswith("complex"):
+        raise NotSupported("vdot of complex vectors")
+    product = ctx.helper("Mul", [ctx.t(0), ctx.t(1)], ctx.in_type(0))
+    return ctx.one("ReduceSum", [product], keepdims=0)
+
+
+ATEN.not_yet(
+    "aten.embedding_renorm_.default",
+    reason=(
+        "nn.Embedding's max_norm: the rows read are renormalised in place, in the "
+        "weight itself, through a detached alias the graph cannot follow"
+    ),
+)
