@@ -662,3 +662,46 @@ def test_layer_norms_without_weight_translate(target: str, tmp_path: Path) -> No
     assert report.ok, report.table()
     translated = [c for c in report.comparisons if c.name.endswith(" [float64]")]
     assert translated and all(c.ok for c in translated)
+
+
+class _Eyes(torch.nn.Module):
+    """Identity matrices: a batch-by-batch one masking each sample's score
+    against itself (XLNet's -eye(qlen) beside its attention mask: a size the
+    graph computes), as a float and as a bool mask, and a constant 6 x 4."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.fc = torch.nn.Linear(6, 6)
+        self.head = torch.nn.Linear(10, 3)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        h = self.fc(x)
+        n = x.shape[0]
+        scores = h @ h.T - 4.0 * torch.eye(n, dtype=h.dtype)
+        scores = scores.masked_fill(torch.eye(n, n, dtype=torch.bool), -1e4)
+        mixed = torch.softmax(scores, dim=-1) @ h
+        return self.head(torch.cat([mixed, h @ torch.eye(6, 4, dtype=h.dtype)], dim=1))
+
+
+@pytest.mark.parametrize("target", ["onnx", "torch", "tensorflow", "jax"])
+def test_eye_of_a_constant_and_of_a_computed_size(target: str, tmp_path: Path) -> None:
+    """torch.eye records as a constant, or over the batch as row == column
+    of index ranges counted to the computed size (it recorded as
+    unsupported); a batch of another size shares the graph."""
+    import tracelog
+
+    torch.manual_seed(0)
+    model = _Eyes()
+    log, report = _checked(target, tmp_path / "a", model, torch.randn(8, 6))
+    assert "tracelog.Unsupported" not in _ops(log)
+    assert report.ok, report.table()
+    translated = [c for c in report.comparisons if c.name.endswith(" [float64]")]
+    assert translated and all(c.ok for c in translated)
+    if target == "torch":
+        with TorchListener(model, tmp_path / "b", strict=True) as listener:
+            for batch in (8, 5):
+                with listener.batch():
+                    x = torch.randn(batch, 6)
+                    F.cross_entropy(model(x), torch.arange(batch) % 3).backward()
+        train = [p for p in tracelog.load(tmp_path / "b").pairs.values() if p.phase == "train"]
+        assert len(train) == 1 and train[0].usage.batches == 2
