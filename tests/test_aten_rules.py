@@ -705,3 +705,34 @@ def test_eye_of_a_constant_and_of_a_computed_size(target: str, tmp_path: Path) -
                     F.cross_entropy(model(x), torch.arange(batch) % 3).backward()
         train = [p for p in tracelog.load(tmp_path / "b").pairs.values() if p.phase == "train"]
         assert len(train) == 1 and train[0].usage.batches == 2
+
+
+class _StatlessBatchNorms(torch.nn.Module):
+    """Batch norms with no running statistics: a layer with
+    track_running_stats=False, and BiT's weight standardisation (a
+    convolution's weight normalised per output channel by F.batch_norm)."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.conv = torch.nn.Conv2d(2, 4, 3, padding=1)
+        self.norm = torch.nn.BatchNorm2d(4, track_running_stats=False)
+        self.head = torch.nn.Linear(4, 3)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        w = self.conv.weight
+        w = F.batch_norm(w.reshape(1, 4, -1), None, None, training=True, momentum=0.0, eps=1e-8)
+        h = F.conv2d(x, w.reshape_as(self.conv.weight), self.conv.bias, padding=1)
+        return self.head(torch.relu(self.norm(h)).mean(dim=(2, 3)))
+
+
+@pytest.mark.parametrize("target", ["onnx", "torch", "tensorflow", "jax"])
+def test_batch_norm_without_running_statistics_translates(target: str, tmp_path: Path) -> None:
+    """Batch statistics alone record as BatchNormTraining beside stand-in
+    statistics it leaves unused (they recorded as unsupported)."""
+    torch.manual_seed(0)
+    log, report = _checked(target, tmp_path, _StatlessBatchNorms(), torch.randn(8, 2, 5, 5))
+    ops = _ops(log)
+    assert "tracelog.Unsupported" not in ops and "tracelog.BatchNormTraining" in ops, ops
+    assert report.ok, report.table()
+    translated = [c for c in report.comparisons if c.name.endswith(" [float64]")]
+    assert translated and all(c.ok for c in translated)
