@@ -588,6 +588,63 @@ EXTRA_CASES += [
               _audio_batch, _hf_step, "transformers"),
 ]  # fmt: skip
 
+
+def _fixed_classify_batch(g: torch.Generator, i: int) -> Batch:
+    """Like _classify_batch at one length (12) and unpadded: Nystromformer's
+    landmarks split a sequence of its config's segment_means_seq_len only,
+    and its landmark scores do not broadcast against a padding mask."""
+    batch = _tokens(g, 4, 12)
+    return {"input_ids": batch["input_ids"], "labels": torch.randint(0, 3, (4,), generator=g)}
+
+
+# Tried first on 2026-11-28 (evening), on all four targets: each passed after the
+# fixes they brought (ConvBERT: im2col; Nystromformer, XLNet: eye; BiT: batch
+# norm without running statistics; CvT: views in the batch-dim replay).
+# DeBERTa's loss is named (its default picks the labelled rows by
+# (labels >= 0).nonzero(), a data-dependent shape); CvtStage indexes its
+# drop-path rates by stage, so stage k needs a depth above k. EfficientFormer
+# is gone from this transformers (5.24).
+EXTRA_CASES += [
+    _text("deberta", "DebertaConfig", "DebertaForSequenceClassification", num_labels=3,
+          problem_type="single_label_classification",
+          relative_attention=True, pos_att_type=["c2p", "p2c"], **_SMALL),
+    _text("deberta_v2", "DebertaV2Config", "DebertaV2ForSequenceClassification", num_labels=3,
+          problem_type="single_label_classification",
+          relative_attention=True, pos_att_type=["p2c", "c2p"], position_buckets=8,
+          norm_rel_ebd="layer_norm", share_att_key=True, position_biased_input=False, **_SMALL),
+    _text("convbert", "ConvBertConfig", "ConvBertForSequenceClassification", num_labels=3,
+          embedding_size=32, conv_kernel_size=3, **_SMALL),
+    _text("mobilebert", "MobileBertConfig", "MobileBertForSequenceClassification", num_labels=3,
+          embedding_size=16, intra_bottleneck_size=16, true_hidden_size=16,
+          num_feedforward_networks=2, **_SMALL),
+    _text("data2vec_text", "Data2VecTextConfig", "Data2VecTextForSequenceClassification",
+          num_labels=3, pad_token_id=1, **_SMALL),
+    ModelCase("nystromformer", _hf("NystromformerConfig", "NystromformerForSequenceClassification",
+              num_labels=3, segment_means_seq_len=12, num_landmarks=4, conv_kernel_size=3,
+              **_SMALL), _fixed_classify_batch, _hf_step, "transformers"),
+    _text("xlnet", "XLNetConfig", "XLNetForSequenceClassification", vocab_size=VOCAB, d_model=32,
+          n_layer=2, n_head=2, d_inner=64, num_labels=3),
+    _lm("ctrl", "CTRLConfig", "CTRLLMHeadModel", vocab_size=VOCAB, n_embd=32, n_layer=2, n_head=2,
+        dff=64, n_positions=40),
+    _lm("persimmon", "PersimmonConfig", "PersimmonForCausalLM", **_SMALL),
+    _lm("cohere", "CohereConfig", "CohereForCausalLM", **_ONE_KV),
+    _lm("granite", "GraniteConfig", "GraniteForCausalLM", **_ONE_KV),
+    ModelCase("wavlm", _hf("WavLMConfig", "WavLMForSequenceClassification", num_labels=3,
+              hidden_size=32, num_hidden_layers=2, num_attention_heads=2, intermediate_size=64,
+              conv_dim=(16, 16), conv_stride=(5, 4), conv_kernel=(10, 4),
+              num_conv_pos_embeddings=16, num_conv_pos_embedding_groups=2, num_buckets=8,
+              max_bucket_distance=16), _audio_batch, _hf_step, "transformers"),
+    _image("cvt", "CvtConfig", "CvtForImageClassification", 32, embed_dim=[8, 16, 32],
+           num_heads=[1, 2, 2], depth=[1, 2, 3], num_channels=3, num_labels=5),
+    _image("pvt", "PvtConfig", "PvtForImageClassification", 32, hidden_sizes=[8, 8, 16, 16],
+           depths=[1, 1, 1, 1], num_attention_heads=[1, 1, 2, 2], **_IMAGE_32),
+    _image("bit", "BitConfig", "BitForImageClassification", 32, embedding_size=8,
+           hidden_sizes=[8, 16], depths=[1, 1], num_groups=4, num_labels=5),
+    _image("data2vec_vision", "Data2VecVisionConfig", "Data2VecVisionForImageClassification", 16,
+           patch_size=4, hidden_size=32, num_hidden_layers=2, num_attention_heads=2,
+           intermediate_size=64, use_relative_position_bias=True, **_IMAGE_16),
+]  # fmt: skip
+
 BY_NAME = {c.name: c for c in CASES + EXTRA_CASES}
 
 

@@ -662,3 +662,77 @@ def test_layer_norms_without_weight_translate(target: str, tmp_path: Path) -> No
     assert report.ok, report.table()
     translated = [c for c in report.comparisons if c.name.endswith(" [float64]")]
     assert translated and all(c.ok for c in translated)
+
+
+class _Eyes(torch.nn.Module):
+    """Identity matrices: a batch-by-batch one masking each sample's score
+    against itself (XLNet's -eye(qlen) beside its attention mask: a size the
+    graph computes), as a float and as a bool mask, and a constant 6 x 4."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.fc = torch.nn.Linear(6, 6)
+        self.head = torch.nn.Linear(10, 3)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        h = self.fc(x)
+        n = x.shape[0]
+        scores = h @ h.T - 4.0 * torch.eye(n, dtype=h.dtype)
+        scores = scores.masked_fill(torch.eye(n, n, dtype=torch.bool), -1e4)
+        mixed = torch.softmax(scores, dim=-1) @ h
+        return self.head(torch.cat([mixed, h @ torch.eye(6, 4, dtype=h.dtype)], dim=1))
+
+
+@pytest.mark.parametrize("target", ["onnx", "torch", "tensorflow", "jax"])
+def test_eye_of_a_constant_and_of_a_computed_size(target: str, tmp_path: Path) -> None:
+    """torch.eye records as a constant, or over the batch as row == column
+    of index ranges counted to the computed size (it recorded as
+    unsupported); a batch of another size shares the graph."""
+    import tracelog
+
+    torch.manual_seed(0)
+    model = _Eyes()
+    log, report = _checked(target, tmp_path / "a", model, torch.randn(8, 6))
+    assert "tracelog.Unsupported" not in _ops(log)
+    assert report.ok, report.table()
+    translated = [c for c in report.comparisons if c.name.endswith(" [float64]")]
+    assert translated and all(c.ok for c in translated)
+    if target == "torch":
+        with TorchListener(model, tmp_path / "b", strict=True) as listener:
+            for batch in (8, 5):
+                with listener.batch():
+                    x = torch.randn(batch, 6)
+                    F.cross_entropy(model(x), torch.arange(batch) % 3).backward()
+        train = [p for p in tracelog.load(tmp_path / "b").pairs.values() if p.phase == "train"]
+        assert len(train) == 1 and train[0].usage.batches == 2
+
+
+class _StatlessBatchNorms(torch.nn.Module):
+    """Batch norms with no running statistics: a layer with
+    track_running_stats=False, and BiT's weight standardisation (a
+    convolution's weight normalised per output channel by F.batch_norm)."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.conv = torch.nn.Conv2d(2, 4, 3, padding=1)
+        self.norm = torch.nn.BatchNorm2d(4, track_running_stats=False)
+        self.head = torch.nn.Linear(4, 3)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        w = self.conv.weight
+        w = F.batch_norm(w.reshape(1, 4, -1), None, None, training=True, momentum=0.0, eps=1e-8)
+        h = F.conv2d(x, w.reshape_as(self.conv.weight), self.conv.bias, padding=1)
+        return self.head(torch.relu(self.norm(h)).mean(dim=(2, 3)))
+
+
+@pytest.mark.parametrize("target", ["onnx", "torch", "tensorflow", "jax"])
+def test_batch_norm_without_running_statistics_translates(target: str, tmp_path: Path) -> None:
+    """Batch statistics alone record as BatchNormTraining beside stand-in
+    statistics it leaves unused (they recorded as unsupported)."""
+    torch.manual_seed(0)
+    log, report = _checked(target, tmp_path, _StatlessBatchNorms(), torch.randn(8, 2, 5, 5))
+    ops = _ops(log)
+    assert "tracelog.Unsupported" not in ops and "tracelog.BatchNormTraining" in ops, ops
+    assert report.ok, report.table()
+    translated = [c for c in report.comparisons if c.name.endswith(" [float64]")]
+    assert translated and all(c.ok for c in translated)

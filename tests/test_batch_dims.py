@@ -210,3 +210,45 @@ def test_a_constant_sized_twice_the_batch_stays_a_number(tmp_path: Path) -> None
     assert "Unsupported" not in ops and "tracelog.Unsupported" not in ops, ops
     report = tracelog.check(tmp_path, "onnx")
     assert report.ok, report.table()
+
+
+class _ChannelsLastProjection(nn.Module):
+    """CvT's convolutional projection: tokens [B, L, C] permuted and viewed as
+    an image (channels-last strides), a convolution, the image viewed back as
+    tokens [B, L, C] and a Linear over them. On the CPU the convolution keeps
+    its input's channels-last layout, so the Linear's flattening view of the
+    permuted tokens is a view; the meta kernel gives a contiguous output."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.conv = nn.Conv2d(8, 8, 3, padding=1)
+        self.fc = nn.Linear(8, 3)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        n = x.shape[0]
+        image = self.conv(x.permute(0, 2, 1).view(n, 8, 4, 4))
+        return self.fc(image.view(n, 8, 16).permute(0, 2, 1)).mean(dim=1)
+
+
+def test_a_view_the_meta_layout_cannot_take_replays(tmp_path: Path, monkeypatch: Any) -> None:
+    """The replay runs a view as a reshape: as a view of the contiguous meta
+    it raised, the replay failed, and every dim equal to the batch size was
+    guessed to be it (CvT's [B, H * W, C] with H * W = B: a split of it then
+    failed to record). Here H = W = B = 4."""
+    tapes: list[Any] = []
+
+    def keep(tape: Any, **kwargs: Any) -> Any:
+        tapes.append(tape)
+        return batch_dims.exact_batch_dims(tape, **kwargs)
+
+    monkeypatch.setattr(torch_listener, "exact_batch_dims", keep)
+    torch.manual_seed(0)
+    model = _ChannelsLastProjection()
+    with tracelog.Listener(model, tmp_path / "log", strict=True) as listener, listener.batch():
+        x, y = torch.randn(4, 16, 8), torch.randint(0, 3, (4,))
+        nn.functional.cross_entropy(model(x), y).backward()
+    assert batch_dims.exact_batch_dims(tapes[0]) is not None
+    log = tracelog.load(tmp_path / "log")
+    shapes = {v.type.shape for g in log.graphs.values() for v in g.values.values()}
+    assert ("batch", 8, 4, 4) in shapes and not any(s.count("batch") > 1 for s in shapes), shapes
+    assert tracelog.check(tmp_path / "log", "torch").ok

@@ -54,7 +54,6 @@ class _Ops(torch.nn.Module):
             torch.cdist(h, self.prototypes, p=1).mean(-1, keepdim=True) * 0.01,
             h.median(-1, keepdim=True).values,
             h.kthvalue(3, -1).values.unsqueeze(-1),
-            torch.median(self.prototypes),
         ]
         total = h
         for term in terms:

@@ -1,5 +1,5 @@
 """Vision ops (issue 12) recorded from real training steps: group norm,
-transposed convolution, 1-D and 3-D convolution and upsampling, each replayed on an ONNX runtime and
+transposed convolution, 1-D and 3-D convolution, upsampling and unfolding, each replayed on an ONNX runtime and
 emitted for every target with its parity check; plus the index arithmetic
 behind nearest upsampling, and the layout pass around Resize."""
 
@@ -118,6 +118,24 @@ class Convolutions(nn.Module):
         return line.mean(dim=2) + cube.mean(dim=(2, 3, 4)).repeat(1, 2)[:, :8]
 
 
+class Unfolding(nn.Module):
+    """nn.Unfold (aten.im2col), as ConvBERT's span convolution uses it (a
+    (k, 1) kernel padded to keep the length) and with dilation, asymmetric
+    padding and stride; a convolution first so the input carries a gradient."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.conv = nn.Conv2d(2, 3, 1)
+        self.span = nn.Unfold((3, 1), padding=(1, 0))
+        self.strided = nn.Unfold((2, 3), dilation=(2, 1), padding=(0, 1), stride=(1, 2))
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        h = self.conv(x)  # [n, 3, 7, 6]
+        span = self.span(h)  # [n, 9, 42]
+        strided = self.strided(h)  # [n, 18, 15]
+        return (span * span).mean(dim=2).repeat(1, 2) + torch.tanh(strided).mean(dim=2)
+
+
 def _record(model: nn.Module, x: torch.Tensor, log_dir: Path) -> tracelog.TraceLog:
     """One real training step under a listener; the loss after the forward."""
     listener = TorchListener(model, log_dir, strict=True)
@@ -139,6 +157,7 @@ CASES: dict[str, tuple[Callable[[], nn.Module], tuple[int, ...], set[str], str]]
     # onnx.reference's grouped ConvTranspose is tracelog.verify's (onnx/onnx#8446)
     "decoder": (Decoder, (2, 3, 3, 4), {"ConvTranspose", "GroupNormalization"}, "reference"),
     "convolutions": (Convolutions, (2, 96), {"Conv"}, "reference"),
+    "unfolding": (Unfolding, (2, 2, 7, 6), {"Pad", "Slice", "Concat"}, "reference"),
     "resampling": (
         Resampling,
         (2, 2, 7, 6),
@@ -303,4 +322,47 @@ def test_a_resize_to_its_own_size_is_the_tensor(how: dict, tmp_path: Path) -> No
     ops = _ops(tmp_path)
     assert "Resize" not in ops and "Gather" not in ops, ops
     report = tracelog.check(tmp_path, "onnx")
+    assert report.ok, report.table()
+
+
+class SpanUnfold(nn.Module):
+    """ConvBERT's span gathering: token features [n, c, seq, 1] unfolded by a
+    (3, 1) kernel keeping the length, and a dilated one that shortens it."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.embed = nn.Embedding(11, 4)
+        self.span = nn.Unfold((3, 1), padding=(1, 0))
+        self.dilated = nn.Unfold((2, 1), dilation=(3, 1))
+
+    def forward(self, ids: torch.Tensor) -> torch.Tensor:
+        h = self.embed(ids).transpose(1, 2).unsqueeze(-1)  # [n, 4, seq, 1]
+        return (self.span(h) ** 2).mean(dim=2) + torch.tanh(self.dilated(h)).mean(dim=2).repeat(
+            1, 3
+        )[:, :12]
+
+
+@pytest.mark.parametrize("target", TARGETS)
+def test_unfold_over_a_sequence_length_follows_it(target: str, tmp_path: Path) -> None:
+    """Batches of lengths 7 and 10 share one graph: each tap's Slice ends from
+    the padded axis's end, so the taps are seq and seq-3 long at any length."""
+    pytest.importorskip(
+        {"torch": "torch", "onnx": "onnxruntime"}.get(target, target),
+        reason=f"the {target} target needs its framework installed",
+    )
+    torch.manual_seed(0)
+    model = SpanUnfold()
+    opt = torch.optim.SGD(model.parameters(), lr=0.1)
+    with TorchListener(model, tmp_path / "run", strict=True) as listener:
+        for t in (7, 10):
+            with listener.batch():
+                (model(torch.randint(0, 11, (2, t))) ** 2).mean().backward()
+            opt.step()
+            opt.zero_grad()
+    log = tracelog.load(tmp_path / "run")
+    (pair,) = log.pairs.values()
+    assert pair.usage.batches == 2 and log.unrecorded == 0, log.failures
+    dims = {d for v in log.graph(pair.prediction).values.values() for d in v.type.shape}
+    assert {"seq", "seq-3"} <= dims, dims
+    report = tracelog.check(tmp_path / "run", target)
     assert report.ok, report.table()

@@ -124,9 +124,10 @@ class Builder:
         self._n_const = 0
         self._const_cache: dict[tuple[Any, ...], str] = {}
         self._current: Rec | None = None  # the record being converted
-        # outputs of records autograd did not record (torch.no_grad()): read by a
-        # record it did, through a StopGradient (one per value, by its name)
-        self.no_grad_refs: set[Ref] = set()
+        # outputs of records autograd did not record (torch.no_grad()), read by a
+        # record it did through a StopGradient (one per value, by its name); an
+        # in-place op's output by the tensor it wrote, whose history autograd keeps
+        self.no_grad_refs: dict[Ref, TArg | None] = {}
         self._stopped: dict[str, str] = {}
         self._user = user_names(tape)
         self._inputs = input_names(tape)
@@ -265,16 +266,35 @@ class Builder:
             for k in range(len(rec.outs)):
                 self.names[("o", rec.index, k)] = names[k] if k < len(names) else None
             if not rec.grad:
-                self.no_grad_refs.update(a.ref for a in rec.outs if a.dtype in _FLOATS)
+                written = _written_in_place(rec)
+                for a in rec.outs:
+                    if a.dtype in _FLOATS:
+                        self.no_grad_refs[a.ref] = written
 
-    def stopped(self, ctx: Ctx, name: str, ty: TensorType) -> str:
-        """``name`` with no gradient through it (one StopGradient per value, made
-        where a record autograd recorded first reads it)."""
+    def stopped(self, ctx: Ctx, targ: TArg, name: str) -> str:
+        """The value of ``targ`` (named ``name``), made without grad, as a record
+        autograd recorded reads it: no gradient through it; or, written in place
+        into a tensor autograd tracks (cosine_similarity's clamp_min_ of its
+        norms under a NoGradGuard), that tensor's gradient passing the write as
+        torch's does: x + StopGradient(y - x). Made once per value."""
         found = self._stopped.get(name)
-        if found is None:
-            found = self._stopped[name] = ctx.helper(
-                "StopGradient", [name], ty, domain=TRACELOG_DOMAIN
-            )
+        if found is not None:
+            return found
+        ty = targ.type
+        written = self.no_grad_refs.get(targ.ref)
+        source = None if written is None else self.names.get(written.ref)
+        if (
+            written is None
+            or source is None
+            or source in self.pseudo
+            or written.ref in self.no_grad_refs
+        ):
+            found = ctx.helper("StopGradient", [name], ty, domain=TRACELOG_DOMAIN)
+        else:
+            change = ctx.helper("Sub", [name, source], ty)
+            frozen = ctx.helper("StopGradient", [change], ty, domain=TRACELOG_DOMAIN)
+            found = ctx.helper("Add", [source, frozen], ty)
+        self._stopped[name] = found
         return found
 
     def _unsupported(self, ctx: Ctx, reason: str) -> list[str | None]:
@@ -498,6 +518,16 @@ class Builder:
 _FLOATS = frozenset({"float16", "bfloat16", "float32", "float64"})  # values with gradients
 
 
+def _written_in_place(rec: Rec) -> TArg | None:
+    """The tensor an in-place op (``clamp_min_``) wrote, where it wrote its
+    first argument: its value changes, its autograd history stays."""
+    name = rec.op.split(".")[1] if rec.op.count(".") >= 1 else ""
+    first = rec.args[0] if rec.args else None
+    if name.endswith("_") and not name.startswith("_") and isinstance(first, TArg):
+        return first if first.dtype in _FLOATS else None
+    return None
+
+
 def _inputs_first(values: dict[str, Value]) -> dict[str, Value]:
     inputs = {k: v for k, v in values.items() if v.kind == "input"}
     return {**inputs, **{k: v for k, v in values.items() if v.kind != "input"}}
@@ -527,7 +557,7 @@ class Ctx:
             raise NotSupported(f"argument {i} is not a tensor")
         n = self.b.name_of(a)
         if a.ref in self.b.no_grad_refs and self.rec.grad and n not in self.b.pseudo:
-            return self.b.stopped(self, n, a.type)
+            return self.b.stopped(self, a, n)
         info = self.b.pseudo.get(n)
         if info is not None:
             if info[0] == "empty":  # its values are whatever memory held until written

@@ -29,6 +29,7 @@ from .tensors import TORCH_DTYPES, flatten_tensors
 # but they are skipped so no generator is ever touched.
 _VIEWS = {"aten.view.default", "aten._unsafe_view.default", "aten.reshape.default"}
 _EXPAND = "aten.expand.default"
+_RESHAPE = torch.ops.aten.reshape.default
 _RANDOM_INPLACE = {"aten.bernoulli_.float", "aten.uniform_.default", "aten.normal_.default"}
 
 # A meta kernel's outputs are a function of its tensors' metadata and its other
@@ -375,8 +376,12 @@ class _MetaReplay:
 
     @staticmethod
     def _call(rec: Any, args: list[Any], kwargs: dict[str, Any]) -> list[torch.Tensor]:
+        # a view replays as a reshape: the tape holds values, not layouts (the
+        # contiguous copy that torch made before an _unsafe_view is an alias
+        # there), so a view the source ran may not be one of the replay's metas
+        func = _RESHAPE if rec.op in _VIEWS else rec.func
         outs: list[torch.Tensor] = []
-        flatten_tensors(rec.func(*args, **kwargs), outs)
+        flatten_tensors(func(*args, **kwargs), outs)
         return outs
 
     def choices(self, plan: _Plan) -> list[Choice]:

@@ -421,10 +421,25 @@ def _batch_norm(ctx: Ctx) -> Names:
             "BatchNormalization", [ctx.t(0), scale, bias, ctx.t(3), ctx.t(4)], epsilon=eps
         )
         return [normalized[0], None, None]
-    if not has_stats:
-        raise NotSupported("batch norm without running statistics (track_running_stats=False)")
-    mean_type, var_type = ctx.in_type(3), ctx.in_type(4)
     axes = [0] + list(range(2, len(xt.shape)))
+    if not has_stats:
+        # batch statistics alone (track_running_stats=False, BiT's weight
+        # standardisation): the op with stand-in statistics that momentum 0
+        # leaves as they are, its updates unused (over a batch-sized axis:
+        # _instance_norm, above)
+        assert isinstance(c, int)
+        stats = TensorType(dt, (c,))
+        y, _, _ = ctx.node(
+            "BatchNormTraining",
+            [ctx.t(0), scale, bias, ctx.const([0.0] * c, dt), ctx.const([1.0] * c, dt)],
+            outs=[ctx.out_type(0), stats, stats],
+            domain=TRACELOG_DOMAIN,
+            epsilon=eps,
+            momentum=0.0,
+            axes=axes,
+        )
+        return [y, None, None]
+    mean_type, var_type = ctx.in_type(3), ctx.in_type(4)
     y, new_mean, new_var = ctx.node(
         "BatchNormTraining",
         [ctx.t(0), scale, bias, ctx.t(3), ctx.t(4)],

@@ -350,6 +350,25 @@ def _arange(ctx: Ctx) -> Names:
     return [y]
 
 
+@ATEN.register("aten.eye.default", "aten.eye.m")
+def _eye(ctx: Ctx) -> Names:
+    """eye(n[, m]): a constant; over a sequence-long size (XLNet's
+    -eye(qlen) beside its attention mask) row index == column index, the
+    indices counted up to sizes the graph computes."""
+    out = ctx.out_type()
+    rows, cols = out.shape
+    if not is_symbolic(rows) and not is_symbolic(cols):
+        return [ctx.const(np.eye(int(rows), int(cols), dtype=np.dtype(out.dtype)), out.dtype)]
+    i = _iota(ctx, _shape_vector(ctx, [rows]), rows, "int64")
+    j = _iota(ctx, _shape_vector(ctx, [cols]), cols, "int64")
+    i = ctx.helper("Unsqueeze", [i, ctx.ints([1])], TensorType("int64", (rows, 1)))
+    j = ctx.helper("Unsqueeze", [j, ctx.ints([0])], TensorType("int64", (1, cols)))
+    if out.dtype == "bool":
+        return ctx.one("Equal", [i, j])
+    same = ctx.helper("Equal", [i, j], TensorType("bool", out.shape))
+    return ctx.one("Cast", [same], to=out.dtype)
+
+
 # -- padding ------------------------------------------------------------------------------------
 @ATEN.register("aten.constant_pad_nd.default")
 def _constant_pad_nd(ctx: Ctx) -> Names:

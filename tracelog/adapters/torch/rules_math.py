@@ -699,29 +699,6 @@ def _median_dim(ctx: Ctx) -> Names:
     return _kth(ctx, (n + 1) // 2, axis, keep)
 
 
-@ATEN.register("aten.median.default")
-def _median(ctx: Ctx) -> Names:
-    # over every element: the flattened tensor's median, a 0-d value
-    xt = ctx.in_type(0)
-    if any(is_symbolic(d) for d in xt.shape):
-        raise NotSupported("a median of a symbolic number of elements")
-    n = math.prod(int(d) for d in xt.shape)
-    flat_t = TensorType(xt.dtype, (n,))
-    flat = ctx.helper("Reshape", [ctx.t(0), ctx.ints([n])], flat_t)
-    k = (n + 1) // 2
-    least_t = TensorType(xt.dtype, (k,))
-    least = ctx.node(
-        "TopK",
-        [flat, ctx.ints([k])],
-        outs=[least_t, TensorType("int64", (k,))],
-        axis=0,
-        largest=0,
-        sorted=1,
-    )[0]
-    one = ctx.helper("Gather", [least, ctx.ints([k - 1])], TensorType(xt.dtype, (1,)), axis=0)
-    return ctx.one("Squeeze", [one, ctx.ints([0])])
-
-
 @ATEN.register("aten._trilinear.default")
 def _trilinear(ctx: Ctx) -> Names:
     """torch.bilinear's kernel (nn.Bilinear: x1 W x2): each of three tensors

@@ -14,8 +14,8 @@ from collections.abc import Sequence
 import numpy as np
 
 from tracelog.adapters.builder import Converter, Ctx, NotSupported
-from tracelog.adapters.torch.rules import ATEN, Names, _pair
-from tracelog.ir import TensorType, is_symbolic
+from tracelog.adapters.torch.rules import ATEN, INT64_MAX, Names, _pair
+from tracelog.ir import BATCH, TensorType, format_dim, is_symbolic, parse_dim
 
 
 # -- group norm ------------------------------------------------------------------------
@@ -519,3 +519,68 @@ def _pad_by_gather(mode: str) -> Converter:
 for _rank in (1, 2, 3):
     ATEN.add(f"aten.reflection_pad{_rank}d.default", _pad_by_gather("reflect"))
     ATEN.add(f"aten.replication_pad{_rank}d.default", _pad_by_gather("replicate"))
+
+
+# -- im2col (nn.Unfold) ---------------------------------------------------------------------
+def _plus(d: int | str, k: int) -> int | str:
+    """A dim plus a constant (a sequence-long axis padded or cut)."""
+    poly = parse_dim(d)
+    return format_dim({**poly, (): poly.get((), 0) + k})
+
+
+@ATEN.register("aten.im2col.default")
+def _im2col(ctx: Ctx) -> Names:
+    """im2col(x, kernel_size, dilation, padding, stride): x [N?, C, H, W] to
+    [N?, C * kh * kw, L], row c * kh * kw + i * kw + j holding tap (i, j) of
+    channel c at each of the L output positions. Each tap is a strided Slice
+    of the zero-padded input; the taps stack on a new axis after the channels,
+    so one Reshape gives torch's row order. Slices copy, so it is exact in
+    any dtype (a convolution with one-hot weights could take a rounding
+    algorithm such as Winograd)."""
+    xt = ctx.in_type(0)
+    rank = len(xt.shape)
+    kernel, dilation = _pair(ctx.arg(1, "kernel_size"), 2), _pair(ctx.arg(2, "dilation"), 2)
+    padding, stride = _pair(ctx.arg(3, "padding"), 2), _pair(ctx.arg(4, "stride"), 2)
+    spatial = list(xt.shape[-2:])
+    padded = [_plus(n, 2 * p) for n, p in zip(spatial, padding, strict=True)]
+    outs: list[int | str] = []
+    for n, k, d, s in zip(padded, kernel, dilation, stride, strict=True):
+        if isinstance(n, int):
+            outs.append((n - d * (k - 1) - 1) // s + 1)
+        elif s != 1 or BATCH in str(n):
+            # (n - span) // s + 1 taps: no polynomial in the sequence's length
+            raise NotSupported(f"im2col with stride {s} over a symbolic size {n}")
+        else:
+            outs.append(_plus(n, -d * (k - 1)))
+    x = ctx.t(0)
+    if any(padding):
+        pads = [0] * (rank - 2) + padding
+        shape = (*xt.shape[:-2], *padded)
+        x = ctx.helper("Pad", [x, ctx.ints(pads + pads)], TensorType(xt.dtype, shape))
+    axes = [rank - 2, rank - 1]
+    tap = TensorType(xt.dtype, (*xt.shape[:-2], 1, *outs))
+    taps = []
+    for i in range(kernel[0]):
+        for j in range(kernel[1]):
+            starts = [i * dilation[0], j * dilation[1]]
+            ends = []
+            for b, o, s, k, d, t in zip(
+                starts, outs, stride, kernel, dilation, (i, j), strict=True
+            ):
+                if isinstance(o, int):
+                    ends.append(b + (o - 1) * s + 1)
+                else:  # stride 1: the last tap's span past this one's start, from the end
+                    ends.append(-d * (k - 1 - t) or INT64_MAX)
+            window = ctx.helper(
+                "Slice",
+                [x, ctx.ints(starts), ctx.ints(ends), ctx.ints(axes), ctx.ints(stride)],
+                TensorType(xt.dtype, (*xt.shape[:-2], *outs)),
+            )
+            taps.append(ctx.helper("Unsqueeze", [window, ctx.ints([rank - 2])], tap))
+    stacked_shape = (*xt.shape[:-2], kernel[0] * kernel[1], *outs)
+    stacked = (
+        ctx.helper("Concat", taps, TensorType(xt.dtype, stacked_shape), axis=rank - 2)
+        if len(taps) > 1
+        else taps[0]
+    )
+    return ctx.one("Reshape", [stacked, ctx.shape_const(list(ctx.out_type().shape))])
