@@ -176,6 +176,28 @@ def _checked(
     return log, tracelog.check(tmp_path, target)
 
 
+def _translates_and_shares_a_graph(target: str, tmp_path: Path, model: Any) -> None:
+    """`model` records with no unsupported node and passes the target's check
+    on its float64 rows; on the torch target, batches of 8 and 5 share one
+    training graph."""
+    import tracelog
+
+    torch.manual_seed(0)
+    log, report = _checked(target, tmp_path / "a", model, torch.randn(8, 6))
+    assert "tracelog.Unsupported" not in _ops(log)
+    assert report.ok, report.table()
+    translated = [c for c in report.comparisons if c.name.endswith(" [float64]")]
+    assert translated and all(c.ok for c in translated)
+    if target == "torch":
+        with TorchListener(model, tmp_path / "b", strict=True) as listener:
+            for batch in (8, 5):
+                with listener.batch():
+                    x = torch.randn(batch, 6)
+                    F.cross_entropy(model(x), torch.arange(batch) % 3).backward()
+        train = [p for p in tracelog.load(tmp_path / "b").pairs.values() if p.phase == "train"]
+        assert len(train) == 1 and train[0].usage.batches == 2
+
+
 def _ops(log: Any) -> set[str]:
     return set().union(*(g.op_histogram() for g in log.graphs.values()))
 
@@ -617,23 +639,7 @@ def test_a_sample_of_the_batch_selected_by_index_translates(target: str, tmp_pat
     """h[0] and h[-1] record as Gather on the batch dim (they recorded as
     unsupported) and translate on every target, with the float64 verdict;
     a batch of another size shares the graph (h[-1] is its own last sample)."""
-    import tracelog
-
-    torch.manual_seed(0)
-    model = _SampleSelects()
-    log, report = _checked(target, tmp_path / "a", model, torch.randn(8, 6))
-    assert "tracelog.Unsupported" not in _ops(log)
-    assert report.ok, report.table()
-    translated = [c for c in report.comparisons if c.name.endswith(" [float64]")]
-    assert translated and all(c.ok for c in translated)
-    if target == "torch":
-        with TorchListener(model, tmp_path / "b", strict=True) as listener:
-            for batch in (8, 5):
-                with listener.batch():
-                    x = torch.randn(batch, 6)
-                    F.cross_entropy(model(x), torch.arange(batch) % 3).backward()
-        train = [p for p in tracelog.load(tmp_path / "b").pairs.values() if p.phase == "train"]
-        assert len(train) == 1 and train[0].usage.batches == 2
+    _translates_and_shares_a_graph(target, tmp_path, _SampleSelects())
 
 
 class _WeightlessNorms(torch.nn.Module):
@@ -688,23 +694,7 @@ def test_eye_of_a_constant_and_of_a_computed_size(target: str, tmp_path: Path) -
     """torch.eye records as a constant, or over the batch as row == column
     of index ranges counted to the computed size (it recorded as
     unsupported); a batch of another size shares the graph."""
-    import tracelog
-
-    torch.manual_seed(0)
-    model = _Eyes()
-    log, report = _checked(target, tmp_path / "a", model, torch.randn(8, 6))
-    assert "tracelog.Unsupported" not in _ops(log)
-    assert report.ok, report.table()
-    translated = [c for c in report.comparisons if c.name.endswith(" [float64]")]
-    assert translated and all(c.ok for c in translated)
-    if target == "torch":
-        with TorchListener(model, tmp_path / "b", strict=True) as listener:
-            for batch in (8, 5):
-                with listener.batch():
-                    x = torch.randn(batch, 6)
-                    F.cross_entropy(model(x), torch.arange(batch) % 3).backward()
-        train = [p for p in tracelog.load(tmp_path / "b").pairs.values() if p.phase == "train"]
-        assert len(train) == 1 and train[0].usage.batches == 2
+    _translates_and_shares_a_graph(target, tmp_path, _Eyes())
 
 
 class _StatlessBatchNorms(torch.nn.Module):

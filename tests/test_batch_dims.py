@@ -31,8 +31,8 @@ class _Layer(nn.Module):
         return x + torch.softmax(self.fc(self.norm(x)), dim=-1)
 
 
-def _tape(tmp_path: Path, monkeypatch: Any) -> Any:
-    """The tape of one recorded batch of six equal layers over [B, T, 8] data."""
+def _kept_tapes(monkeypatch: Any) -> list[Any]:
+    """The list each tape the listener searches for batch dims is added to."""
     tapes: list[Any] = []
 
     def keep(tape: Any, **kwargs: Any) -> Any:
@@ -40,6 +40,12 @@ def _tape(tmp_path: Path, monkeypatch: Any) -> Any:
         return batch_dims.exact_batch_dims(tape, **kwargs)
 
     monkeypatch.setattr(torch_listener, "exact_batch_dims", keep)
+    return tapes
+
+
+def _tape(tmp_path: Path, monkeypatch: Any) -> Any:
+    """The tape of one recorded batch of six equal layers over [B, T, 8] data."""
+    tapes = _kept_tapes(monkeypatch)
     torch.manual_seed(0)
     model = nn.Sequential(*[_Layer(8) for _ in range(6)], nn.Linear(8, 3))
     x, y = torch.randn(4, 5, 8), torch.randint(0, 3, (4, 5))
@@ -235,13 +241,7 @@ def test_a_view_the_meta_layout_cannot_take_replays(tmp_path: Path, monkeypatch:
     it raised, the replay failed, and every dim equal to the batch size was
     guessed to be it (CvT's [B, H * W, C] with H * W = B: a split of it then
     failed to record). Here H = W = B = 4."""
-    tapes: list[Any] = []
-
-    def keep(tape: Any, **kwargs: Any) -> Any:
-        tapes.append(tape)
-        return batch_dims.exact_batch_dims(tape, **kwargs)
-
-    monkeypatch.setattr(torch_listener, "exact_batch_dims", keep)
+    tapes = _kept_tapes(monkeypatch)
     torch.manual_seed(0)
     model = _ChannelsLastProjection()
     with tracelog.Listener(model, tmp_path / "log", strict=True) as listener, listener.batch():

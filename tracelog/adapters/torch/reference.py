@@ -232,35 +232,6 @@ class _Replay:
         return out
 
 
-def reference64(
-    tape: Tape,
-    *,
-    inputs: Mapping[str, torch.Tensor],
-    targets: list[torch.Tensor],
-    params: Mapping[str, np.ndarray],
-    buffers: Mapping[str, np.ndarray],
-    rec_out: list[list[Any]],
-    trainable: list[str],
-    draws: Mapping[int, torch.Tensor] | None = None,
-) -> dict[str, Any]:
-    """The tape in float64: {"outputs": {role: array}, "loss": array,
-    "grads": {param: array}, "updates": {buffer: array}, "loss_scale": sum
-    |p * dloss/dp| over the predictions (tracelog.sample.scale_key)}. ``params`` and
-    ``buffers`` are the values when the batch began; ``rec_out`` the tensors
-    each record produced (for the random draws), ``draws`` the values a random
-    draw gave as it was drawn (its tensor in ``rec_out`` may be changed later)."""
-    return forward64(
-        tape,
-        inputs=inputs,
-        targets=targets,
-        params=params,
-        buffers=buffers,
-        rec_out=rec_out,
-        trainable=trainable,
-        draws=draws,
-    )()
-
-
 def forward64(
     tape: Tape,
     *,
@@ -272,11 +243,17 @@ def forward64(
     trainable: list[str],
     draws: Mapping[int, torch.Tensor] | None = None,
 ) -> Callable[[], dict[str, Any]]:
-    """``reference64`` in two parts: the forward replay now, and the call
-    that returns the reference (the backward, the arrays). The call touches
-    only the replay's own float64 tensors, so it may run on another thread
-    while this one goes on: autograd's engine runs without the GIL, the
-    forward's many short Python calls would wait for it there."""
+    """The tape in float64, in two parts: the forward replay now, and the call
+    that returns {"outputs": {role: array}, "loss": array, "grads": {param:
+    array}, "updates": {buffer: array}, "loss_scale": sum |p * dloss/dp| over
+    the predictions (tracelog.sample.scale_key)}: the backward and the
+    arrays. ``params`` and ``buffers`` are the values when the batch began;
+    ``rec_out`` the tensors each record produced (for the random draws),
+    ``draws`` the values a random draw gave as it was drawn (its tensor in
+    ``rec_out`` may be changed later). The call touches only the replay's
+    own float64 tensors, so it may run on another thread while this one goes
+    on: autograd's engine runs without the GIL, the forward's many short
+    Python calls would wait for it there."""
     if tape.loss is None:
         raise ReferenceUnavailable("the batch has no loss")
     sources: dict[Ref, torch.Tensor] = {}
