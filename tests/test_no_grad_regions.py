@@ -2,7 +2,9 @@
 source and in every program: a record autograd did not record is read by one
 it did through a StopGradient, and the float64 reference replays it without
 grad. Spectral norm's power iteration (torch.div(..., out=u) into its
-buffers, torch.vdot) is the everyday case."""
+buffers, torch.vdot) is the everyday case. A custom autograd Function's body
+also runs without grad, but its outputs require grad: it is differentiated
+as recorded."""
 
 from __future__ import annotations
 
@@ -32,6 +34,29 @@ class _Rescaled(torch.nn.Module):
         with torch.no_grad():
             scale = self.fc.weight.norm() + self.fc.weight.mean().abs()
         return self.head(torch.relu(self.fc(x)) / scale)
+
+
+class _Affine(torch.autograd.Function):
+    """A custom Function of several ops: its forward runs without grad, and
+    its backward is the forward's derivative."""
+
+    @staticmethod
+    def forward(ctx: Any, x: torch.Tensor) -> torch.Tensor:
+        doubled = x * 2.0
+        return doubled + 1.0
+
+    @staticmethod
+    def backward(ctx: Any, grad: torch.Tensor) -> torch.Tensor:
+        return grad * 2.0
+
+
+class _WithFunction(torch.nn.Module):
+    def __init__(self) -> None:
+        super().__init__()
+        self.fc, self.head = torch.nn.Linear(6, 8), torch.nn.Linear(8, 3)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return self.head(torch.tanh(_Affine.apply(self.fc(x))))
 
 
 def _spectral() -> torch.nn.Module:
@@ -87,3 +112,15 @@ def test_spectral_norm_translates_with_its_power_iteration(target: str, tmp_path
     updated = {c.name for c in report.comparisons if c.name.startswith("update:")}
     assert any(name.endswith("._u [float64]") for name in updated), updated
     assert any(name.endswith("._v [float64]") for name in updated), updated
+
+
+@pytest.mark.parametrize("target", TARGETS)
+def test_a_custom_functions_body_is_differentiated(target: str, tmp_path: Path) -> None:
+    """A custom autograd Function's forward runs without grad too, but its
+    output requires grad: its body is differentiated as recorded (no
+    StopGradient cuts the gradient to fc)."""
+    torch.manual_seed(0)
+    _record(target, tmp_path, _WithFunction())
+    log = tracelog.load(tmp_path)
+    ops = set().union(*(g.op_histogram() for g in log.graphs.values()))
+    assert "tracelog.StopGradient" not in ops, ops

@@ -266,7 +266,7 @@ class Builder:
             for k in range(len(rec.outs)):
                 self.names[("o", rec.index, k)] = names[k] if k < len(names) else None
             if not rec.grad:
-                written = _written_in_place(rec)
+                written = written_in_place(rec)
                 for a in rec.outs:
                     if a.dtype in _FLOATS:
                         self.no_grad_refs[a.ref] = written
@@ -518,7 +518,7 @@ class Builder:
 _FLOATS = frozenset({"float16", "bfloat16", "float32", "float64"})  # values with gradients
 
 
-def _written_in_place(rec: Rec) -> TArg | None:
+def written_in_place(rec: Rec) -> TArg | None:
     """The tensor an in-place op (``clamp_min_``) wrote, where it wrote its
     first argument: its value changes, its autograd history stays."""
     name = rec.op.split(".")[1] if rec.op.count(".") >= 1 else ""

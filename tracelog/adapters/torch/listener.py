@@ -33,7 +33,7 @@ from torch.optim.optimizer import (
 from torch.utils._python_dispatch import TorchDispatchMode
 
 from tracelog.adapters.base import ListenerBase, StateBefore, WindowBase, describe
-from tracelog.adapters.builder import NotSupported
+from tracelog.adapters.builder import NotSupported, written_in_place
 from tracelog.adapters.guards import GuardBook, GuardedCounting
 from tracelog.adapters.tape import Ref, Tape, TArg, concrete_shape, symbolic_shape
 from tracelog.ir import Graph
@@ -1208,6 +1208,7 @@ class TorchListener(GuardedCounting, ListenerBase):
                 ref = w.refs.get(id(buf))
                 if ref is not None and ref != ("b", prefix + name):
                     tape.buffer_updates.append((prefix + name, ref))
+        _function_bodies(w)
 
     def _trainable(self) -> dict[str, bool]:
         return {n: p.requires_grad for n, p in self.model.named_parameters()}
@@ -1364,6 +1365,32 @@ def _is_metric(module: torch.nn.Module) -> bool:
         c.__name__ == "Metric" and c.__module__.startswith("torchmetrics")
         for c in type(module).__mro__
     )
+
+
+def _function_bodies(w: _Window) -> None:
+    """Records that ran with grad off but made a tensor that requires grad now
+    are a custom autograd Function's (its forward runs without grad, its
+    outputs get its backward: DDP's _DDPSink clone, a fused op): they and the
+    no-grad records feeding them, its body, are differentiated as recorded
+    (as before grad mode was recorded). An in-place write under no_grad into
+    a tensor autograd tracks keeps its own rule (builder.stopped)."""
+    recs = w.tape.recs
+    todo = [
+        rec.index
+        for rec in recs
+        if not rec.grad
+        and written_in_place(rec) is None
+        and any(isinstance(t, torch.Tensor) and t.requires_grad for t in w.rec_out[rec.index])
+    ]
+    while todo:
+        rec = recs[todo.pop()]
+        if rec.grad:
+            continue
+        rec.grad = True
+        for a in rec.tensor_args():
+            if a.ref[0] == "o" and not recs[a.ref[1]].grad:
+                if written_in_place(recs[a.ref[1]]) is None:
+                    todo.append(a.ref[1])
 
 
 def _is_post(w: _Window, ref: Ref) -> bool:
