@@ -500,18 +500,17 @@ def _pad_by_gather(mode: str) -> Converter:
         ]
         if not padded:
             return ctx.one("Identity", [x])
-        for k, (axis, before, after) in enumerate(padded):
+        index_of = []
+        for axis, before, after in padded:
             if is_symbolic(shape[axis]):
                 raise NotSupported(f"{mode} padding of a symbolic-size dim")
-            n = int(shape[axis])
-            index = _pad_indices(n, before, after, mode)
+            index_of.append(_pad_indices(int(shape[axis]), before, after, mode))
+        for (axis, _before, _after), index in zip(padded[:-1], index_of, strict=False):
             shape[axis] = len(index)
-            if k == len(padded) - 1:
-                return ctx.one("Gather", [x, ctx.ints(index)], axis=axis)
             x = ctx.helper(
                 "Gather", [x, ctx.ints(index)], TensorType(xt.dtype, tuple(shape)), axis=axis
             )
-        raise AssertionError("unreachable")
+        return ctx.one("Gather", [x, ctx.ints(index_of[-1])], axis=padded[-1][0])
 
     return rule
 
