@@ -59,11 +59,11 @@ def _kernel_calls(monkeypatch: Any) -> list[int]:
     calls = [0]
     call = batch_dims._MetaReplay._call
 
-    def counted(rec: Any, args: Any, kwargs: Any) -> Any:
+    def counted(self: Any, rec: Any, args: Any, kwargs: Any) -> Any:
         calls[0] += 1
-        return call(rec, args, kwargs)
+        return call(self, rec, args, kwargs)
 
-    monkeypatch.setattr(batch_dims._MetaReplay, "_call", staticmethod(counted))
+    monkeypatch.setattr(batch_dims._MetaReplay, "_call", counted)
     return calls
 
 

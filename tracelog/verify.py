@@ -209,7 +209,8 @@ def translation(log: TraceLog, runtime: str = "reference") -> list[Comparison]:
 def _sequence_lens_ops() -> list[type]:
     """onnx.reference's LSTM, GRU and RNN with ONNX's sequence_lens, which they ignore:
     each row runs alone on its first lens[b] steps (the reverse direction starts at
-    lens[b] - 1), and Y is zeros past its length. The cell's math stays onnx's."""
+    lens[b] - 1), and Y is zeros past its length. The cell's math stays onnx's; RNN
+    also takes Relu (onnx's knows Tanh and Affine)."""
     from onnx.reference.ops.op_gru import GRU
     from onnx.reference.ops.op_lstm import LSTM
     from onnx.reference.ops.op_rnn import RNN_14
@@ -237,8 +238,14 @@ def _sequence_lens_ops() -> list[type]:
             rows.append((y, *out[1:]))
         return tuple(np.concatenate([r[j] for r in rows], axis=-2) for j in range(len(rows[0])))
 
+    def choose_act(self: Any, name: str, alpha: Any, beta: Any) -> Any:
+        # onnx 1.23's RNN knows Tanh and Affine only; nn.RNN(nonlinearity="relu") is Relu
+        if name in ("Relu", "relu"):
+            return lambda x: np.maximum(x, 0)
+        return super(type(self), self).choose_act(name, alpha, beta)
+
     return [
-        type(name, (base,), {"_run": _run})
+        type(name, (base,), {"_run": _run, "choose_act": choose_act})
         for name, base in (("LSTM", LSTM), ("GRU", GRU), ("RNN", RNN_14))
     ]
 

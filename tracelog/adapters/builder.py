@@ -562,6 +562,11 @@ class Ctx:
         if info is not None:
             if info[0] == "empty":  # its values are whatever memory held until written
                 raise NotSupported("an uninitialised tensor (empty) read or written in part")
+            if info[0] in ("packed", "packed output", "batch sizes"):  # rules_recurrent.py
+                raise NotSupported(
+                    "a packed sequence's data or batch sizes read other than by a recurrent "
+                    "layer or pad_packed_sequence (their sizes are the lengths')"
+                )
             raise NotSupported("a random tensor is used outside the dropout pattern")
         return n
 

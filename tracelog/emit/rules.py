@@ -841,14 +841,16 @@ def _cumsum(c: RuleCtx) -> dict[str, Any]:
 
 @OPS.op("TopK")
 def _topk(c: RuleCtx) -> dict[str, Any]:
-    k = c.ints(1)
-    if k is None:
+    known = c.ints(1)
+    axis = int(c.attr("axis", -1)) % c.rank()
+    k: int | None = None  # the whole axis
+    if known is not None:
+        k = known[0]
+    elif c.out_type(0).shape[axis] != c.in_type(0).shape[axis]:
+        # a computed K is taken only as the input's own size along the axis (a
+        # symbolic dim sorted whole, as the output type says)
         raise NotImplementedError("TopK with a computed k")
-    return {
-        "k": k[0],
-        "axis": int(c.attr("axis", -1)) % c.rank(),
-        "largest": bool(int(c.attr("largest", 1))),
-    }
+    return {"k": k, "axis": axis, "largest": bool(int(c.attr("largest", 1)))}
 
 
 @OPS.op("GatherElements")

@@ -31,6 +31,13 @@ _VIEWS = {"aten.view.default", "aten._unsafe_view.default", "aten.reshape.defaul
 _EXPAND = "aten.expand.default"
 _RESHAPE = torch.ops.aten.reshape.default
 _RANDOM_INPLACE = {"aten.bernoulli_.float", "aten.uniform_.default", "aten.normal_.default"}
+# A packed sequence's ops (rules_recurrent.py): their sizes depend on the lengths'
+# values, which meta tensors lack, so they replay by what the packing's padded input
+# says (PackedReplay), never from a memo (the input is not among their arguments)
+_PACK = "aten._pack_padded_sequence.default"
+_PAD = "aten._pad_packed_sequence.default"
+_PACKED_CALLS = {"aten.lstm.data", "aten.gru.data", "aten.rnn_tanh.data", "aten.rnn_relu.data"}
+_PACKED_OPS = {_PACK, _PAD, *_PACKED_CALLS}
 
 # A meta kernel's outputs are a function of its tensors' metadata and its other
 # arguments: (op, argument key) -> each output's (shape, stride, dtype), or
@@ -194,7 +201,7 @@ def _replay_all(tape: Tape, replay: _MetaReplay) -> bool:
     only later). False when no assignment of choices runs."""
     stack: list[tuple[int, list[list[torch.Tensor]], int, dict[Ref, torch.Tensor]]] = []
     i, undone = 0, 0
-    recs = tape.recs
+    recs = replay.recs = tape.recs
     while i < len(recs):
         rec = recs[i]
         outcomes = replay.outcomes(rec)
@@ -239,6 +246,7 @@ class _MetaReplay:
         # the batch alone: every moved dim must move as k*B -> k*(B + 1)
         self.strict = set(self.sizes) == {BATCH}
         self.metas: dict[Ref, torch.Tensor] = {}
+        self.recs: list[Any] = []  # the tape's records (a packed sequence's ops read its packing)
         self._tainted = False  # of the record being planned
         # each symbol's size in the recording, and each int's readings as a multiple
         self._base = {BATCH: batch, **{s: n for s, (n, _) in self.sources.items()}}
@@ -350,7 +358,7 @@ class _MetaReplay:
             return []
         if rec.op in _RANDOM_INPLACE:
             return [plan.args[0]]
-        if self.memo is None or rec.mutated or plan.key is _NO_KEY:
+        if self.memo is None or rec.mutated or plan.key is _NO_KEY or rec.op in _PACKED_OPS:
             args, kwargs = plan.filled(values, infer)
             return self._call(rec, args, kwargs) + [args[i] for i in rec.mutated]
         # the plan's key and the slots' values (and -1's place) say the arguments
@@ -374,8 +382,9 @@ class _MetaReplay:
             self.memo[key] = tuple((tuple(o.shape), o.stride(), o.dtype) for o in outs)
         return outs
 
-    @staticmethod
-    def _call(rec: Any, args: list[Any], kwargs: dict[str, Any]) -> list[torch.Tensor]:
+    def _call(self, rec: Any, args: list[Any], kwargs: dict[str, Any]) -> list[torch.Tensor]:
+        if rec.op in _PACKED_OPS:
+            return self._packed(rec, args)
         # a view replays as a reshape: the tape holds values, not layouts (the
         # contiguous copy that torch made before an _unsafe_view is an alias
         # there), so a view the source ran may not be one of the replay's metas
@@ -383,6 +392,60 @@ class _MetaReplay:
         outs: list[torch.Tensor] = []
         flatten_tensors(func(*args, **kwargs), outs)
         return outs
+
+    def _packed(self, rec: Any, args: list[Any]) -> list[torch.Tensor]:
+        """A packed sequence's op on meta tensors, sized as rules_recurrent.py
+        reads it: the packed rows keep their recorded number (the lengths'
+        sum), the steps and the batch are the packing's padded input's, and
+        padding back gives that input's steps where the recording did (else
+        the steps it recorded: the longest length, a number)."""
+        packing = rec if rec.op == _PACK else self._packing(rec.args[1])
+        x = args[0] if rec.op == _PACK else self.metas.get(packing.args[0].ref)
+        if x is None or x.dim() != 3:
+            raise ValueError("no packing of this packed sequence in the replay")
+        first = bool(packing.args[2])
+        batch, steps = (x.shape[0], x.shape[1]) if first else (x.shape[1], x.shape[0])
+        rows = self._recorded(rec.outs[0].shape)[0] if rec.op != _PAD else 0
+        if rec.op == _PACK:
+            if tuple(args[1].shape) != (batch,):
+                raise ValueError("lengths that do not fit the packed batch")
+            return [
+                x.new_empty((rows, *x.shape[2:])),
+                torch.empty((steps,), dtype=torch.int64, device="meta"),
+            ]
+        if rec.op == _PAD:
+            was = self._recorded(rec.outs[0].shape)
+            recorded_steps = was[1] if bool(args[2]) else was[0]
+            x_was = self._recorded(packing.args[0].shape)
+            if recorded_steps != (x_was[1] if first else x_was[0]):
+                steps = recorded_steps  # cut to the longest length: a number
+            data = args[0]
+            shape = (batch, steps) if bool(args[2]) else (steps, batch)
+            return [
+                data.new_empty((*shape, *data.shape[1:])),
+                torch.empty((batch,), dtype=torch.int64, device="meta"),
+            ]
+        # the layer's .data call: (data, batch_sizes, hx, params, has_biases,
+        # num_layers, dropout, train, bidirectional)
+        hx, params = args[2], args[3]
+        layers, dirs = int(args[5]), 2 if bool(args[8]) else 1
+        states = list(hx) if isinstance(hx, (list, tuple)) else [hx]
+        hidden = params[1].shape[1]
+        if args[0].shape[-1] != params[0].shape[1] or any(
+            s.dim() != 3 or tuple(s.shape[:2]) != (layers * dirs, batch) for s in states
+        ):
+            raise ValueError("the state does not fit the packed batch and the layer")
+        return [args[0].new_empty((rows, dirs * hidden)), *[s.new_empty(s.shape) for s in states]]
+
+    def _packing(self, batch_sizes: Any) -> Any:
+        """The pack_padded_sequence record whose batch sizes these are (a layer's
+        output keeps its input's)."""
+        if not isinstance(batch_sizes, TArg) or batch_sizes.ref[0] != "o":
+            raise ValueError("batch sizes not made by pack_padded_sequence")
+        rec = self.recs[batch_sizes.ref[1]]
+        if rec.op != _PACK:
+            raise ValueError("batch sizes not made by pack_padded_sequence")
+        return rec
 
     def choices(self, plan: _Plan) -> list[Choice]:
         """Which batch-valued ints in size lists follow the batch is ambiguous
@@ -444,7 +507,13 @@ class _MetaReplay:
         not move): a repeated layer's records share it. None where an outcome
         would hold one of the record's own inputs (in place, a random fill),
         or with no memo."""
-        if self.memo is None or plan.key is _NO_KEY or rec.mutated or rec.op in _RANDOM_INPLACE:
+        if (
+            self.memo is None
+            or plan.key is _NO_KEY
+            or rec.mutated
+            or rec.op in _RANDOM_INPLACE
+            or rec.op in _PACKED_OPS
+        ):
             return None
         source = rec.args[0].shape if rec.op in _VIEWS and isinstance(rec.args[0], TArg) else None
         return (

@@ -50,7 +50,7 @@ from .compiled import (
 )
 from .distributed import LocalGrads, Ranks, facts_for_log, placement, unwrap, world
 from .guards import Calls, FastWindow, input_key, on_backward
-from .recurrent import InnerOps, RecurrentScopes
+from .recurrent import InnerOps, RecurrentScopes, wrap_pad_packed
 from .reference import forward64
 from .rules import ATEN, DRAW_OPS, RESTRIDE, VIEW_WRITE, WHOLE_VIEWS
 from .tensors import (
@@ -214,6 +214,11 @@ class _Mode(TorchDispatchMode):
         if not compiling():  # read after: a call per op (Dynamo never traces this mode)
             w.guarded(w.on_op, func, args, kwargs, out)
         return out
+
+
+def _window_of(mode: Any) -> _Window | None:
+    """The exact window a dispatch mode records into, if it is the recorder's."""
+    return mode.window if type(mode) is _Mode else None
 
 
 class _Window(WindowBase):
@@ -657,6 +662,7 @@ class TorchListener(GuardedCounting, ListenerBase):
         self.log.recording = self._book.to_json()
         self._unwatched = _Watched(self, None)  # every fast window's (it holds no state)
         self._recurrent_scopes = RecurrentScopes()  # recurrent calls recorded whole (recurrent.py)
+        wrap_pad_packed(_window_of)  # and pad_packed_sequence's call (once per process)
         self._inner: list[tuple[torch.nn.Module, bool]] = []  # non-root: (module, recurrent)
         self._scope_handles: list[Any] = []
         self._scoped = False

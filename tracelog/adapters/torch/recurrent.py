@@ -17,16 +17,28 @@ Python. So the mode is pushed only while a recurrent layer's forward runs (nn.RN
 nn.LSTM, nn.GRU, nn.RNN; leaves, without such fast paths). A recurrent call made from
 another module is seen op by op, as before.
 
+Over a PackedSequence (``pack_padded_sequence`` -> the layer -> ``pad_packed_sequence``)
+the packing is one aten op (``_pack_padded_sequence``), the layer's call is the ``.data``
+overload, and ``_pad_packed_sequence``, which the dispatcher shows only as a loop of
+slices and copies over the batch sizes (the data's), is recorded whole too: ``torch._VF``'s
+attribute is wrapped once per process (``wrap_pad_packed``), and the wrapper records the
+call as one record while an exact window's recorder is on the dispatch stack (outside
+one it only forwards the call). rules_recurrent.py turns the three into one ONNX
+recurrent node with ``sequence_lens``.
+
 Nothing here perturbs training: the call runs as it would (same arguments, same RNG
 draws); the record is taken from its arguments and results.
 """
 
 from __future__ import annotations
 
+import functools
+from collections.abc import Callable
 from typing import Any
 
 import torch
 from torch.overrides import TorchFunctionMode
+from torch.utils._python_dispatch import _get_current_dispatch_mode_stack
 
 from tracelog.adapters.tape import TArg
 
@@ -176,3 +188,40 @@ class RecurrentScopes:
         mode = self.pushed.pop() if self.pushed else None
         if mode is not None:
             mode.__exit__(None, None, None)
+
+
+_PAD_PACKED = "_pad_packed_sequence"
+_WRAPPED_PAD: list[Callable[..., Any]] = []  # torch's own function, once wrapped
+
+
+def wrap_pad_packed(window_of: Callable[[Any], Any]) -> None:
+    """Wrap ``torch._VF._pad_packed_sequence`` (what ``pad_packed_sequence`` calls)
+    once per process: in an exact window (``window_of`` reads it from a dispatch
+    mode, None for other modes) the call is recorded as one record
+    ``aten._pad_packed_sequence.default``; anywhere else it is only forwarded."""
+    if _WRAPPED_PAD:
+        return
+    run = getattr(torch._VF, _PAD_PACKED)
+    _WRAPPED_PAD.append(run)
+
+    @functools.wraps(run)
+    def pad_packed(*args: Any, **kwargs: Any) -> Any:
+        w = None
+        for mode in _get_current_dispatch_mode_stack():
+            w = window_of(mode)
+            if w is not None:
+                break
+        if w is None or not w.recording or w.call is not None:
+            return run(*args, **kwargs)
+        inner = InnerOps()  # its slices and copies: not recorded
+        w.call = inner
+        try:
+            out = run(*args, **kwargs)
+        finally:
+            w.call = None
+        w.guarded(w.on_op, _aten._pad_packed_sequence.default, args, kwargs, out)
+        return out
+
+    # torch._VF is a module whose __getattr__ forwards to the C functions: an
+    # attribute set on it is found first (nn.utils.rnn looks it up per call)
+    setattr(torch._VF, _PAD_PACKED, pad_packed)

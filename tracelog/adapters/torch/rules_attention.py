@@ -891,13 +891,15 @@ def _sort(ctx: Ctx) -> Names:
         else:  # unstable: ties in an order torch leaves open (none in distinct values)
             dim, largest = ctx.arg(1, "dim", -1), bool(ctx.arg(2, "descending", False))
         k = xt.shape[int(dim) % rank] if rank else 1
-    if not isinstance(k, int):
-        raise NotSupported("sorting along a symbolic-size dim")
     if rank == 0:
         raise NotSupported("sorting a 0-d tensor")
+    if not isinstance(k, int) and k != xt.shape[int(dim) % rank]:
+        raise NotSupported("topk of a symbolic k other than the whole dim")
+    # a symbolic dim (the batch: lengths sorted for pack_padded_sequence) is sorted
+    # whole: K is its size at run time
     values, indices = ctx.node(
         "TopK",
-        [ctx.t(0), ctx.ints([int(k)])],
+        [ctx.t(0), ctx.b_dim(k)],
         axis=int(dim) % rank,
         largest=int(largest),
         sorted=1,

@@ -84,11 +84,19 @@ class _Call:
         return [self.params[(layer * self.dirs + d) * per + k] for d in range(self.dirs)]
 
 
-def _call(ctx: Ctx) -> _Call:
-    kind = _KINDS[ctx.rec.op]
-    params = tuple(ctx.arg(2, "params"))
-    biased, layers = bool(ctx.arg(3)), int(ctx.arg(4))
-    dropout, train, bidirectional = float(ctx.arg(5)), bool(ctx.arg(6)), bool(ctx.arg(7))
+def _call(ctx: Ctx, packed: bool = False) -> _Call:
+    """The call's arguments: ``.input`` (input, hx, params, has_biases, num_layers,
+    dropout, train, bidirectional, batch_first), or ``.data`` over a packed sequence
+    (data, batch_sizes, then the same up to bidirectional; batch_first is the packing's)."""
+    at = 1 if packed else 0  # .data passes batch_sizes second
+    kind = _KINDS[ctx.rec.op.replace(".data", ".input")]
+    params = tuple(ctx.arg(2 + at, "params"))
+    biased, layers = bool(ctx.arg(3 + at)), int(ctx.arg(4 + at))
+    dropout, train, bidirectional = (
+        float(ctx.arg(5 + at)),
+        bool(ctx.arg(6 + at)),
+        bool(ctx.arg(7 + at)),
+    )
     dirs = 2 if bidirectional else 1
     if len(params) != layers * dirs * (4 if biased else 2):
         raise NotSupported(f"{kind.op} with projections (proj_size)")
@@ -100,7 +108,7 @@ def _call(ctx: Ctx) -> _Call:
         dirs,
         hidden,
         biased,
-        bool(ctx.arg(8)),
+        False if packed else bool(ctx.arg(8)),
         dropout if train and layers > 1 else 0.0,
     )
 
@@ -191,14 +199,33 @@ def _dropout(ctx: Ctx, x: str, ty: TensorType, ratio: float, mask_rec: int) -> s
 def _recurrent(ctx: Ctx) -> Names:
     c = _call(ctx)
     xt = ctx.in_type(0)
+    output, states = _layers(
+        ctx, c, ctx.t(0), xt, c.batch_first, ctx.arg(1), "", _mask_records(ctx, c)
+    )
+    if c.batch_first:
+        output = ctx.one("Transpose", [output], perm=[1, 0, 2])[0]
+    return [output, *states]
+
+
+def _layers(
+    ctx: Ctx,
+    c: _Call,
+    x: str,
+    xt: TensorType,
+    batch_first: bool,
+    hx: Any,
+    lens: str,
+    masks: list[int],
+) -> tuple[str, list[str]]:
+    """One ONNX node per layer over x (batch_first or sequence-first), each row
+    `lens` steps long where given (ONNX sequence_lens, int32; its outputs zero
+    from there on): the last layer's output sequence-first [seq, batch, dirs *
+    hidden], and the final states as torch returns them."""
     dt = xt.dtype
-    batch, seq = (xt.shape[0], xt.shape[1]) if c.batch_first else (xt.shape[1], xt.shape[0])
-    x = ctx.t(0)
-    if c.batch_first:  # the nodes run sequence-first (layout=0: what every runtime takes)
+    batch, seq = (xt.shape[0], xt.shape[1]) if batch_first else (xt.shape[1], xt.shape[0])
+    if batch_first:  # the nodes run sequence-first (layout=0: what every runtime takes)
         x = ctx.helper("Transpose", [x], TensorType(dt, (seq, batch, xt.shape[2])), perm=[1, 0, 2])
-    hx = ctx.arg(1)
     initial = [_states(ctx, c, s) for s in ((hx,) if isinstance(hx, TArg) else hx)]
-    masks = _mask_records(ctx, c)
     finals: list[list[str]] = [[] for _ in initial]  # per state: each layer's last state
     state = TensorType(dt, (c.dirs, batch, c.hidden))
     for layer in range(c.layers):
@@ -207,7 +234,7 @@ def _recurrent(ctx: Ctx) -> Names:
         if c.biased:
             b_ih, b_hh = c.weights(layer, 2), c.weights(layer, 3)
             b = _stacked(ctx, c, [t for pair in zip(b_ih, b_hh, strict=True) for t in pair])
-        inputs = [x, w, r, b, "", *(s[layer] for s in initial)]
+        inputs = [x, w, r, b, lens, *(s[layer] for s in initial)]
         while inputs[-1] == "":
             inputs.pop()
         attrs: dict[str, Any] = dict(c.kind.attrs)
@@ -228,12 +255,122 @@ def _recurrent(ctx: Ctx) -> Names:
             x = _dropout(
                 ctx, x, TensorType(dt, (seq, batch, c.dirs * c.hidden)), c.dropout, masks[layer]
             )
-    output = ctx.one("Transpose", [x], perm=[1, 0, 2])[0] if c.batch_first else x
     states = [
         s[0] if len(s) == 1 else ctx.node("Concat", s, outs=[ctx.rec.outs[k + 1]], axis=0)[0]
         for k, s in enumerate(finals)
     ]
-    return [output, *states]
+    return x, states
+
+
+# -- packed sequences: pack_padded_sequence -> the layer's .data call -> pad_packed_sequence
+# The packed data (rows of every sequence's step t, for t = 0, 1, ...) has a size that
+# depends on the lengths, so it is no value of the graph: the packing is noted (the
+# padded input and its lengths), the layer runs over the padded input with ONNX's
+# sequence_lens (each row's steps from its length on give zeros, its final state is the
+# one at its length: torch's packed semantics, rows in the same order), and padding
+# it back is that output. Anything else reading the packed data is not supported.
+PACKED, PACKED_OUT, BATCH_SIZES = "packed", "packed output", "batch sizes"
+
+
+@ATEN.register("aten._pack_padded_sequence.default")
+def _pack(ctx: Ctx) -> Names:
+    # (input, lengths [batch] int64, batch_first) -> (data, batch_sizes)
+    data, sizes = ctx.b.helper_name(), ctx.b.helper_name()
+    xt = ctx.in_type(0)
+    if len(xt.shape) != 3:
+        raise NotSupported(f"a packed sequence of rank {len(xt.shape)} (a recurrent layer takes 3)")
+    ctx.b.pseudo[data] = (PACKED, ctx.t(0), xt, bool(ctx.arg(2, "batch_first")), _lens(ctx, 1))
+    ctx.b.pseudo[sizes] = (BATCH_SIZES,)
+    return [data, sizes]
+
+
+def _lens(ctx: Ctx, i: int) -> tuple[str, str]:
+    """The lengths (int64, as the source's) and as ONNX's sequence_lens (int32)."""
+    lengths = ctx.t(i)
+    lt = ctx.in_type(i)
+    return lengths, ctx.helper("Cast", [lengths], TensorType("int32", lt.shape), to="int32")
+
+
+def _packed(ctx: Ctx, i: int, kinds: tuple[str, ...]) -> tuple[Any, ...]:
+    info = ctx.b.pseudo.get(ctx.raw_name(i))
+    if info is None or info[0] not in kinds:
+        raise NotSupported("a packed sequence's data not made by pack_padded_sequence here")
+    return info
+
+
+@ATEN.register(*(op.replace(".input", ".data") for op in _KINDS))
+def _recurrent_packed(ctx: Ctx) -> Names:
+    c = _call(ctx, packed=True)
+    if c.dropout:
+        # torch draws its masks over the packed rows, a layout the graph does not hold
+        raise NotSupported(f"{c.kind.op} dropout between layers over a packed sequence")
+    _kind, x, xt, batch_first, (lengths, lens) = _packed(ctx, 0, (PACKED,))
+    output, states = _layers(ctx, c, x, xt, batch_first, ctx.arg(2), lens, [])
+    data = ctx.b.helper_name()
+    seq = xt.shape[1] if batch_first else xt.shape[0]
+    ctx.b.pseudo[data] = (PACKED_OUT, output, ctx.b.values[output].type, seq, (lengths, lens))
+    return [data, *states]
+
+
+@ATEN.register("aten._pad_packed_sequence.default")
+def _pad_packed(ctx: Ctx) -> Names:
+    # (data, batch_sizes, batch_first, padding_value, total_length) -> (padded, lengths)
+    info = _packed(ctx, 0, (PACKED, PACKED_OUT))
+    if info[0] == PACKED:  # padded again as it was packed: the input, past each length zeroed
+        _kind, x, xt, was_first, lengths = info
+        if was_first:
+            perm = [1, 0, *range(2, len(xt.shape))]
+            x = ctx.helper(
+                "Transpose", [x], TensorType(xt.dtype, tuple(xt.shape[i] for i in perm)), perm=perm
+            )
+        seq = xt.shape[1] if was_first else xt.shape[0]
+        x = _past_lengths(ctx, x, seq, lengths[0], 0.0)
+    else:
+        _kind, x, _ty, seq, lengths = info
+    batch_first = bool(ctx.arg(2, "batch_first"))
+    value = float(ctx.arg(3, "padding_value", 0.0))
+    out = ctx.out_type(0)
+    steps = out.shape[1] if batch_first else out.shape[0]
+    if value != 0.0:
+        x = _past_lengths(ctx, x, seq, lengths[0], value)
+    if steps != seq:
+        # the longest length is the data's: the padded output is as long as the input
+        # in every batch this graph stands for, or cut to a number of steps it recorded
+        if not isinstance(steps, int) or not isinstance(seq, int) or steps > seq:
+            raise NotSupported(f"padding a packed sequence of {seq} steps to {steps}")
+        xt = ctx.b.values[x].type
+        x = ctx.helper(
+            "Slice",
+            [x, ctx.ints([0]), ctx.ints([steps]), ctx.ints([0])],
+            TensorType(xt.dtype, (steps, *xt.shape[1:])),
+        )
+    padded = (
+        ctx.one("Transpose", [x], perm=[1, 0, 2])[0] if batch_first else ctx.one("Identity", [x])[0]
+    )
+    return [padded, ctx.one("Identity", [lengths[0]])[0]]
+
+
+def _past_lengths(ctx: Ctx, x: str, seq: int | str, lengths: str, value: float) -> str:
+    """x [seq, batch, ...] with each row's steps from its length on set to value."""
+    xt = ctx.b.values[x].type
+    ones = ctx.helper(
+        "ConstantOfShape",
+        [ctx.shape_const([seq, 1], allow_minus_one=False)],
+        TensorType("int64", (seq, 1)),
+        value=1,
+    )
+    step = ctx.helper(
+        "CumSum", [ones, ctx.const(0, "int64")], TensorType("int64", (seq, 1))
+    )  # 1..seq
+    batch = xt.shape[1]
+    past = ctx.helper("Greater", [step, lengths], TensorType("bool", (seq, batch)))
+    for axis in range(2, len(xt.shape)):
+        past = ctx.helper(
+            "Unsqueeze",
+            [past, ctx.ints([axis])],
+            TensorType("bool", (seq, batch, *[1] * (axis - 1))),
+        )
+    return ctx.helper("Where", [past, ctx.const(value, xt.dtype), x], xt)
 
 
 @ATEN.register(MASK_OP)
@@ -241,13 +378,6 @@ def _recurrent_mask(ctx: Ctx) -> Names:
     return [None]  # read by the call's rule; no IR of its own
 
 
-ATEN.not_yet(
-    "aten.lstm.data",
-    "aten.gru.data",
-    "aten.rnn_tanh.data",
-    "aten.rnn_relu.data",
-    reason="recurrent layers over packed sequences (PackedSequence)",
-)
 ATEN.not_yet(
     "aten.mkldnn_rnn_layer.default",
     reason=(

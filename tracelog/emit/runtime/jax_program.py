@@ -308,11 +308,13 @@ def _attention(
     return y if dead is None else jnp.where(dead, 0.0, y).astype(y.dtype)
 
 
-def _topk(x: jax.Array, k: int, axis: int, largest: bool) -> tuple[jax.Array, jax.Array]:
+def _topk(x: jax.Array, k: int | None, axis: int, largest: bool) -> tuple[jax.Array, jax.Array]:
     """ONNX TopK: the k largest (smallest) along axis, in order, equal elements
-    lower index first (a stable argsort, cut to k, and the values it picks)."""
+    lower index first (a stable argsort, cut to k, and the values it picks; None:
+    the whole axis)."""
     indices = jnp.argsort(x, axis=axis, stable=True, descending=largest)
-    indices = lax.slice_in_dim(indices, 0, k, axis=axis)
+    if k is not None:
+        indices = lax.slice_in_dim(indices, 0, k, axis=axis)
     return jnp.take_along_axis(x, indices, axis=axis), indices.astype(jnp.int64)
 
 

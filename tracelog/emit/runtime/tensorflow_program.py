@@ -344,12 +344,14 @@ def _normal(like: tf.Tensor, mean: float, scale: float, rng: Any, key: str) -> t
     return gen.normal(tf.shape(like), mean, scale, dtype=like.dtype)
 
 
-def _topk(x: tf.Tensor, k: int, axis: int, largest: bool) -> tuple[tf.Tensor, tf.Tensor]:
+def _topk(x: tf.Tensor, k: int | None, axis: int, largest: bool) -> tuple[tf.Tensor, tf.Tensor]:
     """ONNX TopK: the k largest (smallest) along axis, in order, equal elements
-    lower index first (a stable argsort, cut to k, and the values it picks)."""
+    lower index first (a stable argsort, cut to k, and the values it picks; None:
+    the whole axis)."""
     order = "DESCENDING" if largest else "ASCENDING"
     indices = tf.argsort(x, axis=axis, direction=order, stable=True)
-    indices = tf.gather(indices, tf.range(k), axis=axis)
+    if k is not None:
+        indices = tf.gather(indices, tf.range(k), axis=axis)
     values = tf.experimental.numpy.take_along_axis(x, indices, axis=axis)
     return values, tf.cast(indices, tf.int64)
 

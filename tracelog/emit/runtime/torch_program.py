@@ -222,10 +222,14 @@ def _normal(like: torch.Tensor, mean: float, scale: float, rng: Any, key: str) -
     return mean + scale * z
 
 
-def _topk(x: torch.Tensor, k: int, axis: int, largest: bool) -> tuple[torch.Tensor, torch.Tensor]:
+def _topk(
+    x: torch.Tensor, k: int | None, axis: int, largest: bool
+) -> tuple[torch.Tensor, torch.Tensor]:
     """ONNX TopK: the k largest (smallest) along axis, in order, equal elements
-    lower index first (a stable sort, cut to k)."""
+    lower index first (a stable sort, cut to k; None: the whole axis)."""
     values, indices = torch.sort(x, dim=axis, descending=largest, stable=True)
+    if k is None:
+        return values, indices
     return values.narrow(axis, 0, k), indices.narrow(axis, 0, k)
 
 
