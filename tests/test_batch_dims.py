@@ -252,3 +252,48 @@ def test_a_view_the_meta_layout_cannot_take_replays(tmp_path: Path, monkeypatch:
     shapes = {v.type.shape for g in log.graphs.values() for v in g.values.values()}
     assert ("batch", 8, 4, 4) in shapes and not any(s.count("batch") > 1 for s in shapes), shapes
     assert tracelog.check(tmp_path / "log", "torch").ok
+
+
+class _EmptyPart(nn.Module):
+    """A data-derived value with an empty dim (an empty selection, as
+    AdaptiveLogSoftmaxWithLoss makes for a cluster no target falls in)."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.fc = nn.Linear(8, 8)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        h = self.fc(x)
+        return torch.cat([h, h[:, 8:] * 2], 1)
+
+
+def test_an_empty_data_dim_is_zero_not_a_batch_multiple(tmp_path: Path) -> None:
+    # 0 = 0 * B read as "batch*0" wrote a shape load() refuses: the log was unreadable
+    torch.manual_seed(0)
+    model = _EmptyPart()
+    with tracelog.Listener(model, tmp_path, strict=True) as listener, listener.batch():
+        model(torch.randn(4, 8)).pow(2).mean().backward()
+    log = tracelog.load(tmp_path)
+    assert log.recorded == 1 and log.unrecorded == 0
+    shapes = [v.type.shape for g in log.graphs.values() for v in g.values.values()]
+    assert ("batch", 0) in shapes, shapes
+    assert tracelog.check(tmp_path, "torch").ok
+
+
+def test_a_graph_with_a_dim_no_log_holds_fails_its_batch_not_the_log(
+    tmp_path: Path, monkeypatch: Any
+) -> None:
+    from tracelog import ir
+
+    monkeypatch.setattr(ir, "batch_dim", lambda k: f"batch*{k}")  # the old spelling of 0
+    monkeypatch.setattr(batch_dims, "batch_dim", lambda k: f"batch*{k}")
+    monkeypatch.setattr(
+        batch_dims._MetaReplay,
+        "resym",
+        lambda self, a: a._replace(shape=("batch*0", *a.shape[1:])) if a.shape else a,
+    )
+    model = _EmptyPart()
+    with tracelog.Listener(model, tmp_path) as listener, listener.batch():
+        model(torch.randn(4, 8)).pow(2).mean().backward()
+    log = tracelog.load(tmp_path)  # readable
+    assert log.unrecorded == 1 and "not a dim a log holds" in str(log.failures)

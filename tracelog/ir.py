@@ -48,6 +48,11 @@ _DIM = re.compile(rf"-?{_TERM}(?:[+-]{_TERM})*")
 Poly = dict[tuple[str, ...], int]
 
 
+def is_dim(d: object) -> bool:
+    """A dim a log may hold: a size, or a canonical polynomial over the symbols."""
+    return _is_dim(d)
+
+
 def _is_dim(d: object) -> bool:
     if isinstance(d, bool):
         return False
@@ -133,6 +138,8 @@ def batch_factor(d: object) -> int:
 
 
 def batch_dim(k: int) -> str:
+    if k < 1:  # an empty dim follows no batch ("batch*0" is no dim a log can hold)
+        raise ValueError(f"no batch dim has {k} rows per sample")
     return BATCH if k == 1 else f"{BATCH}*{k}"
 
 

@@ -57,7 +57,7 @@ from typing import Any
 import numpy as np
 
 from tracelog.errors import LogError, LogExistsError
-from tracelog.ir import Graph
+from tracelog.ir import Graph, is_dim
 from tracelog.sample import (
     SAMPLE_FILE,
     SampleInfo,
@@ -185,6 +185,10 @@ class TraceLog:
     def add_graph(self, graph: Graph) -> str:
         """Store a graph once, in canonical form; return its hash."""
         canon = graph.canonical()
+        for v in canon.values.values():
+            # a dim load() would refuse must fail this batch, not make the log unreadable
+            if not all(is_dim(d) for d in v.type.shape):
+                raise ValueError(f"a value of shape {list(v.type.shape)!r} (not a dim a log holds)")
         digest = canon.digest()
         self.graphs.setdefault(digest, canon)
         return digest

@@ -664,7 +664,7 @@ class _MetaReplay:
         if t.dim() != len(concrete):
             return a._replace(shape=concrete)
         shape = tuple(
-            batch_dim(d // batch) if (d % batch == 0 and int(m) == d // batch * other) else d
+            batch_dim(d // batch) if (d and d % batch == 0 and int(m) == d // batch * other) else d
             for d, m in zip(concrete, t.shape, strict=True)
         )
         return a._replace(shape=shape)
