@@ -358,6 +358,8 @@ def _samples() -> list[OpSample]:
     # the reference's values or a fresh draw, gives the same tensor
     s.append(OpSample("RandomUniformLike", [("x", x)], {"low": 0.5, "high": 0.5}))
     s.append(OpSample("RandomNormalLike", [("x", x)], {"mean": 0.25, "scale": 0.0}))
+    # no parameter makes it constant: the program is fed onnx.reference's draw
+    s.append(OpSample("tracelog.RandomExponentialLike", [("x", x)]))
     for op, fn in {
         "ReduceMean": lambda a: a.mean(dim=(0, 2), keepdim=True),
         "ReduceSum": lambda a: a.sum(dim=(0, 2), keepdim=True),

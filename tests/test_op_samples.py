@@ -57,7 +57,8 @@ def run_emitted(emitter: str, sample: OpSample) -> tuple[list[np.ndarray], list[
         feeds = {name: jnp.asarray(arr) for name, arr in sample.inputs}
     if sample.op == "Dropout":  # the recorded-mask path: a mask of ones for ratio 0
         feeds["rng"] = {"mask.0": np.ones(sample.inputs[0][1].shape, bool)}
-    elif sample.op in ("RandomUniformLike", "RandomNormalLike"):  # the recorded draw
+    elif sample.op in ("RandomUniformLike", "RandomNormalLike", "tracelog.RandomExponentialLike"):
+        # the recorded draw
         feeds["rng"] = {"mask.0": ref[0]}
     out = namespace["f"]({}, **feeds)
     return [_numpy(out[o.role]) for o in graph.outputs], ref

@@ -388,6 +388,33 @@ SiLU (X) => (Y) {
 )
 define(
     OpSchema(
+        "RandomExponentialLike",
+        ("input",),
+        ("output",),
+        (),
+        domain=TRACELOG_DOMAIN,
+        traits=frozenset({"random"}),
+        doc=(
+            "Values drawn from the exponential distribution of rate 1, of the input's "
+            "shape and dtype (torch's exponential_(): F.gumbel_softmax's noise). The "
+            "sample keeps the values drawn; a replay feeds them back. The ONNX function "
+            "takes -log(1 - U), U uniform in [0, 1)."
+        ),
+        function="""
+<domain: "tracelog", opset_import: ["" : 21]>
+RandomExponentialLike (input) => (output) {
+  u = RandomUniformLike (input)
+  one_f = Constant <value_float = 1.0> ()
+  one = CastLike (one_f, u)
+  rest = Sub (one, u)
+  logs = Log (rest)
+  output = Neg (logs)
+}
+""",
+    )
+)
+define(
+    OpSchema(
         "Log1p",
         ("X",),
         ("Y",),

@@ -89,6 +89,7 @@ JAX.spell(
         "Dropout": "_dropout({0}, {1}, rng, {key})",
         "RandomUniformLike": "_uniform({0}, {low}, {high}, rng, {key})",
         "RandomNormalLike": "_normal({0}, {mean}, {scale}, rng, {key})",
+        "tracelog.RandomExponentialLike": "_exponential({0}, rng, {key})",
         "GlobalAveragePool": "jnp.mean({0}, axis={axes_t}, keepdims=True)",
         "ReduceMean": "jnp.mean({0}, axis={axes_t}, keepdims={keep})",
         "ReduceSum": "jnp.sum({0}, axis={axes_t}, keepdims={keep})",

@@ -85,6 +85,7 @@ TORCH.spell(
         "Dropout": "_dropout({0}, {1}, rng, {key})",
         "RandomUniformLike": "_uniform({0}, {low}, {high}, rng, {key})",
         "RandomNormalLike": "_normal({0}, {mean}, {scale}, rng, {key})",
+        "tracelog.RandomExponentialLike": "_exponential({0}, rng, {key})",
         "ReduceMean": "torch.mean({0}, dim={dims}, keepdim={keep})",
         "ReduceSum": "torch.sum({0}, dim={dims}, keepdim={keep})",
         "ReduceMax": "torch.amax({0}, dim={dims}, keepdim={keep})",

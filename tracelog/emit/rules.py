@@ -366,8 +366,15 @@ def _dropout(c: RuleCtx) -> dict[str, Any]:
 
 
 # a random draw's two parameters and their defaults, by op
-_DRAW_ATTRS = {"RandomUniformLike": (("low", 0.0), ("high", 1.0)),
-               "RandomNormalLike": (("mean", 0.0), ("scale", 1.0))}  # fmt: skip
+_DRAW_ATTRS: dict[str, tuple[tuple[str, float], ...]] = {
+    "RandomUniformLike": (("low", 0.0), ("high", 1.0)),
+    "RandomNormalLike": (("mean", 0.0), ("scale", 1.0)),
+}
+
+
+@OPS.op("tracelog.RandomExponentialLike")  # rate 1: no parameter
+def _random_exponential(c: RuleCtx) -> dict[str, Any]:
+    return {"key": c.mask_expr or literal(c.mask_key)}
 
 
 @OPS.op(*_DRAW_ATTRS)

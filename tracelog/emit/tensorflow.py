@@ -94,6 +94,7 @@ TF.spell(
         "Dropout": "_dropout({0}, {1}, rng, {key})",
         "RandomUniformLike": "_uniform({0}, {low}, {high}, rng, {key})",
         "RandomNormalLike": "_normal({0}, {mean}, {scale}, rng, {key})",
+        "tracelog.RandomExponentialLike": "_exponential({0}, rng, {key})",
         "ReduceMean": "tf.math.reduce_mean({0}, axis={axes}, keepdims={keep})",
         "ReduceMean/all": "tf.math.reduce_mean({0}, keepdims={keep})",
         "ReduceSum": "tf.math.reduce_sum({0}, axis={axes}, keepdims={keep})",

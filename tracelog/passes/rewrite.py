@@ -41,6 +41,8 @@ from dataclasses import dataclass, field
 from types import EllipsisType
 from typing import Any
 
+import numpy as np
+
 from tracelog.ir import ConstData, Graph, Node, TensorType, Value, _norm_attr
 
 
@@ -155,16 +157,15 @@ class Match:
         v = self.graph.values.get(value)
         if v is None or v.kind != "const" or v.const is None or v.const.data is None:
             return None
-        data = v.const.data
-        return [int(x) for x in (data if isinstance(data, list) else [data])]
+        # inline data nests as the constant's shape does ([[0, 1], [2, 3]])
+        return [int(x) for x in np.asarray(v.const.data).reshape(-1).tolist()]
 
     def floats(self, value: str) -> list[float] | None:
         """A constant input's values as floats; None where it is computed."""
         v = self.graph.values.get(value)
         if v is None or v.kind != "const" or v.const is None or v.const.data is None:
             return None
-        data = v.const.data
-        return [float(x) for x in (data if isinstance(data, list) else [data])]
+        return [float(x) for x in np.asarray(v.const.data, dtype=np.float64).reshape(-1).tolist()]
 
     def producer(self, value: str) -> Node | None:
         """The node that computes ``value``; None for inputs, parameters, constants."""

@@ -30,7 +30,12 @@ from .tensors import TORCH_DTYPES, flatten_tensors
 _VIEWS = {"aten.view.default", "aten._unsafe_view.default", "aten.reshape.default"}
 _EXPAND = "aten.expand.default"
 _RESHAPE = torch.ops.aten.reshape.default
-_RANDOM_INPLACE = {"aten.bernoulli_.float", "aten.uniform_.default", "aten.normal_.default"}
+_RANDOM_INPLACE = {
+    "aten.bernoulli_.float",
+    "aten.uniform_.default",
+    "aten.normal_.default",
+    "aten.exponential_.default",
+}
 # A packed sequence's ops (rules_recurrent.py): their sizes depend on the lengths'
 # values, which meta tensors lack, so they replay by what the packing's padded input
 # says (PackedReplay), never from a memo (the input is not among their arguments)

@@ -33,6 +33,7 @@ from .tensors import flatten_tensors
 _DRAWS = {"aten.bernoulli_.float", "aten.bernoulli_.Tensor", "aten.bernoulli.default"}
 _RANDOM = {
     "aten.uniform_.default",
+    "aten.exponential_.default",
     "aten.normal_.default",
     "aten.rand_like.default",
     "aten.rand.default",
@@ -140,6 +141,8 @@ class _Replay:
         else:
             args = [self.sub(a) for a in rec.args]
             kwargs = {k: self.sub(v) for k, v in rec.kwargs}
+            if kwargs.get("dtype") is None and _makes_default_float(rec):
+                kwargs["dtype"] = torch.float64  # torch.zeros(6, 8): the default dtype's
             outs = []
             func = _DEFINITIONS.get(rec.op, rec.func)
             flatten_tensors(func(*args, **kwargs), outs)
@@ -230,6 +233,18 @@ class _Replay:
         view = op(out, *rest)
         view.copy_(value)
         return out
+
+
+def _makes_default_float(rec: Any) -> bool:
+    """A record whose op takes dtype= and was given none, that made a float
+    tensor (a factory such as torch.zeros(6, 8), in the default dtype)."""
+    schema = getattr(rec.func, "_schema", None)
+    if schema is None or not rec.outs or rec.outs[0].dtype not in _FLOAT_DEFAULTS:
+        return False
+    return any(a.name == "dtype" for a in schema.arguments)
+
+
+_FLOAT_DEFAULTS = ("float32", "float16", "bfloat16")
 
 
 def forward64(

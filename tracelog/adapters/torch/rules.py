@@ -17,7 +17,15 @@ import numpy as np
 
 from tracelog.adapters.builder import Converter, Ctx, NotSupported, use_rewrites
 from tracelog.adapters.tape import TArg
-from tracelog.ir import BATCH, TensorType, dim_scale, format_dim, is_symbolic, parse_dim
+from tracelog.ir import (
+    BATCH,
+    TensorType,
+    dim_mul,
+    dim_scale,
+    format_dim,
+    is_symbolic,
+    parse_dim,
+)
 from tracelog.ops import TRACELOG_DOMAIN
 from tracelog.passes.fusions import GEMM_TRANSPOSES, WRITTEN_OUT
 from tracelog.registry import Table
@@ -936,7 +944,47 @@ def _embedding(ctx: Ctx) -> Names:
         is_pad[padding_idx] = True
         frozen = ctx.helper("StopGradient", [weight], wt, domain=TRACELOG_DOMAIN)
         weight = ctx.helper("Where", [ctx.const(is_pad, "bool"), frozen, weight], wt)
-    return ctx.one("Gather", [weight, ctx.t(1)], axis=0)
+    if not ctx.arg(3, "scale_grad_by_freq", False):
+        return ctx.one("Gather", [weight, ctx.t(1)], axis=0)
+    return ctx.one(
+        *_by_frequency(ctx, ctx.helper("Gather", [weight, ctx.t(1)], ctx.out_type(), axis=0))
+    )
+
+
+def _by_frequency(ctx: Ctx, rows: str) -> tuple[str, list[str]]:
+    """scale_grad_by_freq: each row read as itself, its gradient divided by how
+    often the batch reads its index (torch's embedding backward): rows +
+    (rows - StopGradient(rows)) / count, whose value is rows exactly."""
+    wt, it, out = ctx.in_type(0), ctx.in_type(1), ctx.out_type()
+    vocab = wt.shape[0]
+    if not isinstance(vocab, int):
+        raise NotSupported("scale_grad_by_freq with a symbolic row count")
+    size: int | str = 1
+    for d in it.shape:
+        size = dim_mul(size, d)
+    flat = ctx.helper("Reshape", [ctx.t(1), ctx.ints([-1])], TensorType(it.dtype, (size,)))
+    n = TensorType(wt.dtype, (size,))
+    ones = ctx.helper(
+        "ConstantOfShape",
+        [ctx.helper("Shape", [flat], TensorType("int64", (1,)))],
+        n,
+        value=1.0,
+    )
+    zeros = ctx.const(np.zeros(vocab, dtype=np.dtype(wt.dtype)), wt.dtype)
+    counts = ctx.helper(
+        "ScatterElements",
+        [zeros, flat, ones],
+        TensorType(wt.dtype, (vocab,)),
+        axis=0,
+        reduction="add",
+    )
+    read = ctx.helper("Gather", [counts, ctx.t(1)], TensorType(wt.dtype, it.shape), axis=0)
+    per_row = ctx.helper(
+        "Unsqueeze", [read, ctx.ints([len(it.shape)])], TensorType(wt.dtype, (*it.shape, 1))
+    )
+    frozen = ctx.helper("StopGradient", [rows], out, domain=TRACELOG_DOMAIN)
+    moving = ctx.helper("Div", [ctx.helper("Sub", [rows, frozen], out), per_row], out)
+    return "Add", [frozen, moving]
 
 
 # -- tensor factories: constants, or ConstantOfShape for a batch-sized shape -----------
@@ -1056,6 +1104,8 @@ def _div_scalar_inplace(ctx: Ctx) -> Names:
 
 @ATEN.register("aten.mul.Tensor", "aten.mul_.Tensor")  # mul_: nn.Dropout(inplace=True)
 def _mul_tensor(ctx: Ctx) -> Names:
+    if ctx.out_type().dtype == "bool":  # torch.isfinite: (x == x) * (|x| != inf)
+        return ctx.one("And", [ctx.t(0), ctx.t(1)])  # ONNX's Mul takes no bool
     return _dropout_mul(ctx) or _plain_mul(ctx)
 
 
@@ -1070,6 +1120,7 @@ _DRAWS = {
     "aten.randn.default": ("RandomNormalLike", None, None),
     "aten.randn_like.default": ("RandomNormalLike", None, None),
     "aten.normal_.default": ("RandomNormalLike", (1, "mean", 0.0), (2, "std", 1.0)),
+    "aten.exponential_.default": ("RandomExponentialLike", None, None),  # gumbel_softmax
 }
 DRAW_OPS = frozenset(_DRAWS)
 
@@ -1080,6 +1131,10 @@ def _random_draw(ctx: Ctx) -> Names:
     out = ctx.out_type()
     if out.dtype not in ("float16", "bfloat16", "float32", "float64"):
         raise NotSupported(f"a random draw of dtype {out.dtype}")
+    if op == "RandomExponentialLike" and float(ctx.arg(1, "lambd", 1.0)) != 1.0:
+        # the node draws at rate 1 and the sample feeds back what the batch drew: a
+        # rate written as a division after it would scale the fed values again
+        raise NotSupported("an exponential draw of a rate other than 1")
     a, b = 0.0, 1.0  # rand: [0, 1); randn: mean 0, std 1
     if first is not None and second is not None:  # uniform_(from, to), normal_(mean, std)
         a, b = float(ctx.arg(*first)), float(ctx.arg(*second))
@@ -1091,8 +1146,11 @@ def _random_draw(ctx: Ctx) -> Names:
         else ctx.ints([int(d) for d in dims])
     )
     like = ctx.helper("ConstantOfShape", [shape], out, value=0.0)
-    attrs = {"low": a, "high": b} if op == "RandomUniformLike" else {"mean": a, "scale": b}
-    y = ctx.one(op, [like], **attrs)[0]
+    if op == "RandomExponentialLike":
+        y = ctx.one(op, [like], domain=TRACELOG_DOMAIN)[0]
+    else:
+        attrs = {"low": a, "high": b} if op == "RandomUniformLike" else {"mean": a, "scale": b}
+        y = ctx.one(op, [like], **attrs)[0]
     ctx.b.random_recs[y] = ctx.rec.index
     return [y]
 
@@ -1158,6 +1216,27 @@ def _bce_with_logits(ctx: Ctx) -> Names:
     if ctx.arg(2, "weight") is not None:
         loss = ctx.helper("Mul", [loss, ctx.t(2, "weight")], xt)
     return _reduce_loss(ctx, loss, ctx.arg(4, "reduction", 1))
+
+
+@ATEN.register("aten.binary_cross_entropy.default")
+def _bce(ctx: Ctx) -> Names:
+    # nn.BCELoss on probabilities, aten's kernel: (y - 1) * max(log1p(-x), -100)
+    # - y * max(log(x), -100), times the weight (each log clamped at -100, so a
+    # probability of 0 or 1 gives a finite loss)
+    xt = ctx.in_type(0)
+    dt = xt.dtype
+    x, y = ctx.t(0), ctx.t(1)
+    floor = ctx.const(-100.0, dt)
+    log_rest = ctx.helper(
+        "Log1p", [ctx.helper("Neg", [x], xt)], xt, domain="tracelog"
+    )  # log(1 - x), exact where x is small
+    log_rest = ctx.helper("Max", [log_rest, floor], xt)
+    log_x = ctx.helper("Max", [ctx.helper("Log", [x], xt), floor], xt)
+    rest = ctx.helper("Mul", [ctx.helper("Sub", [y, ctx.const(1.0, dt)], xt), log_rest], xt)
+    loss = ctx.helper("Sub", [rest, ctx.helper("Mul", [y, log_x], xt)], xt)
+    if ctx.arg(2, "weight") is not None:
+        loss = ctx.helper("Mul", [loss, ctx.t(2, "weight")], xt)
+    return _reduce_loss(ctx, loss, ctx.arg(3, "reduction", 1))
 
 
 def _abs_diff(ctx: Ctx) -> tuple[str, TensorType]:

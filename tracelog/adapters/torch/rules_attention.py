@@ -905,3 +905,91 @@ def _sort(ctx: Ctx) -> Names:
         sorted=1,
     )
     return [values, indices]
+
+
+# -- index_add, diag_embed, bucketize, linspace ------------------------------------------
+@ATEN.register("aten.index_add.default", "aten.index_add_.default")
+def _index_add(ctx: Ctx) -> Names:
+    """self with source's slices added at index along dim (repeats accumulate),
+    times alpha: ScatterElements(add) with the index spread over source's shape."""
+    xt, st = ctx.in_type(0), ctx.in_type(3)
+    rank = len(xt.shape)
+    if rank == 0:
+        raise NotSupported("index_add into a 0-dim tensor")
+    dim = int(ctx.arg(1, "dim")) % rank
+    dt = ctx.out_type().dtype
+    src = _operand(ctx, 3, "source", dt)
+    alpha = ctx.arg(4, "alpha", 1)
+    if alpha != 1:
+        src = ctx.helper("Mul", [src, ctx.const(float(alpha), dt)], TensorType(dt, st.shape))
+    it = ctx.in_type(2)
+    lined: list[int | str] = [1] * rank
+    lined[dim] = it.shape[0] if it.shape else 1
+    idx = ctx.helper(
+        "Reshape",
+        [ctx.t(2), ctx.shape_const(lined)],
+        TensorType(it.dtype, tuple(lined)),
+    )
+    shape = (
+        ctx.helper("Shape", [src], TensorType("int64", (rank,)))
+        if any(map(is_symbolic, st.shape))
+        else ctx.ints([int(d) for d in st.shape])
+    )
+    idx = ctx.helper("Expand", [idx, shape], TensorType(it.dtype, st.shape))
+    return ctx.one("ScatterElements", [ctx.t(0), idx, src], axis=dim, reduction="add")
+
+
+@ATEN.register("aten.diag_embed.default")
+def _diag_embed(ctx: Ctx) -> Names:
+    """diag_embed(x) (offset 0, the last two dims): x along the diagonal of
+    [..., n, n], zeros elsewhere: x[..., None] times the identity."""
+    xt, out = ctx.in_type(0), ctx.out_type()
+    rank = len(out.shape)
+    offset = int(ctx.arg(1, "offset", 0))
+    dims = {int(ctx.arg(2, "dim1", -2)) % rank, int(ctx.arg(3, "dim2", -1)) % rank}
+    n = xt.shape[-1] if xt.shape else 1
+    if offset or dims != {rank - 2, rank - 1} or is_symbolic(n):
+        raise NotSupported("diag_embed off the main diagonal, of other dims, or of a symbolic size")
+    column = ctx.helper(
+        "Unsqueeze", [ctx.t(0), ctx.ints([rank - 1])], TensorType(xt.dtype, (*xt.shape, 1))
+    )
+    eye = ctx.const(np.eye(int(n), dtype=np.dtype(xt.dtype)), xt.dtype)
+    return ctx.one("Mul", [column, eye])
+
+
+@ATEN.register("aten.bucketize.Tensor")
+def _bucketize(ctx: Ctx) -> Names:
+    """The bucket of each value: how many boundaries lie below it (right=False:
+    b < x; right=True: b <= x), counted as a sum of comparisons."""
+    xt, bt, out = ctx.in_type(0), ctx.in_type(1), ctx.out_type()
+    if len(bt.shape) != 1:
+        raise NotSupported("bucketize with boundaries of rank other than 1")
+    right = bool(ctx.arg(3, "right", False))
+    rank = len(xt.shape)
+    x = ctx.helper("Unsqueeze", [ctx.t(0), ctx.ints([rank])], TensorType(xt.dtype, (*xt.shape, 1)))
+    b = ctx.t(1)
+    if bt.dtype != xt.dtype:  # torch compares in the promoted type
+        common = "float64" if "float64" in (bt.dtype, xt.dtype) else xt.dtype
+        if xt.dtype != common:
+            x = ctx.helper("Cast", [x], TensorType(common, (*xt.shape, 1)), to=common)
+        if bt.dtype != common:
+            b = ctx.helper("Cast", [b], TensorType(common, bt.shape), to=common)
+    below = ctx.helper(
+        "LessOrEqual" if right else "Less", [b, x], TensorType("bool", (*xt.shape, bt.shape[0]))
+    )
+    counts = ctx.helper(
+        "Cast", [below], TensorType(out.dtype, (*xt.shape, bt.shape[0])), to=out.dtype
+    )
+    return ctx.one("ReduceSum", [counts, ctx.ints([rank])], keepdims=0)
+
+
+@ATEN.register("aten.linspace.default")
+def _linspace(ctx: Ctx) -> Names:
+    """A constant: torch's own kernel computes it (start + i * step for the
+    first half, end - (steps - 1 - i) * step for the second, in the dtype)."""
+    out = ctx.out_type()
+    start, end, steps = ctx.arg(0, "start"), ctx.arg(1, "end"), ctx.arg(2, "steps")
+    if not all(isinstance(v, (int, float)) for v in (start, end, steps)):
+        raise NotSupported("linspace with tensor bounds or a symbolic number of steps")
+    values = torch.linspace(start, end, int(steps), dtype=TORCH_DTYPES[out.dtype])
+    return [ctx.const(values.numpy(), out.dtype)]

@@ -27,7 +27,16 @@ from tracelog.adapters.arith import (
     trunc_of,
 )
 from tracelog.adapters.builder import Converter, Ctx, NotSupported
-from tracelog.adapters.torch.rules import ATEN, Names, _axes, _operand, _vector_norm, argmax_of
+from tracelog.adapters.torch.rules import (
+    ATEN,
+    INT64_MAX,
+    Names,
+    _axes,
+    _operand,
+    _vector_norm,
+    argmax_of,
+    dim_sub,
+)
 from tracelog.ir import TensorType, is_symbolic
 
 _INT64_MAX = 2**63 - 1
@@ -181,7 +190,10 @@ def _roll(ctx: Ctx) -> Names:
     for k, (shift, dim) in enumerate(steps):
         size = xt.shape[dim]
         if is_symbolic(size):
-            raise NotSupported("a roll along the batch or a sequence-long dim")
+            y = _roll_one(ctx, y, xt, dim, shift)
+            if k == len(steps) - 1:
+                return ctx.one("Identity", [y])
+            continue
         cut = int(size) - shift % int(size)
         last = k == len(steps) - 1
         if cut == int(size):  # a whole turn
@@ -193,6 +205,31 @@ def _roll(ctx: Ctx) -> Names:
             return ctx.one("Concat", pieces, axis=dim)
         y = ctx.helper("Concat", pieces, xt, axis=dim)
     raise AssertionError("unreachable")
+
+
+def _roll_one(ctx: Ctx, y: str, yt: TensorType, dim: int, shift: int) -> str:
+    """A roll by one step along a symbolic dim (the batch: each sample's
+    neighbour as its negative): the last entry, then the rest (or the rest,
+    then the first). A longer roll of such a dim depends on its size (torch
+    takes the shift modulo it), which batches that share the graph may not have."""
+    if shift == 0:
+        return y
+    if abs(shift) != 1:
+        raise NotSupported(f"a roll by {shift} along the batch or a sequence-long dim")
+    rest = TensorType(
+        yt.dtype, tuple(dim_sub(d, 1) if i == dim else d for i, d in enumerate(yt.shape))
+    )
+    one = TensorType(yt.dtype, tuple(1 if i == dim else d for i, d in enumerate(yt.shape)))
+    axis = ctx.ints([dim])
+
+    def cut(lo: int, hi: int, ty: TensorType) -> str:
+        return ctx.helper("Slice", [y, ctx.ints([lo]), ctx.ints([hi]), axis], ty)
+
+    if shift == 1:
+        pieces = [cut(-1, INT64_MAX, one), cut(0, -1, rest)]
+    else:
+        pieces = [cut(1, INT64_MAX, rest), cut(0, 1, one)]
+    return ctx.helper("Concat", pieces, yt, axis=dim)
 
 
 def _part(ctx: Ctx, y: str, yt: TensorType, dim: int, lo: int, hi: int) -> str:
@@ -750,3 +787,31 @@ ATEN.not_yet(
         "weight itself, through a detached alias the graph cannot follow"
     ),
 )
+
+
+@ATEN.register("aten.unfold.default")
+def _unfold_windows(ctx: Ctx) -> Names:
+    """Tensor.unfold(dim, size, step): the windows x[i*step : i*step + size]
+    along dim, as a new dim in its place and the window's elements last (a
+    Gather of the window index table, then the element axis moved last)."""
+    xt = ctx.in_type(0)
+    rank = len(xt.shape)
+    dim = int(ctx.arg(1, "dimension")) % max(rank, 1)
+    size, step = int(ctx.arg(2, "size")), int(ctx.arg(3, "step"))
+    if rank == 0:
+        raise NotSupported("unfold of a 0-d tensor")
+    length = xt.shape[dim]
+    if is_symbolic(length):
+        raise NotSupported("unfold along the batch or a sequence-long dim")
+    count = (int(length) - size) // step + 1
+    table = np.arange(count)[:, None] * step + np.arange(size)[None, :]
+    gathered = (*xt.shape[:dim], count, size, *xt.shape[dim + 1 :])
+    y = ctx.helper(
+        "Gather",
+        [ctx.t(0), ctx.ints(table.reshape(-1).tolist())],
+        TensorType(xt.dtype, (*xt.shape[:dim], count * size, *xt.shape[dim + 1 :])),
+        axis=dim,
+    )
+    y = ctx.helper("Reshape", [y, ctx.shape_const(list(gathered))], TensorType(xt.dtype, gathered))
+    perm = [*range(dim + 1), *range(dim + 2, rank + 1), dim + 1]
+    return ctx.one("Transpose", [y], perm=perm)

@@ -334,6 +334,16 @@ def _uniform(like: jax.Array, low: float, high: float, rng: Any, key: str) -> ja
     return jax.random.uniform(_node_key(rng, key), like.shape, like.dtype, low, high)
 
 
+def _exponential(like: jax.Array, rng: Any, key: str) -> jax.Array:
+    """Values drawn from the exponential distribution of rate 1, of like's shape and
+    dtype. rng: a dict of recorded draws (parity replay) or a jax.random key."""
+    if isinstance(rng, dict):
+        return jnp.asarray(rng[key]).astype(like.dtype)
+    if rng is None:
+        raise ValueError("a random draw needs rng: a jax.random key or recorded draws")
+    return jax.random.exponential(_node_key(rng, key), like.shape, like.dtype)
+
+
 def _normal(like: jax.Array, mean: float, scale: float, rng: Any, key: str) -> jax.Array:
     """Values drawn from N(mean, scale^2), of like's shape and dtype. rng: a dict of
     recorded draws (parity replay) or a jax.random key."""

@@ -344,6 +344,16 @@ def _normal(like: tf.Tensor, mean: float, scale: float, rng: Any, key: str) -> t
     return gen.normal(tf.shape(like), mean, scale, dtype=like.dtype)
 
 
+def _exponential(like: tf.Tensor, rng: Any, key: str) -> tf.Tensor:
+    """Values drawn from the exponential distribution of rate 1, of like's shape and
+    dtype: -log(1 - U), U uniform in [0, 1). rng: a dict of recorded draws (parity
+    replay), a tf.random.Generator, or None for the global generator."""
+    if isinstance(rng, dict):
+        return tf.cast(rng[key], like.dtype)
+    gen = rng if rng is not None else tf.random.get_global_generator()
+    return -tf.math.log1p(-gen.uniform(tf.shape(like), 0.0, 1.0, dtype=like.dtype))
+
+
 def _topk(x: tf.Tensor, k: int | None, axis: int, largest: bool) -> tuple[tf.Tensor, tf.Tensor]:
     """ONNX TopK: the k largest (smallest) along axis, in order, equal elements
     lower index first (a stable argsort, cut to k, and the values it picks; None:

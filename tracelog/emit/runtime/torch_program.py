@@ -222,6 +222,14 @@ def _normal(like: torch.Tensor, mean: float, scale: float, rng: Any, key: str) -
     return mean + scale * z
 
 
+def _exponential(like: torch.Tensor, rng: Any, key: str) -> torch.Tensor:
+    """Values drawn from the exponential distribution of rate 1, of like's shape and
+    dtype. rng: a dict of recorded draws (parity replay), a torch.Generator, or None."""
+    if isinstance(rng, dict):
+        return torch.as_tensor(rng[key]).to(like.dtype)
+    return torch.empty(like.shape, dtype=like.dtype, device=like.device).exponential_(generator=rng)
+
+
 def _topk(
     x: torch.Tensor, k: int | None, axis: int, largest: bool
 ) -> tuple[torch.Tensor, torch.Tensor]:

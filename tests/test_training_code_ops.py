@@ -1,0 +1,168 @@
+"""Ops and losses of everyday training code that recorded as unsupported,
+crashed the recording, or lost the float64 reference (found by trying them):
+nn.BCELoss on probabilities, cross entropy with label smoothing, class weights
+and an ignored label together, torch.roll by one along the batch (each
+sample's neighbour as its negative), index_add into a tensor made without a
+dtype, diag_embed, bucketize, linspace, Tensor.unfold (sliding windows), an
+embedding with scale_grad_by_freq,
+and torch.isfinite (a product of bools). Each translates on every target with
+its float64 rows."""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+torch = pytest.importorskip("torch", reason="the PyTorch adapter needs torch")
+
+import tracelog  # noqa: E402
+from tracelog.adapters.torch import TorchListener  # noqa: E402
+from tracelog.emit import targets  # noqa: E402
+
+F = torch.nn.functional
+nn = torch.nn
+TARGETS = ["onnx", "torch", "tensorflow", "jax"]
+
+
+class _Ops(nn.Module):
+    def __init__(self) -> None:
+        super().__init__()
+        self.fc = nn.Linear(6, 8)
+        self.embed = nn.Embedding(10, 8, padding_idx=0, scale_grad_by_freq=True)
+        self.head = nn.Linear(8, 5)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        h = self.fc(x)
+        n = h.shape[0]
+        tokens = (x[:, :3].abs() * 4).long().clamp(max=9)  # repeats: counts > 1
+        edges = torch.linspace(-1.0, 1.0, 5)
+        spread = torch.zeros(n, 4).index_add(1, torch.arange(8) % 4, h)  # zeros: no dtype=
+        terms = [
+            self.embed(tokens).sum(1),
+            torch.diag_embed(h[:, :4]).reshape(n, 16)[:, :8],
+            torch.bucketize(h.detach(), edges).float() * h,
+            torch.bucketize(h.detach(), edges, right=True).float() * 0.5,
+            spread.repeat(1, 2),
+            torch.where(torch.isfinite(h.log()), h, -h),
+            h.roll(1, 0) - h.roll(-1, 0) * 0.5,
+            h.unfold(1, 4, 2).sum(-1).repeat(1, 3)[:, :8],  # windows of 4, every 2
+            h.view(n, 2, 4).unfold(2, 2, 1).reshape(n, 12)[:, :8],
+        ]
+        total = h
+        for term in terms:
+            total = total + term
+        return self.head(total)
+
+
+def _losses(p: torch.Tensor, y: torch.Tensor) -> torch.Tensor:
+    probs = torch.sigmoid(p)
+    labels = (y.unsqueeze(1) == torch.arange(5)).float()
+    ignored = torch.where(y == 3, torch.full_like(y, -100), y)
+    anchor, positive = p, p.flip(-1)
+    return (
+        F.binary_cross_entropy(probs, labels)
+        + F.binary_cross_entropy(probs, labels, weight=torch.linspace(0.5, 1.5, 5), reduction="sum")
+        * 0.1
+        + F.cross_entropy(
+            p, ignored, label_smoothing=0.1, weight=torch.linspace(0.5, 1.5, 5), ignore_index=-100
+        )
+        + F.triplet_margin_loss(anchor, positive, anchor.roll(1, 0))
+    )
+
+
+def _check(target: str, tmp_path: Path, model: nn.Module, loss: Any) -> None:
+    framework = targets.get(target).framework
+    pytest.importorskip(framework, reason=f"the {target} target needs {framework} installed")
+    torch.manual_seed(0)
+    with TorchListener(model, tmp_path, strict=True) as listener:
+        for n in (12, 9):  # a second batch size: the same graphs
+            x, y = torch.randn(n, 6) * 2, torch.arange(n) % 5
+            with listener.batch():
+                loss(model(x), y).backward()
+            model.zero_grad()
+    log = tracelog.load(tmp_path)
+    assert log.unrecorded == 0, log.failures
+    ops = set().union(*(g.op_histogram() for g in log.graphs.values()))
+    assert "tracelog.Unsupported" not in ops and "Unsupported" not in ops, ops
+    assert [e.usage.batches for e in log.entries.values() if e.kind == "prediction"] == [2]
+    report = tracelog.check(tmp_path, target)
+    assert report.ok, report.table()
+    translated = [c for c in report.comparisons if c.name.endswith(" [float64]")]
+    assert translated and all(c.ok for c in translated), report.table()
+
+
+@pytest.mark.parametrize("target", TARGETS)
+def test_ops_translate_with_their_float64_rows(target: str, tmp_path: Path) -> None:
+    torch.manual_seed(0)
+    _check(target, tmp_path, _Ops(), F.cross_entropy)
+
+
+@pytest.mark.parametrize("target", TARGETS)
+def test_bce_smoothed_weighted_ce_and_rolled_negatives_translate(
+    target: str, tmp_path: Path
+) -> None:
+    torch.manual_seed(0)
+    _check(target, tmp_path, nn.Linear(6, 5), _losses)
+
+
+class _Gumbel(nn.Module):
+    """Discrete latents trained through F.gumbel_softmax (its noise an
+    exponential_ draw), hard (straight-through) and soft."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.fc, self.head = nn.Linear(6, 8), nn.Linear(8, 5)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        h = self.fc(x)
+        return self.head(F.gumbel_softmax(h, tau=0.5, hard=True) + F.gumbel_softmax(h, tau=2.0))
+
+
+@pytest.mark.parametrize("target", TARGETS)
+def test_gumbel_softmax_replays_its_exponential_draws(target: str, tmp_path: Path) -> None:
+    torch.manual_seed(0)
+    _check(target, tmp_path, _Gumbel(), F.cross_entropy)
+    ops = set().union(*(g.op_histogram() for g in tracelog.load(tmp_path).graphs.values()))
+    assert "tracelog.RandomExponentialLike" in ops, ops
+
+
+@pytest.mark.parametrize("target", ["torch", "tensorflow", "jax"])
+def test_a_fresh_exponential_draw_has_rate_one(target: str) -> None:
+    framework = targets.get(target).framework
+    pytest.importorskip(framework, reason=f"the {target} target needs {framework} installed")
+    import numpy as np
+
+    from tracelog.emit import get_target
+    from tracelog.emit.inline import import_block
+
+    namespace: dict[str, Any] = {}
+    emitter = get_target(target)
+    runtime = emitter.helpers
+    used = [runtime.functions[h] for h in runtime.helpers_used(runtime.functions["_exponential"])]
+    parts = [import_block(emitter.pieces), *runtime.statements, *used]
+    exec("\n\n".join(parts), namespace)
+    like = np.zeros((200, 100), np.float32)
+    if target == "torch":
+        drawn = namespace["_exponential"](torch.from_numpy(like), None, "mask.0").numpy()
+    elif target == "jax":
+        import jax
+
+        drawn = np.asarray(namespace["_exponential"](like, jax.random.PRNGKey(0), "mask.0"))
+    else:
+        import tensorflow as tf
+
+        drawn = namespace["_exponential"](tf.constant(like), None, "mask.0").numpy()
+    assert drawn.dtype == np.float32 and drawn.min() >= 0.0
+    assert abs(drawn.mean() - 1.0) < 0.05 and abs(drawn.std() - 1.0) < 0.05
+
+
+def test_a_roll_along_the_batch_by_more_than_one_is_unsupported(tmp_path: Path) -> None:
+    # torch takes the shift modulo the size, which batches sharing the graph may not have
+    model = nn.Linear(6, 5)
+    with TorchListener(model, tmp_path, strict=False) as listener, listener.batch():
+        model(torch.randn(8, 6)).roll(3, 0).pow(2).mean().backward()
+    log = tracelog.load(tmp_path)
+    reasons = [n.attrs.get("reason", "") for g in log.graphs.values() for n in g.nodes]
+    assert any("a roll by 3 along the batch" in r for r in reasons), reasons
