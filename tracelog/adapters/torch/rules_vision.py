@@ -583,3 +583,291 @@ def _im2col(ctx: Ctx) -> Names:
         else taps[0]
     )
     return ctx.one("Reshape", [stacked, ctx.shape_const(list(ctx.out_type().shape))])
+
+
+# -- spatial transformers: affine_grid and grid_sample (4-D) -----------------------------------
+# Written as plain IR after aten's decompositions (torch/_decomp: affine_grid_generator,
+# grid_sampler_2d), not as ONNX GridSample: onnx.reference's GridSample computes in
+# float32 whatever the input (5e-7 off torch in float64, onnx 1.23), so the float64
+# translation check could not pass on it, and the other targets would each need a
+# helper and its gradient to the grid. As plain ops (Floor, Round, Where, GatherElements
+# of the four corners) every target's own autodiff gives aten's backward: the corner
+# indices are constants (Floor and Round have zero derivative, as in aten's backward),
+# the gradient to the grid flows through the bilinear weights, an out-of-range corner
+# carries weight 0 and so no gradient, as aten skips it; and the arithmetic is aten's.
+def _linspace_from_neg_one(n: int, align_corners: bool) -> np.ndarray:
+    """aten's base grid axis (linspace_from_neg_one), in float64."""
+    import torch
+
+    if n <= 1:
+        return np.zeros(1)
+    steps = torch.linspace(-1.0, 1.0, n, dtype=torch.float64)
+    return (steps if align_corners else steps * (n - 1) / n).numpy()
+
+
+@ATEN.register("aten.affine_grid_generator.default")
+def _affine_grid(ctx: Ctx) -> Names:
+    """affine_grid_generator(theta [N, 2, 3], size [N, C, H, W], align_corners):
+    [N, H, W, 2], the base grid of (x, y, 1) per output pixel times theta^T, one
+    batched matmul as aten's kernel (bmm). The base grid is a constant of H * W
+    rows that does not depend on the batch."""
+    tt = ctx.in_type(0)
+    size = [int(s) for s in ctx.arg(1, "size")]
+    if len(size) != 4:
+        raise NotSupported("affine_grid over a volume (5-D)")
+    h, w = size[2:]
+    align = bool(ctx.arg(2, "align_corners"))
+    ys, xs = np.meshgrid(
+        _linspace_from_neg_one(h, align), _linspace_from_neg_one(w, align), indexing="ij"
+    )
+    base = np.stack([xs.ravel(), ys.ravel(), np.ones(h * w)], axis=1)  # [H * W, 3]
+    n = tt.shape[0]
+    theta_t = ctx.helper("Transpose", [ctx.t(0)], TensorType(tt.dtype, (n, 3, 2)), perm=[0, 2, 1])
+    flat = ctx.helper(
+        "MatMul", [ctx.const(base, tt.dtype), theta_t], TensorType(tt.dtype, (n, h * w, 2))
+    )
+    return ctx.one("Reshape", [flat, ctx.shape_const(list(ctx.out_type().shape))])
+
+
+_GRID_MODES = {0: "bilinear", 1: "nearest", 2: "bicubic"}
+
+
+class _GridSampler:
+    """The IR of one grid_sampler_2d record: x [N, C, H, W] sampled at grid
+    [N, Ho, Wo, 2] (x, y in [-1, 1]), as aten's decomposition computes it."""
+
+    def __init__(self, ctx: Ctx) -> None:
+        self.ctx = ctx
+        xt, gt = ctx.in_type(0), ctx.in_type(1)
+        self.dt = xt.dtype
+        self.n, c, h, w = xt.shape
+        _, ho, wo, _ = gt.shape
+        fixed = [c, h, w, ho, wo]
+        if any(is_symbolic(d) for d in fixed):
+            raise NotSupported("grid_sample over a symbolic channel or spatial size")
+        self.c, self.h, self.w, self.ho, self.wo = (int(d) for d in fixed)
+        self.padding = int(ctx.arg(3, "padding_mode"))
+        self.align = bool(ctx.arg(4, "align_corners"))
+        self.coord_t = TensorType(self.dt, (self.n, self.ho, self.wo))
+        self.mask_t = TensorType("bool", (self.n, self.ho, self.wo))
+        self.flat = ctx.helper(  # [N, C, H * W]: one GatherElements per corner
+            "Reshape",
+            [ctx.t(0), ctx.shape_const([self.n, self.c, self.h * self.w])],
+            TensorType(self.dt, (self.n, self.c, self.h * self.w)),
+        )
+
+    def num(self, v: float) -> str:
+        return self.ctx.const(v, self.dt)
+
+    def op(self, op: str, *inputs: str, ty: TensorType | None = None, **attrs: object) -> str:
+        return self.ctx.helper(op, list(inputs), ty or self.coord_t, **attrs)
+
+    def axis(self, k: int) -> str:
+        """grid[..., k]: x (k = 0) or y (k = 1)."""
+        return self.op("Gather", self.ctx.t(1), self.ctx.const(k, "int64"), axis=3)
+
+    def source_index(self, coord: str, size: int) -> str:
+        """aten's grid_sampler_compute_source_index: unnormalized from [-1, 1]
+        to pixel units, then clipped (border) or reflected and clipped."""
+        mul = size * 0.5 - 0.5 if self.align else size * 0.5
+        u = self.op("Add", self.op("Mul", coord, self.num(mul)), self.num(size * 0.5 - 0.5))
+        if self.padding == 0:
+            return u
+        if self.padding == 2:
+            u = (
+                self.reflect(u, 0, 2 * (size - 1))
+                if self.align
+                else self.reflect(u, -1, 2 * size - 1)
+            )
+        return self.op("Clip", u, self.num(0.0), self.num(size - 1.0))
+
+    def reflect(self, u: str, twice_low: int, twice_high: int) -> str:
+        """u reflected about low and high until inside them (aten's
+        reflect_coordinates); the derivative's sign flips with each reflection."""
+        if twice_low == twice_high:
+            return self.op("Mul", u, self.num(0.0))
+        low, span = twice_low / 2, (twice_high - twice_low) / 2
+        dist = self.op("Abs", self.op("Sub", u, self.num(low)))
+        extra = self.op("Mod", dist, self.num(span), fmod=1)
+        flips = self.op("Floor", self.op("Div", dist, self.num(span)))
+        odd = self.op(  # flips is a whole number >= 0: its fmod by 2 is exact
+            "Equal", self.op("Mod", flips, self.num(2.0), fmod=1), self.num(1.0), ty=self.mask_t
+        )
+        return self.op(
+            "Where",
+            odd,
+            self.op("Sub", self.num(span + low), extra),
+            self.op("Add", extra, self.num(low)),
+        )
+
+    def corner(self, xs: str, ys: str) -> tuple[str, str]:
+        """(x[n, :, ys, xs] as [N, C, Ho, Wo] where inside the image (else
+        x[n, :, 0, 0]), inside mask [N, Ho, Wo]) at whole-number coordinates."""
+        ge, lt, both = "GreaterOrEqual", "Less", "And"
+        mask_t = self.mask_t
+        inside_x = self.op(
+            both,
+            self.op(ge, xs, self.num(0.0), ty=mask_t),
+            self.op(lt, xs, self.num(float(self.w)), ty=mask_t),
+            ty=mask_t,
+        )
+        inside_y = self.op(
+            both,
+            self.op(ge, ys, self.num(0.0), ty=mask_t),
+            self.op(lt, ys, self.num(float(self.h)), ty=mask_t),
+            ty=mask_t,
+        )
+        inside = self.op(both, inside_x, inside_y, ty=mask_t)
+        # the flat index y * W + x, whole numbers far below float32's 2^24 (checked)
+        linear = self.op("Add", self.op("Mul", ys, self.num(float(self.w))), xs)
+        linear = self.op("Where", inside, linear, self.num(0.0))
+        index_t = TensorType("int64", (self.n, self.ho, self.wo))
+        index = self.op("Cast", linear, ty=index_t, to="int64")
+        row_t = TensorType("int64", (self.n, 1, self.ho * self.wo))
+        index = self.op(
+            "Reshape", index, self.ctx.shape_const([self.n, 1, self.ho * self.wo]), ty=row_t
+        )
+        wide_t = TensorType("int64", (self.n, self.c, self.ho * self.wo))
+        # Expand broadcasts both ways: [1, C, 1] leaves the batch as it is
+        index = self.op("Expand", index, self.ctx.ints([1, self.c, 1]), ty=wide_t)
+        picked = self.op(
+            "GatherElements",
+            self.flat,
+            index,
+            ty=TensorType(self.dt, (self.n, self.c, self.ho * self.wo)),
+            axis=2,
+        )
+        out_t = TensorType(self.dt, (self.n, self.c, self.ho, self.wo))
+        shape = self.ctx.shape_const([self.n, self.c, self.ho, self.wo])
+        return self.op("Reshape", picked, shape, ty=out_t), inside
+
+    def weighted(self, xs: str, ys: str, weight: str) -> str:
+        """A bilinear corner's term: its values times its weight, 0 outside."""
+        values, inside = self.corner(xs, ys)
+        weight = self.op("Where", inside, weight, self.num(0.0))
+        unit_t = TensorType(self.dt, (self.n, 1, self.ho, self.wo))
+        weight = self.op("Unsqueeze", weight, self.ctx.ints([1]), ty=unit_t)
+        return self.op(
+            "Mul", values, weight, ty=TensorType(self.dt, (self.n, self.c, self.ho, self.wo))
+        )
+
+
+@ATEN.register("aten.grid_sampler_2d.default")
+def _grid_sampler_2d(ctx: Ctx) -> Names:
+    """grid_sampler_2d(x, grid, mode, padding_mode, align_corners): bilinear
+    (the four corners weighted, summed nw, ne, sw, se as aten) or nearest
+    (Round: half to even, as aten's nearbyint); padding zeros, border or
+    reflection. Bicubic is not written."""
+    mode = int(ctx.arg(2, "interpolation_mode"))
+    if mode not in (0, 1):
+        raise NotSupported(f"grid_sample's {_GRID_MODES.get(mode, mode)} mode")
+    s = _GridSampler(ctx)
+    if s.h * s.w >= 1 << 24:
+        raise NotSupported("grid_sample of an image of 2^24 pixels or more")
+    ix, iy = s.source_index(s.axis(0), s.w), s.source_index(s.axis(1), s.h)
+    if mode == 1:
+        values, inside = s.corner(s.op("Round", ix), s.op("Round", iy))
+        unit_t = TensorType("bool", (s.n, 1, s.ho, s.wo))
+        inside = s.op("Unsqueeze", inside, ctx.ints([1]), ty=unit_t)
+        return ctx.one("Where", [inside, values, s.num(0.0)])
+    one = s.num(1.0)
+    x0, y0 = s.op("Floor", ix), s.op("Floor", iy)
+    x1, y1 = s.op("Add", x0, one), s.op("Add", y0, one)
+    left, right = s.op("Sub", x1, ix), s.op("Sub", ix, x0)  # the weights' x factors
+    up, down = s.op("Sub", y1, iy), s.op("Sub", iy, y0)
+    terms = [
+        s.weighted(x0, y0, s.op("Mul", left, up)),
+        s.weighted(x1, y0, s.op("Mul", right, up)),
+        s.weighted(x0, y1, s.op("Mul", left, down)),
+        s.weighted(x1, y1, s.op("Mul", right, down)),
+    ]
+    out_t = ctx.out_type()
+    total = s.op("Add", terms[0], terms[1], ty=out_t)
+    total = s.op("Add", total, terms[2], ty=out_t)
+    return ctx.one("Add", [total, terms[3]])
+
+
+# -- col2im (nn.Fold) ---------------------------------------------------------------------------
+@ATEN.register("aten.col2im.default")
+def _col2im(ctx: Ctx) -> Names:
+    """col2im(x, output_size, kernel_size, dilation, padding, stride): x [N?,
+    C * kh * kw, L] to [N?, C, H, W], the adjoint of im2col: each tap's [L]
+    row, laid out on the block grid, is added into the zero-padded image at
+    the tap's offset, and the padding cut off. Each tap is placed by Pad
+    (spread by the stride first: Pad on unit axes and a Reshape), and the
+    taps are added in aten's order (kernel row, then column) starting from the
+    first, so each pixel is the same float sum as aten's CPU kernel; the
+    gradient, by autodiff of Gather, Pad, Reshape and Add, is im2col's."""
+    xt = ctx.in_type(0)
+    *lead, rows, length = xt.shape
+    out = [int(o) for o in _pair(ctx.arg(1, "output_size"), 2)]
+    kernel, dilation = _pair(ctx.arg(2, "kernel_size"), 2), _pair(ctx.arg(3, "dilation"), 2)
+    padding, stride = _pair(ctx.arg(4, "padding"), 2), _pair(ctx.arg(5, "stride"), 2)
+    if is_symbolic(rows) or is_symbolic(length):
+        raise NotSupported("col2im of a symbolic number of rows or blocks")
+    taps = kernel[0] * kernel[1]
+    channels = int(rows) // taps
+    padded = [o + 2 * p for o, p in zip(out, padding, strict=True)]
+    blocks = [
+        (n - d * (k - 1) - 1) // s + 1
+        for n, k, d, s in zip(padded, kernel, dilation, stride, strict=True)
+    ]
+    dt, r = xt.dtype, len(lead)  # r: the channel axis
+    grid = [*lead, channels, taps, *blocks]
+    x = ctx.helper("Reshape", [ctx.t(0), ctx.shape_const(grid)], TensorType(dt, tuple(grid)))
+    spans = [(b - 1) * s + 1 for b, s in zip(blocks, stride, strict=True)]
+    total = None
+    for i in range(kernel[0]):
+        for j in range(kernel[1]):
+            tap = ctx.helper(
+                "Gather",
+                [x, ctx.const(i * kernel[1] + j, "int64")],
+                TensorType(dt, (*lead, channels, *blocks)),
+                axis=r + 1,
+            )
+            if stride != [1, 1]:
+                tap = _spread(ctx, tap, [*lead, channels], blocks, stride, dt)
+            before = [i * dilation[0], j * dilation[1]]
+            after = [n - b - s for n, b, s in zip(padded, before, spans, strict=True)]
+            zeros = [0] * (r + 1)
+            placed = ctx.helper(
+                "Pad",
+                [tap, ctx.ints(zeros + before + zeros + after)],
+                TensorType(dt, (*lead, channels, *padded)),
+            )
+            if total is None:
+                total = placed
+            else:
+                total = ctx.helper(
+                    "Add", [total, placed], TensorType(dt, (*lead, channels, *padded))
+                )
+    assert total is not None  # a kernel has at least one tap
+    if not any(padding):
+        return ctx.one("Identity", [total])
+    ends = [p + o for p, o in zip(padding, out, strict=True)]
+    return ctx.one("Slice", [total, ctx.ints(padding), ctx.ints(ends), ctx.ints([r + 1, r + 2])])
+
+
+def _spread(
+    ctx: Ctx, tap: str, lead: list[int | str], blocks: list[int], stride: list[int], dt: str
+) -> str:
+    """[*lead, bh, bw] to [*lead, (bh - 1) * sh + 1, (bw - 1) * sw + 1]: each
+    element at its multiple of the stride, zeros between."""
+    r = len(lead)
+    (bh, bw), (sh, sw) = blocks, stride
+    unit = ctx.helper(
+        "Unsqueeze", [tap, ctx.ints([r + 1, r + 3])], TensorType(dt, (*lead, bh, 1, bw, 1))
+    )
+    zeros = [0] * (r + 4)
+    after = [0] * r + [0, sh - 1, 0, sw - 1]
+    wide = ctx.helper(
+        "Pad", [unit, ctx.ints(zeros + after)], TensorType(dt, (*lead, bh, sh, bw, sw))
+    )
+    flat = [*lead, bh * sh, bw * sw]
+    spread = ctx.helper("Reshape", [wide, ctx.shape_const(flat)], TensorType(dt, tuple(flat)))
+    ends = [(bh - 1) * sh + 1, (bw - 1) * sw + 1]
+    return ctx.helper(
+        "Slice",
+        [spread, ctx.ints([0, 0]), ctx.ints(ends), ctx.ints([r, r + 1])],
+        TensorType(dt, (*lead, *ends)),
+    )
