@@ -1,6 +1,6 @@
 """Spatial transformers and folding, recorded from real training steps:
 F.affine_grid (aten.affine_grid_generator) and F.grid_sample
-(aten.grid_sampler_2d: bilinear and nearest; zeros, border and reflection
+(aten.grid_sampler_2d: bilinear, nearest and bicubic; zeros, border and reflection
 padding; align_corners both ways), and F.fold (aten.col2im). Each records with
 no unsupported node, one graph for two batch sizes, and translates on every
 target with the float64 verdict: the gradients to the sampled input, to the
@@ -22,15 +22,17 @@ from tracelog.emit import targets  # noqa: E402
 F = torch.nn.functional
 nn = torch.nn
 TARGETS = ["onnx", "torch", "tensorflow", "jax"]
-MODES = list(itertools.product(("bilinear", "nearest"), ("zeros", "border", "reflection")))
+MODES = list(
+    itertools.product(("bilinear", "nearest", "bicubic"), ("zeros", "border", "reflection"))
+)
 
 
 class SpatialTransformer(nn.Module):
     """A localisation net gives theta; affine_grid makes the sampling grid,
-    grid_sample reads the features there, a classifier reads the result. Every
-    mode and padding, align_corners both ways, on a 5 x 4 grid over a 6 x 6
-    image, theta scaled up to 2.5 so that points land outside the image (and
-    reflect more than once); a grid made by a layer directly (the gradient to
+    grid_sample reads the features there, a classifier reads the result.
+    Every mode (bilinear, nearest, bicubic) and padding, align_corners both
+    ways, on a 5 x 4 grid over a 6 x 6 image, theta scaled up to 2.5 so that
+    points land outside the image (and reflect more than once); a grid made by a layer directly (the gradient to
     the grid itself); and fixed points at half-integer coordinates, where
     nearest rounds half to even as aten's nearbyint (0.5, 1.5, 2.5 to 0, 2, 2)."""
 

@@ -634,7 +634,9 @@ _GRID_MODES = {0: "bilinear", 1: "nearest", 2: "bicubic"}
 
 class _GridSampler:
     """The IR of one grid_sampler_2d record: x [N, C, H, W] sampled at grid
-    [N, Ho, Wo, 2] (x, y in [-1, 1]), as aten's decomposition computes it."""
+    [N, Ho, Wo, 2] (x, y in [-1, 1]), as aten's decomposition computes it.
+    The points a mode reads around each sample (1, 2 x 2 or 4 x 4) are
+    gathered at once, on axes [N, C, ky, kx, Ho, Wo], and weighted there."""
 
     def __init__(self, ctx: Ctx) -> None:
         self.ctx = ctx
@@ -649,12 +651,6 @@ class _GridSampler:
         self.padding = int(ctx.arg(3, "padding_mode"))
         self.align = bool(ctx.arg(4, "align_corners"))
         self.coord_t = TensorType(self.dt, (self.n, self.ho, self.wo))
-        self.mask_t = TensorType("bool", (self.n, self.ho, self.wo))
-        self.flat = ctx.helper(  # [N, C, H * W]: one GatherElements per corner
-            "Reshape",
-            [ctx.t(0), ctx.shape_const([self.n, self.c, self.h * self.w])],
-            TensorType(self.dt, (self.n, self.c, self.h * self.w)),
-        )
 
     def num(self, v: float) -> str:
         return self.ctx.const(v, self.dt)
@@ -662,15 +658,25 @@ class _GridSampler:
     def op(self, op: str, *inputs: str, ty: TensorType | None = None, **attrs: object) -> str:
         return self.ctx.helper(op, list(inputs), ty or self.coord_t, **attrs)
 
+    def type_of(self, name: str) -> TensorType:
+        return self.ctx.b.values[name].type
+
+    def typed(self, dims: tuple[int | str, ...], dtype: str | None = None) -> TensorType:
+        """[N, *dims, Ho, Wo]."""
+        return TensorType(dtype or self.dt, (self.n, *dims, self.ho, self.wo))
+
     def axis(self, k: int) -> str:
         """grid[..., k]: x (k = 0) or y (k = 1)."""
         return self.op("Gather", self.ctx.t(1), self.ctx.const(k, "int64"), axis=3)
 
-    def source_index(self, coord: str, size: int) -> str:
-        """aten's grid_sampler_compute_source_index: unnormalized from [-1, 1]
-        to pixel units, then clipped (border) or reflected and clipped."""
+    def unnormalize(self, coord: str, size: int) -> str:
+        """From [-1, 1] to pixel units (aten's grid_sampler_unnormalize)."""
         mul = size * 0.5 - 0.5 if self.align else size * 0.5
-        u = self.op("Add", self.op("Mul", coord, self.num(mul)), self.num(size * 0.5 - 0.5))
+        return self.op("Add", self.op("Mul", coord, self.num(mul)), self.num(size * 0.5 - 0.5))
+
+    def bounded(self, u: str, size: int) -> str:
+        """aten's compute_coordinates: as is (zeros), clipped (border), or
+        reflected and clipped (reflection)."""
         if self.padding == 0:
             return u
         if self.padding == 2:
@@ -680,6 +686,10 @@ class _GridSampler:
                 else self.reflect(u, -1, 2 * size - 1)
             )
         return self.op("Clip", u, self.num(0.0), self.num(size - 1.0))
+
+    def source_index(self, coord: str, size: int) -> str:
+        """aten's grid_sampler_compute_source_index."""
+        return self.bounded(self.unnormalize(coord, size), size)
 
     def reflect(self, u: str, twice_low: int, twice_high: int) -> str:
         """u reflected about low and high until inside them (aten's
@@ -691,7 +701,10 @@ class _GridSampler:
         extra = self.op("Mod", dist, self.num(span), fmod=1)
         flips = self.op("Floor", self.op("Div", dist, self.num(span)))
         odd = self.op(  # flips is a whole number >= 0: its fmod by 2 is exact
-            "Equal", self.op("Mod", flips, self.num(2.0), fmod=1), self.num(1.0), ty=self.mask_t
+            "Equal",
+            self.op("Mod", flips, self.num(2.0), fmod=1),
+            self.num(1.0),
+            ty=self.typed((), "bool"),
         )
         return self.op(
             "Where",
@@ -700,91 +713,147 @@ class _GridSampler:
             self.op("Add", extra, self.num(low)),
         )
 
-    def corner(self, xs: str, ys: str) -> tuple[str, str]:
-        """(x[n, :, ys, xs] as [N, C, Ho, Wo] where inside the image (else
-        x[n, :, 0, 0]), inside mask [N, Ho, Wo]) at whole-number coordinates."""
-        ge, lt, both = "GreaterOrEqual", "Less", "And"
-        mask_t = self.mask_t
-        inside_x = self.op(
-            both,
-            self.op(ge, xs, self.num(0.0), ty=mask_t),
-            self.op(lt, xs, self.num(float(self.w)), ty=mask_t),
-            ty=mask_t,
-        )
-        inside_y = self.op(
-            both,
-            self.op(ge, ys, self.num(0.0), ty=mask_t),
-            self.op(lt, ys, self.num(float(self.h)), ty=mask_t),
-            ty=mask_t,
-        )
-        inside = self.op(both, inside_x, inside_y, ty=mask_t)
-        # the flat index y * W + x, whole numbers far below float32's 2^24 (checked)
-        linear = self.op("Add", self.op("Mul", ys, self.num(float(self.w))), xs)
-        linear = self.op("Where", inside, linear, self.num(0.0))
-        index_t = TensorType("int64", (self.n, self.ho, self.wo))
-        index = self.op("Cast", linear, ty=index_t, to="int64")
-        row_t = TensorType("int64", (self.n, 1, self.ho * self.wo))
-        index = self.op(
-            "Reshape", index, self.ctx.shape_const([self.n, 1, self.ho * self.wo]), ty=row_t
-        )
-        wide_t = TensorType("int64", (self.n, self.c, self.ho * self.wo))
-        # Expand broadcasts both ways: [1, C, 1] leaves the batch as it is
-        index = self.op("Expand", index, self.ctx.ints([1, self.c, 1]), ty=wide_t)
-        picked = self.op(
-            "GatherElements",
-            self.flat,
-            index,
-            ty=TensorType(self.dt, (self.n, self.c, self.ho * self.wo)),
-            axis=2,
-        )
-        out_t = TensorType(self.dt, (self.n, self.c, self.ho, self.wo))
-        shape = self.ctx.shape_const([self.n, self.c, self.ho, self.wo])
-        return self.op("Reshape", picked, shape, ty=out_t), inside
-
-    def weighted(self, xs: str, ys: str, weight: str) -> str:
-        """A bilinear corner's term: its values times its weight, 0 outside."""
-        values, inside = self.corner(xs, ys)
-        weight = self.op("Where", inside, weight, self.num(0.0))
-        unit_t = TensorType(self.dt, (self.n, 1, self.ho, self.wo))
-        weight = self.op("Unsqueeze", weight, self.ctx.ints([1]), ty=unit_t)
+    def stacked(self, parts: list[str], along_x: bool) -> str:
+        """[N, Ho, Wo] tensors stacked as [N, 1, k, Ho, Wo] (along x) or
+        [N, k, 1, Ho, Wo] (along y)."""
+        one = self.typed((1, 1))
+        units = [self.op("Unsqueeze", p, self.ctx.ints([1, 2]), ty=one) for p in parts]
+        if len(units) == 1:
+            return units[0]
+        k = len(units)
         return self.op(
-            "Mul", values, weight, ty=TensorType(self.dt, (self.n, self.c, self.ho, self.wo))
+            "Concat", *units, ty=self.typed((1, k) if along_x else (k, 1)), axis=2 if along_x else 1
         )
+
+    def points(self, xs: list[str], ys: list[str]) -> tuple[str, str]:
+        """(x[n, :, ys[i], xs[j]] as [N, C, ky, kx, Ho, Wo] where inside the
+        image, else x[n, :, 0, 0]; the inside mask, [N, ky, kx, Ho, Wo]) at
+        whole-number coordinates, by one GatherElements over x as [N, C, H * W]."""
+        ky, kx = len(ys), len(xs)
+        x, y = self.stacked(xs, True), self.stacked(ys, False)
+
+        def within(v: str, size: int, dims: tuple[int, int]) -> str:
+            mask_t = self.typed(dims, "bool")
+            low = self.op("GreaterOrEqual", v, self.num(0.0), ty=mask_t)
+            high = self.op("Less", v, self.num(float(size)), ty=mask_t)
+            return self.op("And", low, high, ty=mask_t)
+
+        inside = self.op(
+            "And",
+            within(x, self.w, (1, kx)),
+            within(y, self.h, (ky, 1)),
+            ty=self.typed((ky, kx), "bool"),
+        )
+        # the flat index y * W + x: whole numbers below float32's 2^24 (checked)
+        linear = self.op(
+            "Add", self.op("Mul", y, self.num(float(self.w))), x, ty=self.typed((ky, kx))
+        )
+        linear = self.op("Where", inside, linear, self.num(0.0), ty=self.typed((ky, kx)))
+        index = self.op("Cast", linear, ty=self.typed((ky, kx), "int64"), to="int64")
+        count = ky * kx * self.ho * self.wo
+        row_t = TensorType("int64", (self.n, 1, count))
+        index = self.op("Reshape", index, self.ctx.shape_const([self.n, 1, count]), ty=row_t)
+        # Expand broadcasts both ways: [1, C, 1] leaves the batch as it is
+        wide_t = TensorType("int64", (self.n, self.c, count))
+        index = self.op("Expand", index, self.ctx.ints([1, self.c, 1]), ty=wide_t)
+        hw = self.h * self.w
+        flat = self.op(
+            "Reshape",
+            self.ctx.t(0),
+            self.ctx.shape_const([self.n, self.c, hw]),
+            ty=TensorType(self.dt, (self.n, self.c, hw)),
+        )
+        picked = self.op(
+            "GatherElements", flat, index, ty=TensorType(self.dt, (self.n, self.c, count)), axis=2
+        )
+        shape = [self.n, self.c, ky, kx, self.ho, self.wo]
+        values = self.op(
+            "Reshape",
+            picked,
+            self.ctx.shape_const(shape),
+            ty=TensorType(self.dt, tuple(shape)),
+        )
+        return values, inside
+
+    def channels(self, t: str, dtype: str | None = None) -> str:
+        """[N, ky, kx, Ho, Wo] as [N, 1, ky, kx, Ho, Wo], for every channel."""
+        dims = self.type_of(t).shape[1:]
+        ty = TensorType(dtype or self.dt, (self.n, 1, *dims))
+        return self.op("Unsqueeze", t, self.ctx.ints([1]), ty=ty)
+
+    def cubic(self, t: str) -> list[str]:
+        """aten's get_cubic_upsample_coefficients(t), A = -0.75, each in
+        its order of operations."""
+        a = -0.75
+        mul, add, sub = "Mul", "Add", "Sub"
+
+        def near(x: str) -> str:  # cubic_convolution1: ((A + 2) x - (A + 3)) x x + 1
+            inner = self.op(sub, self.op(mul, x, self.num(a + 2)), self.num(a + 3))
+            return self.op(add, self.op(mul, self.op(mul, inner, x), x), self.num(1.0))
+
+        def far(x: str) -> str:  # cubic_convolution2: ((A x - 5 A) x + 8 A) x - 4 A
+            inner = self.op(sub, self.op(mul, x, self.num(a)), self.num(5 * a))
+            inner = self.op(add, self.op(mul, inner, x), self.num(8 * a))
+            return self.op(sub, self.op(mul, inner, x), self.num(4 * a))
+
+        one = self.num(1.0)
+        rest = self.op(sub, one, t)
+        return [far(self.op(add, t, one)), near(t), near(rest), far(self.op(add, rest, one))]
 
 
 @ATEN.register("aten.grid_sampler_2d.default")
 def _grid_sampler_2d(ctx: Ctx) -> Names:
     """grid_sampler_2d(x, grid, mode, padding_mode, align_corners): bilinear
-    (the four corners weighted, summed nw, ne, sw, se as aten) or nearest
-    (Round: half to even, as aten's nearbyint); padding zeros, border or
-    reflection. Bicubic is not written."""
+    (the 2 x 2 points around, weighted), nearest (Round: half to even, as
+    aten's nearbyint) or bicubic (the 4 x 4 points around, each bounded by the
+    padding, weighted by aten's cubic coefficients of the fractions: rows
+    along x, then along y); padding zeros, border or reflection. The sums
+    over the points are a ReduceSum, where aten adds them one by one: the
+    same sum up to float rounding."""
     mode = int(ctx.arg(2, "interpolation_mode"))
-    if mode not in (0, 1):
-        raise NotSupported(f"grid_sample's {_GRID_MODES.get(mode, mode)} mode")
+    if mode not in _GRID_MODES:
+        raise NotSupported(f"grid_sample's interpolation mode {mode}")
     s = _GridSampler(ctx)
     if s.h * s.w >= 1 << 24:
         raise NotSupported("grid_sample of an image of 2^24 pixels or more")
-    ix, iy = s.source_index(s.axis(0), s.w), s.source_index(s.axis(1), s.h)
+    gx, gy = s.axis(0), s.axis(1)
     if mode == 1:
-        values, inside = s.corner(s.op("Round", ix), s.op("Round", iy))
-        unit_t = TensorType("bool", (s.n, 1, s.ho, s.wo))
-        inside = s.op("Unsqueeze", inside, ctx.ints([1]), ty=unit_t)
-        return ctx.one("Where", [inside, values, s.num(0.0)])
-    one = s.num(1.0)
+        ix, iy = s.source_index(gx, s.w), s.source_index(gy, s.h)
+        values, inside = s.points([s.op("Round", ix)], [s.op("Round", iy)])
+        kept = s.op("Where", s.channels(inside, "bool"), values, s.num(0.0), ty=s.type_of(values))
+        return ctx.one("Reshape", [kept, ctx.shape_const(list(ctx.out_type().shape))])
+    reduced = ctx.ints([2, 3])
+    if mode == 0:
+        ix, iy = s.source_index(gx, s.w), s.source_index(gy, s.h)
+        x0, y0 = s.op("Floor", ix), s.op("Floor", iy)
+        x1, y1 = s.op("Add", x0, s.num(1.0)), s.op("Add", y0, s.num(1.0))
+        values, inside = s.points([x0, x1], [y0, y1])
+        # aten's weights: (x1 - ix or ix - x0) * (y1 - iy or iy - y0), 0 outside
+        wx = s.stacked([s.op("Sub", x1, ix), s.op("Sub", ix, x0)], True)
+        wy = s.stacked([s.op("Sub", y1, iy), s.op("Sub", iy, y0)], False)
+        weights = s.op("Mul", wx, wy, ty=s.typed((2, 2)))
+        weights = s.op("Where", inside, weights, s.num(0.0), ty=s.typed((2, 2)))
+        terms = s.op("Mul", values, s.channels(weights), ty=s.type_of(values))
+        return ctx.one("ReduceSum", [terms, reduced], keepdims=0)
+    ix, iy = s.unnormalize(gx, s.w), s.unnormalize(gy, s.h)
     x0, y0 = s.op("Floor", ix), s.op("Floor", iy)
-    x1, y1 = s.op("Add", x0, one), s.op("Add", y0, one)
-    left, right = s.op("Sub", x1, ix), s.op("Sub", ix, x0)  # the weights' x factors
-    up, down = s.op("Sub", y1, iy), s.op("Sub", iy, y0)
-    terms = [
-        s.weighted(x0, y0, s.op("Mul", left, up)),
-        s.weighted(x1, y0, s.op("Mul", right, up)),
-        s.weighted(x0, y1, s.op("Mul", left, down)),
-        s.weighted(x1, y1, s.op("Mul", right, down)),
-    ]
-    out_t = ctx.out_type()
-    total = s.op("Add", terms[0], terms[1], ty=out_t)
-    total = s.op("Add", total, terms[2], ty=out_t)
-    return ctx.one("Add", [total, terms[3]])
+    # the points bounded one by one (whole numbers stay whole: the gradient to the
+    # grid flows through the fractions alone, as in aten's backward)
+    xs = [s.bounded(s.op("Add", x0, s.num(k - 1.0)), s.w) for k in range(4)]
+    ys = [s.bounded(s.op("Add", y0, s.num(k - 1.0)), s.h) for k in range(4)]
+    values, inside = s.points(xs, ys)
+    values = s.op("Where", s.channels(inside, "bool"), values, s.num(0.0), ty=s.type_of(values))
+    cx = s.channels(s.stacked(s.cubic(s.op("Sub", ix, x0)), True))  # [N, 1, 1, 4, Ho, Wo]
+    cy = s.channels(s.stacked(s.cubic(s.op("Sub", iy, y0)), False))  # [N, 1, 4, 1, Ho, Wo]
+    rows_t = TensorType(s.dt, (s.n, s.c, 4, 1, s.ho, s.wo))
+    rows = s.op(
+        "ReduceSum",
+        s.op("Mul", values, cx, ty=s.type_of(values)),
+        ctx.ints([3]),
+        ty=rows_t,
+        keepdims=1,
+    )
+    return ctx.one("ReduceSum", [s.op("Mul", rows, cy, ty=rows_t), reduced], keepdims=0)
 
 
 # -- col2im (nn.Fold) ---------------------------------------------------------------------------
