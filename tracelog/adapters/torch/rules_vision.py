@@ -591,10 +591,10 @@ def _im2col(ctx: Ctx) -> Names:
 # float32 whatever the input (5e-7 off torch in float64, onnx 1.23), so the float64
 # translation check could not pass on it, and the other targets would each need a
 # helper and its gradient to the grid. As plain ops (Floor, Round, Where, GatherElements
-# of the four corners) every target's own autodiff gives aten's backward: the corner
-# indices are constants (Floor and Round have zero derivative, as in aten's backward),
-# the gradient to the grid flows through the bilinear weights, an out-of-range corner
-# carries weight 0 and so no gradient, as aten skips it; and the arithmetic is aten's.
+# of the points around each sample) every target's own autodiff gives aten's backward:
+# the points' indices are constants (Floor and Round have zero derivative, as in aten's
+# backward), the gradient to the grid flows through the weights, a point outside the
+# image carries weight 0 and so no gradient, as aten skips it; the arithmetic is aten's.
 def _linspace_from_neg_one(n: int, align_corners: bool) -> np.ndarray:
     """aten's base grid axis (linspace_from_neg_one), in float64."""
     import torch
@@ -775,11 +775,11 @@ class _GridSampler:
         )
         return values, inside
 
-    def channels(self, t: str, dtype: str | None = None) -> str:
+    def channels(self, t: str) -> str:
         """[N, ky, kx, Ho, Wo] as [N, 1, ky, kx, Ho, Wo], for every channel."""
-        dims = self.type_of(t).shape[1:]
-        ty = TensorType(dtype or self.dt, (self.n, 1, *dims))
-        return self.op("Unsqueeze", t, self.ctx.ints([1]), ty=ty)
+        ty = self.type_of(t)
+        wide = TensorType(ty.dtype, (self.n, 1, *ty.shape[1:]))
+        return self.op("Unsqueeze", t, self.ctx.ints([1]), ty=wide)
 
     def cubic(self, t: str) -> list[str]:
         """aten's get_cubic_upsample_coefficients(t), A = -0.75, each in
@@ -820,7 +820,7 @@ def _grid_sampler_2d(ctx: Ctx) -> Names:
     if mode == 1:
         ix, iy = s.source_index(gx, s.w), s.source_index(gy, s.h)
         values, inside = s.points([s.op("Round", ix)], [s.op("Round", iy)])
-        kept = s.op("Where", s.channels(inside, "bool"), values, s.num(0.0), ty=s.type_of(values))
+        kept = s.op("Where", s.channels(inside), values, s.num(0.0), ty=s.type_of(values))
         return ctx.one("Reshape", [kept, ctx.shape_const(list(ctx.out_type().shape))])
     reduced = ctx.ints([2, 3])
     if mode == 0:
@@ -842,7 +842,7 @@ def _grid_sampler_2d(ctx: Ctx) -> Names:
     xs = [s.bounded(s.op("Add", x0, s.num(k - 1.0)), s.w) for k in range(4)]
     ys = [s.bounded(s.op("Add", y0, s.num(k - 1.0)), s.h) for k in range(4)]
     values, inside = s.points(xs, ys)
-    values = s.op("Where", s.channels(inside, "bool"), values, s.num(0.0), ty=s.type_of(values))
+    values = s.op("Where", s.channels(inside), values, s.num(0.0), ty=s.type_of(values))
     cx = s.channels(s.stacked(s.cubic(s.op("Sub", ix, x0)), True))  # [N, 1, 1, 4, Ho, Wo]
     cy = s.channels(s.stacked(s.cubic(s.op("Sub", iy, y0)), False))  # [N, 1, 4, 1, Ho, Wo]
     rows_t = TensorType(s.dt, (s.n, s.c, 4, 1, s.ho, s.wo))
