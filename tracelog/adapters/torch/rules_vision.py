@@ -583,3 +583,360 @@ def _im2col(ctx: Ctx) -> Names:
         else taps[0]
     )
     return ctx.one("Reshape", [stacked, ctx.shape_const(list(ctx.out_type().shape))])
+
+
+# -- spatial transformers: affine_grid and grid_sample (4-D) -----------------------------------
+# Written as plain IR after aten's decompositions (torch/_decomp: affine_grid_generator,
+# grid_sampler_2d), not as ONNX GridSample: onnx.reference's GridSample computes in
+# float32 whatever the input (5e-7 off torch in float64, onnx 1.23), so the float64
+# translation check could not pass on it, and the other targets would each need a
+# helper and its gradient to the grid. As plain ops (Floor, Round, Where, GatherElements
+# of the points around each sample) every target's own autodiff gives aten's backward:
+# the points' indices are constants (Floor and Round have zero derivative, as in aten's
+# backward), the gradient to the grid flows through the weights, a point outside the
+# image carries weight 0 and so no gradient, as aten skips it; the arithmetic is aten's.
+def _linspace_from_neg_one(n: int, align_corners: bool) -> np.ndarray:
+    """aten's base grid axis (linspace_from_neg_one), in float64."""
+    import torch
+
+    if n <= 1:
+        return np.zeros(1)
+    steps = torch.linspace(-1.0, 1.0, n, dtype=torch.float64)
+    return (steps if align_corners else steps * (n - 1) / n).numpy()
+
+
+@ATEN.register("aten.affine_grid_generator.default")
+def _affine_grid(ctx: Ctx) -> Names:
+    """affine_grid_generator(theta [N, 2, 3], size [N, C, H, W], align_corners):
+    [N, H, W, 2], the base grid of (x, y, 1) per output pixel times theta^T, one
+    batched matmul as aten's kernel (bmm). The base grid is a constant of H * W
+    rows that does not depend on the batch."""
+    tt = ctx.in_type(0)
+    size = [int(s) for s in ctx.arg(1, "size")]
+    if len(size) != 4:
+        raise NotSupported("affine_grid over a volume (5-D)")
+    h, w = size[2:]
+    align = bool(ctx.arg(2, "align_corners"))
+    ys, xs = np.meshgrid(
+        _linspace_from_neg_one(h, align), _linspace_from_neg_one(w, align), indexing="ij"
+    )
+    base = np.stack([xs.ravel(), ys.ravel(), np.ones(h * w)], axis=1)  # [H * W, 3]
+    n = tt.shape[0]
+    theta_t = ctx.helper("Transpose", [ctx.t(0)], TensorType(tt.dtype, (n, 3, 2)), perm=[0, 2, 1])
+    flat = ctx.helper(
+        "MatMul", [ctx.const(base, tt.dtype), theta_t], TensorType(tt.dtype, (n, h * w, 2))
+    )
+    return ctx.one("Reshape", [flat, ctx.shape_const(list(ctx.out_type().shape))])
+
+
+_GRID_MODES = {0: "bilinear", 1: "nearest", 2: "bicubic"}
+
+
+class _GridSampler:
+    """The IR of one grid_sampler_2d record: x [N, C, H, W] sampled at grid
+    [N, Ho, Wo, 2] (x, y in [-1, 1]), as aten's decomposition computes it.
+    The points a mode reads around each sample (1, 2 x 2 or 4 x 4) are
+    gathered at once, on axes [N, C, ky, kx, Ho, Wo], and weighted there."""
+
+    def __init__(self, ctx: Ctx) -> None:
+        self.ctx = ctx
+        xt, gt = ctx.in_type(0), ctx.in_type(1)
+        self.dt = xt.dtype
+        self.n, c, h, w = xt.shape
+        _, ho, wo, _ = gt.shape
+        fixed = [c, h, w, ho, wo]
+        if any(is_symbolic(d) for d in fixed):
+            raise NotSupported("grid_sample over a symbolic channel or spatial size")
+        self.c, self.h, self.w, self.ho, self.wo = (int(d) for d in fixed)
+        self.padding = int(ctx.arg(3, "padding_mode"))
+        self.align = bool(ctx.arg(4, "align_corners"))
+        self.coord_t = TensorType(self.dt, (self.n, self.ho, self.wo))
+
+    def num(self, v: float) -> str:
+        return self.ctx.const(v, self.dt)
+
+    def op(self, op: str, *inputs: str, ty: TensorType | None = None, **attrs: object) -> str:
+        return self.ctx.helper(op, list(inputs), ty or self.coord_t, **attrs)
+
+    def type_of(self, name: str) -> TensorType:
+        return self.ctx.b.values[name].type
+
+    def typed(self, dims: tuple[int | str, ...], dtype: str | None = None) -> TensorType:
+        """[N, *dims, Ho, Wo]."""
+        return TensorType(dtype or self.dt, (self.n, *dims, self.ho, self.wo))
+
+    def axis(self, k: int) -> str:
+        """grid[..., k]: x (k = 0) or y (k = 1)."""
+        return self.op("Gather", self.ctx.t(1), self.ctx.const(k, "int64"), axis=3)
+
+    def unnormalize(self, coord: str, size: int) -> str:
+        """From [-1, 1] to pixel units (aten's grid_sampler_unnormalize)."""
+        mul = size * 0.5 - 0.5 if self.align else size * 0.5
+        return self.op("Add", self.op("Mul", coord, self.num(mul)), self.num(size * 0.5 - 0.5))
+
+    def bounded(self, u: str, size: int) -> str:
+        """aten's compute_coordinates: as is (zeros), clipped (border), or
+        reflected and clipped (reflection)."""
+        if self.padding == 0:
+            return u
+        if self.padding == 2:
+            u = (
+                self.reflect(u, 0, 2 * (size - 1))
+                if self.align
+                else self.reflect(u, -1, 2 * size - 1)
+            )
+        return self.op("Clip", u, self.num(0.0), self.num(size - 1.0))
+
+    def source_index(self, coord: str, size: int) -> str:
+        """aten's grid_sampler_compute_source_index."""
+        return self.bounded(self.unnormalize(coord, size), size)
+
+    def reflect(self, u: str, twice_low: int, twice_high: int) -> str:
+        """u reflected about low and high until inside them (aten's
+        reflect_coordinates); the derivative's sign flips with each reflection."""
+        if twice_low == twice_high:
+            return self.op("Mul", u, self.num(0.0))
+        low, span = twice_low / 2, (twice_high - twice_low) / 2
+        dist = self.op("Abs", self.op("Sub", u, self.num(low)))
+        extra = self.op("Mod", dist, self.num(span), fmod=1)
+        flips = self.op("Floor", self.op("Div", dist, self.num(span)))
+        odd = self.op(  # flips is a whole number >= 0: its fmod by 2 is exact
+            "Equal",
+            self.op("Mod", flips, self.num(2.0), fmod=1),
+            self.num(1.0),
+            ty=self.typed((), "bool"),
+        )
+        return self.op(
+            "Where",
+            odd,
+            self.op("Sub", self.num(span + low), extra),
+            self.op("Add", extra, self.num(low)),
+        )
+
+    def stacked(self, parts: list[str], along_x: bool) -> str:
+        """[N, Ho, Wo] tensors stacked as [N, 1, k, Ho, Wo] (along x) or
+        [N, k, 1, Ho, Wo] (along y)."""
+        one = self.typed((1, 1))
+        units = [self.op("Unsqueeze", p, self.ctx.ints([1, 2]), ty=one) for p in parts]
+        if len(units) == 1:
+            return units[0]
+        k = len(units)
+        return self.op(
+            "Concat", *units, ty=self.typed((1, k) if along_x else (k, 1)), axis=2 if along_x else 1
+        )
+
+    def points(self, xs: list[str], ys: list[str]) -> tuple[str, str]:
+        """(x[n, :, ys[i], xs[j]] as [N, C, ky, kx, Ho, Wo] where inside the
+        image, else x[n, :, 0, 0]; the inside mask, [N, ky, kx, Ho, Wo]) at
+        whole-number coordinates, by one GatherElements over x as [N, C, H * W]."""
+        ky, kx = len(ys), len(xs)
+        x, y = self.stacked(xs, True), self.stacked(ys, False)
+
+        def within(v: str, size: int, dims: tuple[int, int]) -> str:
+            mask_t = self.typed(dims, "bool")
+            low = self.op("GreaterOrEqual", v, self.num(0.0), ty=mask_t)
+            high = self.op("Less", v, self.num(float(size)), ty=mask_t)
+            return self.op("And", low, high, ty=mask_t)
+
+        inside = self.op(
+            "And",
+            within(x, self.w, (1, kx)),
+            within(y, self.h, (ky, 1)),
+            ty=self.typed((ky, kx), "bool"),
+        )
+        # the flat index y * W + x: whole numbers below float32's 2^24 (checked)
+        linear = self.op(
+            "Add", self.op("Mul", y, self.num(float(self.w))), x, ty=self.typed((ky, kx))
+        )
+        linear = self.op("Where", inside, linear, self.num(0.0), ty=self.typed((ky, kx)))
+        index = self.op("Cast", linear, ty=self.typed((ky, kx), "int64"), to="int64")
+        count = ky * kx * self.ho * self.wo
+        row_t = TensorType("int64", (self.n, 1, count))
+        index = self.op("Reshape", index, self.ctx.shape_const([self.n, 1, count]), ty=row_t)
+        # Expand broadcasts both ways: [1, C, 1] leaves the batch as it is
+        wide_t = TensorType("int64", (self.n, self.c, count))
+        index = self.op("Expand", index, self.ctx.ints([1, self.c, 1]), ty=wide_t)
+        hw = self.h * self.w
+        flat = self.op(
+            "Reshape",
+            self.ctx.t(0),
+            self.ctx.shape_const([self.n, self.c, hw]),
+            ty=TensorType(self.dt, (self.n, self.c, hw)),
+        )
+        picked = self.op(
+            "GatherElements", flat, index, ty=TensorType(self.dt, (self.n, self.c, count)), axis=2
+        )
+        shape = [self.n, self.c, ky, kx, self.ho, self.wo]
+        values = self.op(
+            "Reshape",
+            picked,
+            self.ctx.shape_const(shape),
+            ty=TensorType(self.dt, tuple(shape)),
+        )
+        return values, inside
+
+    def channels(self, t: str) -> str:
+        """[N, ky, kx, Ho, Wo] as [N, 1, ky, kx, Ho, Wo], for every channel."""
+        ty = self.type_of(t)
+        wide = TensorType(ty.dtype, (self.n, 1, *ty.shape[1:]))
+        return self.op("Unsqueeze", t, self.ctx.ints([1]), ty=wide)
+
+    def cubic(self, t: str) -> list[str]:
+        """aten's get_cubic_upsample_coefficients(t), A = -0.75, each in
+        its order of operations."""
+        a = -0.75
+        mul, add, sub = "Mul", "Add", "Sub"
+
+        def near(x: str) -> str:  # cubic_convolution1: ((A + 2) x - (A + 3)) x x + 1
+            inner = self.op(sub, self.op(mul, x, self.num(a + 2)), self.num(a + 3))
+            return self.op(add, self.op(mul, self.op(mul, inner, x), x), self.num(1.0))
+
+        def far(x: str) -> str:  # cubic_convolution2: ((A x - 5 A) x + 8 A) x - 4 A
+            inner = self.op(sub, self.op(mul, x, self.num(a)), self.num(5 * a))
+            inner = self.op(add, self.op(mul, inner, x), self.num(8 * a))
+            return self.op(sub, self.op(mul, inner, x), self.num(4 * a))
+
+        one = self.num(1.0)
+        rest = self.op(sub, one, t)
+        return [far(self.op(add, t, one)), near(t), near(rest), far(self.op(add, rest, one))]
+
+
+@ATEN.register("aten.grid_sampler_2d.default")
+def _grid_sampler_2d(ctx: Ctx) -> Names:
+    """grid_sampler_2d(x, grid, mode, padding_mode, align_corners): bilinear
+    (the 2 x 2 points around, weighted), nearest (Round: half to even, as
+    aten's nearbyint) or bicubic (the 4 x 4 points around, each bounded by the
+    padding, weighted by aten's cubic coefficients of the fractions: rows
+    along x, then along y); padding zeros, border or reflection. The sums
+    over the points are a ReduceSum, where aten adds them one by one: the
+    same sum up to float rounding."""
+    mode = int(ctx.arg(2, "interpolation_mode"))
+    if mode not in _GRID_MODES:
+        raise NotSupported(f"grid_sample's interpolation mode {mode}")
+    s = _GridSampler(ctx)
+    if s.h * s.w >= 1 << 24:
+        raise NotSupported("grid_sample of an image of 2^24 pixels or more")
+    gx, gy = s.axis(0), s.axis(1)
+    if mode == 1:
+        ix, iy = s.source_index(gx, s.w), s.source_index(gy, s.h)
+        values, inside = s.points([s.op("Round", ix)], [s.op("Round", iy)])
+        kept = s.op("Where", s.channels(inside), values, s.num(0.0), ty=s.type_of(values))
+        return ctx.one("Reshape", [kept, ctx.shape_const(list(ctx.out_type().shape))])
+    reduced = ctx.ints([2, 3])
+    if mode == 0:
+        ix, iy = s.source_index(gx, s.w), s.source_index(gy, s.h)
+        x0, y0 = s.op("Floor", ix), s.op("Floor", iy)
+        x1, y1 = s.op("Add", x0, s.num(1.0)), s.op("Add", y0, s.num(1.0))
+        values, inside = s.points([x0, x1], [y0, y1])
+        # aten's weights: (x1 - ix or ix - x0) * (y1 - iy or iy - y0), 0 outside
+        wx = s.stacked([s.op("Sub", x1, ix), s.op("Sub", ix, x0)], True)
+        wy = s.stacked([s.op("Sub", y1, iy), s.op("Sub", iy, y0)], False)
+        weights = s.op("Mul", wx, wy, ty=s.typed((2, 2)))
+        weights = s.op("Where", inside, weights, s.num(0.0), ty=s.typed((2, 2)))
+        terms = s.op("Mul", values, s.channels(weights), ty=s.type_of(values))
+        return ctx.one("ReduceSum", [terms, reduced], keepdims=0)
+    ix, iy = s.unnormalize(gx, s.w), s.unnormalize(gy, s.h)
+    x0, y0 = s.op("Floor", ix), s.op("Floor", iy)
+    # the points bounded one by one (whole numbers stay whole: the gradient to the
+    # grid flows through the fractions alone, as in aten's backward)
+    xs = [s.bounded(s.op("Add", x0, s.num(k - 1.0)), s.w) for k in range(4)]
+    ys = [s.bounded(s.op("Add", y0, s.num(k - 1.0)), s.h) for k in range(4)]
+    values, inside = s.points(xs, ys)
+    values = s.op("Where", s.channels(inside), values, s.num(0.0), ty=s.type_of(values))
+    cx = s.channels(s.stacked(s.cubic(s.op("Sub", ix, x0)), True))  # [N, 1, 1, 4, Ho, Wo]
+    cy = s.channels(s.stacked(s.cubic(s.op("Sub", iy, y0)), False))  # [N, 1, 4, 1, Ho, Wo]
+    rows_t = TensorType(s.dt, (s.n, s.c, 4, 1, s.ho, s.wo))
+    rows = s.op(
+        "ReduceSum",
+        s.op("Mul", values, cx, ty=s.type_of(values)),
+        ctx.ints([3]),
+        ty=rows_t,
+        keepdims=1,
+    )
+    return ctx.one("ReduceSum", [s.op("Mul", rows, cy, ty=rows_t), reduced], keepdims=0)
+
+
+# -- col2im (nn.Fold) ---------------------------------------------------------------------------
+@ATEN.register("aten.col2im.default")
+def _col2im(ctx: Ctx) -> Names:
+    """col2im(x, output_size, kernel_size, dilation, padding, stride): x [N?,
+    C * kh * kw, L] to [N?, C, H, W], the adjoint of im2col: each tap's [L]
+    row, laid out on the block grid, is added into the zero-padded image at
+    the tap's offset, and the padding cut off. Each tap is placed by Pad
+    (spread by the stride first: Pad on unit axes and a Reshape), and the
+    taps are added in aten's order (kernel row, then column) starting from the
+    first, so each pixel is the same float sum as aten's CPU kernel; the
+    gradient, by autodiff of Gather, Pad, Reshape and Add, is im2col's."""
+    xt = ctx.in_type(0)
+    *lead, rows, length = xt.shape
+    out = [int(o) for o in _pair(ctx.arg(1, "output_size"), 2)]
+    kernel, dilation = _pair(ctx.arg(2, "kernel_size"), 2), _pair(ctx.arg(3, "dilation"), 2)
+    padding, stride = _pair(ctx.arg(4, "padding"), 2), _pair(ctx.arg(5, "stride"), 2)
+    if is_symbolic(rows) or is_symbolic(length):
+        raise NotSupported("col2im of a symbolic number of rows or blocks")
+    taps = kernel[0] * kernel[1]
+    channels = int(rows) // taps
+    padded = [o + 2 * p for o, p in zip(out, padding, strict=True)]
+    blocks = [
+        (n - d * (k - 1) - 1) // s + 1
+        for n, k, d, s in zip(padded, kernel, dilation, stride, strict=True)
+    ]
+    dt, r = xt.dtype, len(lead)  # r: the channel axis
+    grid = [*lead, channels, taps, *blocks]
+    x = ctx.helper("Reshape", [ctx.t(0), ctx.shape_const(grid)], TensorType(dt, tuple(grid)))
+    spans = [(b - 1) * s + 1 for b, s in zip(blocks, stride, strict=True)]
+    total = None
+    for i in range(kernel[0]):
+        for j in range(kernel[1]):
+            tap = ctx.helper(
+                "Gather",
+                [x, ctx.const(i * kernel[1] + j, "int64")],
+                TensorType(dt, (*lead, channels, *blocks)),
+                axis=r + 1,
+            )
+            if stride != [1, 1]:
+                tap = _spread(ctx, tap, [*lead, channels], blocks, stride, dt)
+            before = [i * dilation[0], j * dilation[1]]
+            after = [n - b - s for n, b, s in zip(padded, before, spans, strict=True)]
+            zeros = [0] * (r + 1)
+            placed = ctx.helper(
+                "Pad",
+                [tap, ctx.ints(zeros + before + zeros + after)],
+                TensorType(dt, (*lead, channels, *padded)),
+            )
+            if total is None:
+                total = placed
+            else:
+                total = ctx.helper(
+                    "Add", [total, placed], TensorType(dt, (*lead, channels, *padded))
+                )
+    assert total is not None  # a kernel has at least one tap
+    if not any(padding):
+        return ctx.one("Identity", [total])
+    ends = [p + o for p, o in zip(padding, out, strict=True)]
+    return ctx.one("Slice", [total, ctx.ints(padding), ctx.ints(ends), ctx.ints([r + 1, r + 2])])
+
+
+def _spread(
+    ctx: Ctx, tap: str, lead: list[int | str], blocks: list[int], stride: list[int], dt: str
+) -> str:
+    """[*lead, bh, bw] to [*lead, (bh - 1) * sh + 1, (bw - 1) * sw + 1]: each
+    element at its multiple of the stride, zeros between."""
+    r = len(lead)
+    (bh, bw), (sh, sw) = blocks, stride
+    unit = ctx.helper(
+        "Unsqueeze", [tap, ctx.ints([r + 1, r + 3])], TensorType(dt, (*lead, bh, 1, bw, 1))
+    )
+    zeros = [0] * (r + 4)
+    after = [0] * r + [0, sh - 1, 0, sw - 1]
+    wide = ctx.helper(
+        "Pad", [unit, ctx.ints(zeros + after)], TensorType(dt, (*lead, bh, sh, bw, sw))
+    )
+    flat = [*lead, bh * sh, bw * sw]
+    spread = ctx.helper("Reshape", [wide, ctx.shape_const(flat)], TensorType(dt, tuple(flat)))
+    ends = [(bh - 1) * sh + 1, (bw - 1) * sw + 1]
+    return ctx.helper(
+        "Slice",
+        [spread, ctx.ints([0, 0]), ctx.ints(ends), ctx.ints([r, r + 1])],
+        TensorType(dt, (*lead, *ends)),
+    )
