@@ -389,6 +389,9 @@ LOSSES: dict[str, tuple[Callable[[], Any], str | None, str]] = {
     "Hinge": (K.Hinge, None, "binary"),
     "SquaredHinge": (K.SquaredHinge, None, "binary"),
     "CategoricalHinge": (K.CategoricalHinge, None, "onehot"),
+    # sums over the whole batch's targets (once a constant of each batch's data)
+    "Dice": (K.Dice, "sigmoid", "binary"),
+    "Tversky": (_l(K.Tversky, alpha=0.7, beta=0.3), "sigmoid", "binary"),
     # sample weights: one per sample (the loss reduction weighs and divides)
     "SparseCCE_logits_weighted": (
         _l(K.SparseCategoricalCrossentropy, from_logits=True),

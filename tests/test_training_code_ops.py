@@ -3,8 +3,9 @@ crashed the recording, or lost the float64 reference (found by trying them):
 nn.BCELoss on probabilities, cross entropy with label smoothing, class weights
 and an ignored label together, torch.roll by one along the batch (each
 sample's neighbour as its negative), index_add into a tensor made without a
-dtype, diag_embed, bucketize, linspace, Tensor.unfold (sliding windows), an
-embedding with scale_grad_by_freq,
+dtype, diag_embed, bucketize, linspace, Tensor.unfold (sliding windows),
+torch.quantile (sort, lerp by tensors, any, isnan, squeeze_), index_copy,
+index_fill, special.xlog1py, an embedding with scale_grad_by_freq,
 and torch.isfinite (a product of bools). Each translates on every target with
 its float64 rows."""
 
@@ -47,6 +48,13 @@ class _Ops(nn.Module):
             spread.repeat(1, 2),
             torch.where(torch.isfinite(h.log()), h, -h),
             h.roll(1, 0) - h.roll(-1, 0) * 0.5,
+            torch.quantile(h, 0.75, dim=-1, keepdim=True),  # sort, lerp, any, isnan
+            torch.quantile(h, torch.tensor([0.1, 0.5]), dim=-1).T.repeat(1, 4),
+            torch.zeros(n, 8).index_copy(1, torch.arange(8).flip(0), h),
+            h.index_fill(1, torch.tensor([0, 3]), 0.5),
+            torch.special.xlog1py(h.relu(), h.abs()),
+            torch.lerp(h, h.flip(-1), torch.sigmoid(h.detach())),
+            (h > 0).any(-1, keepdim=True).float() + (h > -3).all(-1, keepdim=True).float(),
             h.unfold(1, 4, 2).sum(-1).repeat(1, 3)[:, :8],  # windows of 4, every 2
             h.view(n, 2, 4).unfold(2, 2, 1).reshape(n, 12)[:, :8],
         ]
@@ -156,6 +164,38 @@ def test_a_fresh_exponential_draw_has_rate_one(target: str) -> None:
         drawn = namespace["_exponential"](tf.constant(like), None, "mask.0").numpy()
     assert drawn.dtype == np.float32 and drawn.min() >= 0.0
     assert abs(drawn.mean() - 1.0) < 0.05 and abs(drawn.std() - 1.0) < 0.05
+
+
+def _per_positive(p: torch.Tensor, y: torch.Tensor) -> torch.Tensor:
+    """A multi-label loss normalised by the batch's positives, and a token loss
+    by its valid labels: sums over the targets, computed after the forward."""
+    labels = (y.unsqueeze(1) == torch.arange(5)).float()
+    positives = labels.sum().clamp(min=1)
+    bce = F.binary_cross_entropy_with_logits(p, labels, reduction="sum") / positives
+    masked = torch.where(y == 3, torch.full_like(y, -100), y)
+    valid = (masked != -100).sum()
+    return bce + F.cross_entropy(p, masked, ignore_index=-100, reduction="sum") / valid
+
+
+@pytest.mark.parametrize("mode", ["exact", "guarded"])
+def test_a_loss_normalised_by_its_targets_is_one_graph(mode: str, tmp_path: Path) -> None:
+    # the sums over the targets were constants of each batch's data: a loss graph per
+    # batch (exact), and guarded batches counted for another batch's graph
+    torch.manual_seed(0)
+    model = nn.Linear(6, 5)
+    with TorchListener(model, tmp_path, mode=mode, guard_after=2, strict=True) as listener:
+        for step in range(8):
+            x, y = torch.randn(10, 6), torch.randint(0, 5, (10,))
+            y[step % 10] = 3  # a different count of ignored labels in each batch
+            with listener.batch():
+                _per_positive(model(x), y).backward()
+            model.zero_grad()
+    log = tracelog.load(tmp_path)
+    assert [e.usage.batches for e in log.entries.values() if e.kind == "loss"] == [8]
+    if mode == "guarded":
+        assert log.recording is not None and log.recording.get("guarded", 0) > 0, log.recording
+    report = tracelog.check(tmp_path, "torch")
+    assert report.ok and all(c.ok for c in report.comparisons), report.table()
 
 
 def test_a_roll_along_the_batch_by_more_than_one_is_unsupported(tmp_path: Path) -> None:

@@ -24,7 +24,7 @@ import os
 import threading
 import weakref
 from abc import ABC, abstractmethod
-from collections.abc import Callable, Iterable, Iterator
+from collections.abc import Callable, Iterable, Iterator, Sequence
 from contextlib import AbstractContextManager
 from dataclasses import dataclass
 from typing import Any
@@ -218,6 +218,29 @@ class WindowBase(ABC):
             if ref is not None and ref[0] in MODEL_KINDS:
                 return True
         return False
+
+    def reduces_targets(self, inputs: Sequence[Any], outputs: Sequence[Any]) -> bool:
+        """An op after the forward, on the batch's targets, whose results have no
+        batch dim (y.sum(), (labels != -100).sum(): a loss normalised by its
+        positives or its tokens): recorded, its batch-sized inputs becoming
+        targets. Left out as data preparation, the loss would meet its result as
+        a constant of this batch's data: a graph per batch, and a guarded batch
+        counted for another batch's graph."""
+        batch = self.tape.batch_size
+        if batch is None or batch < 2 or not outputs:
+            return False
+        if not any(
+            (lead := self._lead(t))
+            and lead % batch == 0
+            and (self.refs.get(id(t)) is None or self.refs[id(t)][0] == "t")
+            for t in inputs
+        ):
+            return False
+        return all(not (lead := self._lead(o)) or lead % batch for o in outputs)
+
+    def _lead(self, t: Any) -> int:
+        shape = self.shape_of(t)
+        return int(shape[0]) if shape else 0
 
     def targ(self, t: Any, ref: Ref, tainted: bool) -> TArg:
         return TArg(

@@ -233,7 +233,11 @@ class _Window(WindowBase):
                 self.rng[r] = t
                 self.keep.append(t)
             return
-        if region == "post" and not self.from_model(inputs):
+        if (
+            region == "post"
+            and not self.from_model(inputs)
+            and not self.reduces_targets(inputs, outputs)
+        ):
             return  # data preparation after the forward: its results meet the loss as targets
         args = tuple(self.arg(t, region) for t in inputs)
         tainted = any(a.ref in self.taint for a in args)

@@ -23,7 +23,7 @@ from tracelog.adapters.symbols import Fixed, Shapes, Sources, with_symbols
 from tracelog.adapters.tape import Ref, Tape, TArg, concrete_shape, map_targs
 from tracelog.ir import BATCH, batch_dim, batch_factor, is_symbolic
 
-from .tensors import TORCH_DTYPES, flatten_tensors
+from .tensors import OUT_OF_PLACE_VIEWS, TORCH_DTYPES, flatten_tensors
 
 # Random ops keep their input's shape; replaying them would still be shape-only,
 # but they are skipped so no generator is ever touched.
@@ -393,7 +393,7 @@ class _MetaReplay:
         # a view replays as a reshape: the tape holds values, not layouts (the
         # contiguous copy that torch made before an _unsafe_view is an alias
         # there), so a view the source ran may not be one of the replay's metas
-        func = _RESHAPE if rec.op in _VIEWS else rec.func
+        func = _RESHAPE if rec.op in _VIEWS else OUT_OF_PLACE_VIEWS.get(rec.op, rec.func)
         outs: list[torch.Tensor] = []
         flatten_tensors(func(*args, **kwargs), outs)
         return outs

@@ -376,11 +376,13 @@ class _Window(WindowBase):
         region = self.region()
         if region is None:
             return  # before the forward: preprocessing, not part of either graph
-        if region == "post" and not self.from_model(_tensors_in((args, kwargs))):
-            # Data preparation after the forward (y[idx], y.long()): not part of
-            # the loss graph. Its outputs stay unknown, so the loss meets them as
-            # targets (batch-sized) or constants.
-            return
+        if region == "post":
+            tensors = _tensors_in((args, kwargs))
+            if not self.from_model(tensors) and not self.reduces_targets(tensors, _flat(out)):
+                # Data preparation after the forward (y[idx], y.long()): not part of
+                # the loss graph. Its outputs stay unknown, so the loss meets them as
+                # targets (batch-sized) or constants.
+                return
         # a method, not a closure: a recursive closure is a reference cycle, and
         # it would keep the window (its tape, its tensors) alive until the
         # garbage collector ran
@@ -1348,6 +1350,12 @@ class TorchListener(GuardedCounting, ListenerBase):
 
 _PLAIN = (bool, int, float, str, torch.dtype, torch.device, torch.layout, torch.memory_format)
 _PLAIN_TYPES = frozenset(_PLAIN)  # exactly these types (a subclass goes through isinstance)
+
+
+def _flat(out: Any) -> list[torch.Tensor]:
+    found: list[torch.Tensor] = []
+    flatten_tensors(out, found)
+    return found
 
 
 def _tensors_in(obj: Any) -> list[torch.Tensor]:

@@ -26,7 +26,7 @@ from tracelog.adapters.tape import Ref, Tape, TArg
 
 from .rules import VIEW_WRITE, WHOLE_VIEWS, inverse_order
 from .rules_recurrent import MASK_OP
-from .tensors import flatten_tensors
+from .tensors import OUT_OF_PLACE_VIEWS, flatten_tensors
 
 # random ops replayed as the values the batch drew (a fresh bernoulli_ mask is 0/1
 # until div_ scales it in place, so its nonzeros are the draw)
@@ -144,7 +144,7 @@ class _Replay:
             if kwargs.get("dtype") is None and _makes_default_float(rec):
                 kwargs["dtype"] = torch.float64  # torch.zeros(6, 8): the default dtype's
             outs = []
-            func = _DEFINITIONS.get(rec.op, rec.func)
+            func = _DEFINITIONS.get(rec.op) or OUT_OF_PLACE_VIEWS.get(rec.op, rec.func)
             flatten_tensors(func(*args, **kwargs), outs)
             outs += [args[i] for i in rec.mutated]
         for k, t in enumerate(outs):

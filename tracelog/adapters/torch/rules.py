@@ -765,7 +765,7 @@ def _permute(ctx: Ctx) -> Names:
     return ctx.one("Transpose", [ctx.t(0)], perm=[int(d) % rank for d in ctx.arg(1)])
 
 
-@ATEN.register("aten.transpose.int")
+@ATEN.register("aten.transpose.int", "aten.transpose_.default")  # transpose_: torch.quantile
 def _transpose(ctx: Ctx) -> Names:
     rank = len(ctx.in_type(0).shape)
     perm = list(range(rank))
@@ -774,7 +774,7 @@ def _transpose(ctx: Ctx) -> Names:
     return ctx.one("Transpose", [ctx.t(0)], perm=perm)
 
 
-@ATEN.register("aten.t.default")
+@ATEN.register("aten.t.default", "aten.t_.default")
 def _t(ctx: Ctx) -> Names:
     if len(ctx.in_type(0).shape) < 2:
         return [ctx.t(0)]
@@ -786,9 +786,18 @@ def _unsqueeze(ctx: Ctx) -> Names:
     return ctx.one("Unsqueeze", [ctx.t(0), ctx.ints([int(ctx.arg(1))])])
 
 
-@ATEN.register("aten.squeeze.dim", "aten.squeeze.dims", "aten.squeeze.default")
+@ATEN.register(
+    "aten.squeeze.dim",
+    "aten.squeeze.dims",
+    "aten.squeeze.default",
+    "aten.squeeze_.dim",  # torch.quantile squeezes its sorted copy in place
+    "aten.squeeze_.dims",
+    "aten.squeeze_.default",
+)
 def _squeeze(ctx: Ctx) -> Names:
-    shape = ctx.in_type(0).shape
+    # the input's shape as its IR value has it: squeeze_'s argument is recorded after
+    # the op squeezed it in place
+    shape = ctx.b.values[ctx.t(0)].type.shape
     dims = _axes(ctx.arg(1, "dim"))
     if dims is None:
         dims = [i for i, d in enumerate(shape) if d == 1]

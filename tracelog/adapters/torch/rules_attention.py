@@ -912,14 +912,20 @@ def _sort(ctx: Ctx) -> Names:
 def _index_add(ctx: Ctx) -> Names:
     """self with source's slices added at index along dim (repeats accumulate),
     times alpha: ScatterElements(add) with the index spread over source's shape."""
+    return _index_scatter(ctx, "add")
+
+
+def _index_scatter(ctx: Ctx, reduction: str | None) -> Names:
+    """index_add / index_copy (self, dim, index, source[, alpha]) as
+    ScatterElements along dim, each index entry spread over its slice."""
     xt, st = ctx.in_type(0), ctx.in_type(3)
     rank = len(xt.shape)
     if rank == 0:
-        raise NotSupported("index_add into a 0-dim tensor")
+        raise NotSupported("an index write into a 0-dim tensor")
     dim = int(ctx.arg(1, "dim")) % rank
     dt = ctx.out_type().dtype
     src = _operand(ctx, 3, "source", dt)
-    alpha = ctx.arg(4, "alpha", 1)
+    alpha = ctx.arg(4, "alpha", 1) if reduction == "add" else 1
     if alpha != 1:
         src = ctx.helper("Mul", [src, ctx.const(float(alpha), dt)], TensorType(dt, st.shape))
     it = ctx.in_type(2)
@@ -936,7 +942,8 @@ def _index_add(ctx: Ctx) -> Names:
         else ctx.ints([int(d) for d in st.shape])
     )
     idx = ctx.helper("Expand", [idx, shape], TensorType(it.dtype, st.shape))
-    return ctx.one("ScatterElements", [ctx.t(0), idx, src], axis=dim, reduction="add")
+    attrs = {"reduction": reduction} if reduction else {}
+    return ctx.one("ScatterElements", [ctx.t(0), idx, src], axis=dim, **attrs)
 
 
 @ATEN.register("aten.diag_embed.default")
@@ -993,3 +1000,99 @@ def _linspace(ctx: Ctx) -> Names:
         raise NotSupported("linspace with tensor bounds or a symbolic number of steps")
     values = torch.linspace(start, end, int(steps), dtype=TORCH_DTYPES[out.dtype])
     return [ctx.const(values.numpy(), out.dtype)]
+
+
+@ATEN.register("aten.isnan.default")
+def _isnan(ctx: Ctx) -> Names:
+    if not ctx.in_type(0).dtype.startswith(("float", "bfloat")):
+        raise NotSupported("isnan of an integer tensor (never NaN)")
+    return ctx.one("IsNaN", [ctx.t(0)])
+
+
+def _any_all(kind: str) -> Converter:
+    """any / all along dims (None: every dim) of any dtype: whether some (every)
+    element is nonzero, as a max (min) of 0/1 ints."""
+
+    def rule(ctx: Ctx) -> Names:
+        xt, out = ctx.in_type(0), ctx.out_type()
+        rank = len(xt.shape)
+        flags = ctx.t(0)
+        if xt.dtype != "bool":
+            flags = ctx.helper(
+                "Not",
+                [
+                    ctx.helper(
+                        "Equal", [flags, ctx.const(0, xt.dtype)], TensorType("bool", xt.shape)
+                    )
+                ],
+                TensorType("bool", xt.shape),
+            )
+        ones = ctx.helper("Cast", [flags], TensorType("int32", xt.shape), to="int32")
+        dims = ctx.arg(1, "dim")
+        axes = (
+            list(range(rank))
+            if dims is None
+            else [
+                int(d) % max(rank, 1) for d in (dims if isinstance(dims, (list, tuple)) else [dims])
+            ]
+        )
+        keep = int(bool(ctx.arg(2, "keepdim", False)))
+        if not rank:
+            return ctx.one("Cast", [ones], to="bool")
+        op = "ReduceMax" if kind == "any" else "ReduceMin"
+        reduced = ctx.helper(
+            op, [ones, ctx.ints(axes)], TensorType("int32", out.shape), keepdims=keep
+        )
+        return ctx.one("Cast", [reduced], to="bool")
+
+    return rule
+
+
+for _kind in ("any", "all"):
+    ATEN.add(f"aten.{_kind}.dim", _any_all(_kind))
+    ATEN.add(f"aten.{_kind}.dims", _any_all(_kind))
+    ATEN.add(f"aten.{_kind}.default", _any_all(_kind))
+
+
+@ATEN.register("aten.index_copy.default", "aten.index_copy_.default")
+def _index_copy(ctx: Ctx) -> Names:
+    """self with source's slices written at index along dim: ScatterElements
+    with the index spread over source's shape (index_add's, with no reduction)."""
+    return _index_scatter(ctx, None)
+
+
+@ATEN.register("aten.index_fill.int_Scalar", "aten.index_fill_.int_Scalar")
+def _index_fill(ctx: Ctx) -> Names:
+    """self with the slices at index along dim set to value: a mask over that
+    dim (1 at each index: a ScatterElements into zeros) chooses value."""
+    xt, out = ctx.in_type(0), ctx.out_type()
+    rank = len(xt.shape)
+    dim = int(ctx.arg(1, "dim")) % max(rank, 1)
+    size = xt.shape[dim] if rank else 1
+    if is_symbolic(size):
+        raise NotSupported("index_fill along the batch or a sequence-long dim")
+    it = ctx.in_type(2)
+    count = it.shape[0] if it.shape else 1
+    idx = ctx.helper("Reshape", [ctx.t(2), ctx.ints([-1])], TensorType(it.dtype, (count,)))
+    ones = ctx.helper(
+        "ConstantOfShape",
+        [ctx.helper("Shape", [idx], TensorType("int64", (1,)))],
+        TensorType("int32", (count,)),
+        value=1,
+    )
+    hits = ctx.helper(
+        "ScatterElements",
+        [ctx.const(np.zeros(int(size), np.int32), "int32"), idx, ones],
+        TensorType("int32", (int(size),)),
+        axis=0,
+    )
+    lined = [1] * rank
+    lined[dim] = int(size)
+    chosen = ctx.helper(
+        "Cast",
+        [ctx.helper("Reshape", [hits, ctx.ints(lined or [1])], TensorType("int32", tuple(lined)))],
+        TensorType("bool", tuple(lined)),
+        to="bool",
+    )
+    value = ctx.const(float(ctx.arg(3, "value")), out.dtype)
+    return ctx.one("Where", [chosen, value, ctx.t(0)])

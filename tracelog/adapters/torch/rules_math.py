@@ -301,7 +301,26 @@ def _softshrink(ctx: Ctx) -> Names:
     return ctx.one("Where", [above, lowered, inner])
 
 
-@ATEN.register("aten.lerp.Scalar")
+@ATEN.register("aten.lerp.Tensor", "aten.lerp_.Tensor")
+def _lerp_tensor(ctx: Ctx) -> Names:
+    # torch's kernel per element: start + w (end - start) where |w| < 0.5, else
+    # end - (end - start)(1 - w) (torch.quantile interpolates so)
+    out = ctx.out_type()
+    dt = out.dtype
+    start, end, w = (_operand(ctx, i, k, dt) for i, k in ((0, "self"), (1, "end"), (2, "weight")))
+    diff = ctx.helper("Sub", [end, start], out)
+    near = ctx.helper("Add", [start, ctx.helper("Mul", [w, diff], out)], out)
+    rest = ctx.helper("Sub", [ctx.const(1.0, dt), w], ctx.in_type(2))
+    far = ctx.helper("Sub", [end, ctx.helper("Mul", [diff, rest], out)], out)
+    small = ctx.helper(
+        "Less",
+        [ctx.helper("Abs", [w], ctx.in_type(2)), ctx.const(0.5, dt)],
+        TensorType("bool", ctx.in_type(2).shape),
+    )
+    return ctx.one("Where", [small, near, far])
+
+
+@ATEN.register("aten.lerp.Scalar", "aten.lerp_.Scalar")
 def _lerp(ctx: Ctx) -> Names:
     # as torch's kernel: start + w (end - start) for |w| < 0.5, else
     # end - (end - start)(1 - w), the form exact at w = 1
@@ -611,6 +630,25 @@ def _xlogy(ctx: Ctx) -> Names:
     safe_y = ctx.helper("Where", [zero, ctx.const(1.0, dt), y], out)
     product = ctx.helper("Mul", [x, ctx.helper("Log", [safe_y], out)], out)
     return ctx.one("Where", [zero, ctx.const(0.0, dt), product])
+
+
+@ATEN.register(
+    "aten.special_xlog1py.default",
+    "aten.special_xlog1py.self_scalar",
+    "aten.special_xlog1py.other_scalar",
+)
+def _xlog1py(ctx: Ctx) -> Names:
+    # x * log1p(y), 0 where x is 0 unless y is NaN (aten's xlog1py), the
+    # product taken of log1p(0) there, as xlogy
+    out = ctx.out_type()
+    dt, mask = out.dtype, TensorType("bool", out.shape)
+    x, y = _operand(ctx, 0, "self", dt), _operand(ctx, 1, "other", dt)
+    x_zero = ctx.helper("Equal", [x, ctx.const(0.0, dt)], mask)
+    y_nan = ctx.helper("IsNaN", [y], mask)
+    zero = ctx.helper("And", [x_zero, ctx.helper("Not", [y_nan], mask)], mask)
+    safe_y = ctx.helper("Where", [zero, ctx.const(0.0, dt), y], out)
+    logs = ctx.helper("Log1p", [safe_y], out, domain="tracelog")
+    return ctx.one("Where", [zero, ctx.const(0.0, dt), ctx.helper("Mul", [x, logs], out)])
 
 
 @ATEN.register("aten.logaddexp.default")

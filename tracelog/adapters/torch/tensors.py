@@ -70,3 +70,17 @@ def _bfloat16(t: torch.Tensor) -> np.ndarray:
     except ImportError:
         return t.float().numpy()
     return t.contiguous().view(torch.int16).numpy().view(ml_dtypes.bfloat16)
+
+
+_aten = torch.ops.aten
+# in-place view ops (they change a tensor's shape, not its values) and their
+# out-of-place forms: a replay runs these, so that a tensor an earlier record made
+# keeps the shape it had (torch.quantile squeezes its result in place)
+OUT_OF_PLACE_VIEWS = {
+    "aten.squeeze_.dim": _aten.squeeze.dim,
+    "aten.squeeze_.dims": _aten.squeeze.dims,
+    "aten.squeeze_.default": _aten.squeeze.default,
+    "aten.unsqueeze_.default": _aten.unsqueeze.default,
+    "aten.transpose_.default": _aten.transpose.int,
+    "aten.t_.default": _aten.t.default,
+}
