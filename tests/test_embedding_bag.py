@@ -2,7 +2,8 @@
 max bags, of a 2-D input (fixed-size bags) and of a 1-D input with offsets
 (either include_last_offset), with per_sample_weights and padding_idx, empty
 bags among them. Each records with no unsupported node and translates on
-every target with the float64 verdict (the weights' gradients included)."""
+every target with the float64 verdict (the weights' gradients included).
+scale_grad_by_freq stays unsupported, with its reason."""
 
 from __future__ import annotations
 
@@ -134,3 +135,18 @@ def test_bags_of_a_2d_input_translate_as_one_graph(target: str, tmp_path: Path) 
 def test_bags_cut_by_offsets_translate(target: str, tmp_path: Path) -> None:
     torch.manual_seed(0)
     _check(target, tmp_path, _OffsetBags(), [_offset_batch(7, 20)])
+
+
+def test_bags_with_gradient_scaled_by_frequency_are_unsupported(tmp_path: Path) -> None:
+    # aten's CPU backward scales some rows by another index's count (one bag
+    # [1, 1, 1, 2]: row 2's gradient is a third): refused, not translated wrong
+    model = torch.nn.EmbeddingBag(ROWS, 3, scale_grad_by_freq=True)
+    with TorchListener(model, tmp_path, strict=False) as listener, listener.batch():
+        model(torch.randint(0, ROWS, (4, 3))).sum().backward()
+    reasons = [
+        n.attrs.get("reason", "")
+        for g in tracelog.load(tmp_path).graphs.values()
+        for n in g.nodes
+        if n.op.endswith("Unsupported")
+    ]
+    assert any("scale_grad_by_freq" in r for r in reasons), reasons
