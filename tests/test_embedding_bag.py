@@ -24,8 +24,8 @@ ROWS, PAD = 13, 4
 
 
 class _FixedBags(torch.nn.Module):
-    """Bags of a [B, L] input: each mode, with and without a padding index, and
-    sum with per-sample weights."""
+    """Bags of a [B, L] input: each mode, with and without a padding index, sum
+    with per-sample weights, and a frozen table."""
 
     def __init__(self) -> None:
         super().__init__()
@@ -39,12 +39,15 @@ class _FixedBags(torch.nn.Module):
             ]
         )
         self.weighted = torch.nn.EmbeddingBag(ROWS, 3, mode="sum", padding_idx=PAD)
+        # a frozen table: torch runs aten._embedding_bag_forward_only
+        self.frozen = torch.nn.EmbeddingBag(ROWS, 3, mode="mean", padding_idx=PAD)
+        self.frozen.weight.requires_grad_(False)
         self.table = torch.nn.Parameter(torch.randn(ROWS, 3))
         self.head = torch.nn.Linear(3, 5)
 
     def forward(self, x: torch.Tensor, weights: torch.Tensor) -> torch.Tensor:
         h = self.weighted(x, per_sample_weights=weights)
-        for bag in [*self.bags, *self.padded]:
+        for bag in [*self.bags, *self.padded, self.frozen]:
             h = h + bag(x)
         h = h + F.embedding_bag(x, self.table, mode="max", padding_idx=-1)
         return self.head(h)
