@@ -181,12 +181,10 @@ def _fixed_bags(ctx: Ctx, mode: int, length: Dim, pad: int) -> str:
 
 
 def _per_count(ctx: Ctx, mode: int, reduced: str, counts: str) -> str:
-    """A bag's sum as is, divided by its count for a mean (an empty bag's 0
-    by 1), its max where it has a row (else 0)."""
+    """A bag's sum divided by its count for a mean (an empty bag's 0 by 1), or
+    its max where it has a row (else 0)."""
     out = ctx.out_type()
     dt = out.dtype
-    if mode == _SUM:
-        return reduced
     if mode == _MEAN:
         divisor = ctx.helper("Max", [counts, ctx.const(1.0, dt)], TensorType(dt, (out.shape[0], 1)))
         return ctx.helper("Div", [reduced, divisor], out)
@@ -270,12 +268,12 @@ def _offset_bags(ctx: Ctx, mode: int, include_last: bool, pad: int) -> str:
         TensorType("int64", (2,)),
         axis=0,
     )
-    start = ctx.helper(
+    initial = ctx.helper(
         "ConstantOfShape", [acc_shape], acc_ty, value=_lowest(dt) if mode == _MAX else 0.0
     )
     reduced = ctx.helper(
         "ScatterElements",
-        [start, where, rows],
+        [initial, where, rows],
         acc_ty,
         axis=0,
         reduction="max" if mode == _MAX else "add",
