@@ -29,6 +29,8 @@ from .tensors import OUT_OF_PLACE_VIEWS, TORCH_DTYPES, flatten_tensors
 # but they are skipped so no generator is ever touched.
 _VIEWS = {"aten.view.default", "aten._unsafe_view.default", "aten.reshape.default"}
 _EXPAND = "aten.expand.default"
+_ARANGE_STEP = "aten.arange.start_step"
+_EMBEDDING_BAGS = {"aten._embedding_bag.default", "aten._embedding_bag_forward_only.default"}
 _RESHAPE = torch.ops.aten.reshape.default
 _RANDOM_INPLACE = {
     "aten.bernoulli_.float",
@@ -292,7 +294,10 @@ class _MetaReplay:
         the order of the arguments, then the keyword arguments."""
         self._tainted = rec.tainted
         slots: list[tuple[int, list[int]]] = []
-        args = [self._sub(a, slots) for a in rec.args]
+        args = [
+            self._end(a, slots) if k == 1 and rec.op == _ARANGE_STEP else self._sub(a, slots)
+            for k, a in enumerate(rec.args)
+        ]
         kwargs = {k: self._sub(v, slots) for k, v in rec.kwargs}
         if "device" in kwargs:
             kwargs["device"] = torch.device("meta")
@@ -311,6 +316,15 @@ class _MetaReplay:
             if alternatives:
                 return self._slot(obj, alternatives, slots)
         return obj
+
+    def _end(self, x: Any, slots: list[tuple[int, list[int]]]) -> Any:
+        """arange(start, end, step)'s end, read as a multiple k*B of the batch
+        too: F.embedding_bag's offsets of a [B, L] input are arange(0, B*L, L)."""
+        if type(x) is int and x > 0 and not self._tainted:
+            alternatives = self._multiple(x)
+            if alternatives:
+                return self._slot(x, alternatives, slots)
+        return self._sub(x, slots)
 
     def _sub_item(self, x: Any, slots: list[tuple[int, list[int]]]) -> Any:
         """One item of a tuple argument: a batch-multiple int is a slot;
@@ -396,6 +410,14 @@ class _MetaReplay:
         func = _RESHAPE if rec.op in _VIEWS else OUT_OF_PLACE_VIEWS.get(rec.op, rec.func)
         outs: list[torch.Tensor] = []
         flatten_tensors(func(*args, **kwargs), outs)
+        if rec.op in _EMBEDDING_BAGS:
+            # its other outputs are buffers for aten's backward, sized on CPU
+            # otherwise than the meta kernel sizes them (offset2bag is empty on
+            # the sum's fast path): no rule reads them, they keep their sizes
+            outs[1:] = [
+                torch.empty(self._recorded(a.shape), dtype=TORCH_DTYPES[a.dtype], device="meta")
+                for a in rec.outs[1:]
+            ]
         return outs
 
     def _packed(self, rec: Any, args: list[Any]) -> list[torch.Tensor]:

@@ -1472,6 +1472,7 @@ def _view_write(ctx: Ctx) -> Names:
 # the op families in modules of their own register into ATEN when imported
 from tracelog.adapters.torch import (  # noqa: E402, F401
     rules_attention,
+    rules_embedding,
     rules_math,
     rules_recurrent,
     rules_vision,
