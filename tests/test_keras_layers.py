@@ -250,6 +250,11 @@ LAYERS: dict[str, Callable[[], Any]] = {
     ),
     # -- dropout
     "Dropout": lambda: _img(L.Flatten(), L.Dropout(0.3), L.Dense(5)),
+    # noise drawn as values (x + N(0, 0.2), x * N(1, sqrt(rate / (1 - rate)))): one
+    # RandomNormalLike each, the sample's draws fed back
+    "GaussianNoise_GaussianDropout": lambda: _img(
+        L.Flatten(), L.GaussianNoise(0.2), L.Dense(8), L.GaussianDropout(0.3), L.Dense(5)
+    ),
     "SpatialDropout1D": lambda: _seq(
         (5, 3), L.Conv1D(3, 1), L.SpatialDropout1D(0.3), *_flat_head()
     ),

@@ -171,7 +171,45 @@ class Builder:
                     const=_const_data(arr, info.digest, self.constants, arr),
                 )
             return name
+        if kind == "r" and ref in self.tape.draws:
+            return self._draw(targ)
         raise NotSupported(f"unknown tensor origin {ref}")
+
+    def _draw(self, targ: TArg) -> str:
+        """A random draw that the record being built reads as a value (Keras'
+        GaussianNoise): a RandomNormalLike / RandomUniformLike node, its values
+        fed back from the sample (the listener's mask() of the reading record
+        gives them), one per draw and reading record."""
+        rec = self._current
+        if rec is None:
+            raise NotSupported("a random draw read outside a record")
+        found = self.names.get(("draw", targ.ref, rec.index))
+        if found is not None:
+            return found
+        if targ.dtype not in ("float16", "bfloat16", "float32", "float64"):
+            raise NotSupported(f"a random draw of dtype {targ.dtype}")
+        dist, a, b = self.tape.draws[targ.ref]
+        ctx = Ctx(self, rec)
+        dims: list[int | str] = list(targ.shape)
+        if dims and dims[0] == self.tape.batch_size and (self.tape.batch_size or 0) > 1:
+            # a draw of the data's shape: the batch-dim replays draw it a row longer
+            dims[0] = BATCH
+            targ = targ._replace(shape=tuple(dims))
+        shape = (
+            ctx.dynamic_shape(dims)
+            if any(is_symbolic(d) for d in dims)
+            else ctx.ints([int(d) for d in dims])
+        )
+        like = ctx.helper("ConstantOfShape", [shape], targ.type, value=0.0)
+        op, attrs = (
+            ("RandomNormalLike", {"mean": a, "scale": b})
+            if dist == "normal"
+            else ("RandomUniformLike", {"low": a, "high": b})
+        )
+        y = ctx.helper(op, [like], targ.type, **attrs)
+        self.random_recs[y] = rec.index
+        self.names[("draw", targ.ref, rec.index)] = y
+        return y
 
     def _batch_scalar(self, targ: TArg) -> str:
         """A constant the adapter saw equal to the batch size (Keras' mean

@@ -103,6 +103,10 @@ class Tape:
     # each symbol of the shapes but the batch ("seq", ...): the data input or
     # target, and its axis, whose size it is (graphs compute sizes from them)
     symbols: dict[str, tuple[Ref, int]] = field(default_factory=dict)
+    # random draws that recorded ops read as values (Keras' GaussianNoise; not the
+    # keep test of a dropout): each draw's ref and its distribution, ("normal",
+    # mean, stddev) or ("uniform", low, high); the sample keeps the values drawn
+    draws: dict[Ref, tuple[str, float, float]] = field(default_factory=dict)
 
     def fingerprint(self) -> tuple[Any, ...]:
         return (
@@ -114,6 +118,7 @@ class Tape:
             tuple(self.buffer_updates),
             self.loss,
             self.forward_loss,
+            tuple(self.draws.items()),
         )
 
 

@@ -47,7 +47,7 @@ from tracelog.adapters.base import (
 )
 from tracelog.adapters.builder import NotSupported
 from tracelog.adapters.guards import GuardBook, GuardedCounting
-from tracelog.adapters.tape import Ref, Tape
+from tracelog.adapters.tape import Ref, Tape, TArg
 from tracelog.log import TraceLog
 
 from . import functions
@@ -70,6 +70,50 @@ _RANDOM = {
     "RandomUniform",
     "RandomStandardNormal",
 }
+
+
+_DRAWS_AT = {
+    "StatelessRandomNormalV2": ("normal", 0.0, 1.0),
+    "RandomStandardNormal": ("normal", 0.0, 1.0),
+    "StatelessRandomUniformV2": ("uniform", 0.0, 1.0),
+    "RandomUniform": ("uniform", 0.0, 1.0),
+}
+
+
+def _rng_dist(
+    op_type: str,
+    inputs: tuple[Any, ...],
+    in_refs: list[Any],
+    known: dict[Ref, tuple[str, float, float]],
+) -> tuple[str, float, float] | None:
+    """The distribution of an op's result in the draws' arithmetic: a draw's
+    own, or one scaled or shifted by a number (tf.random.stateless_normal's
+    rnd * stddev + mean); None for anything else (seeds, the keep test)."""
+    if op_type in _DRAWS_AT:
+        return _DRAWS_AT[op_type]
+    if op_type not in ("Mul", "AddV2", "Add", "Sub") or len(inputs) != 2:
+        return None
+    drawn = [k for k, r in enumerate(in_refs) if r is not None and r in known]
+    if len(drawn) != 1:
+        return None
+    other = inputs[1 - drawn[0]]
+    if tuple(getattr(other, "shape", (1,))) not in ((), (1,)):
+        return None
+    c = float(np.asarray(other).reshape(-1)[0])
+    kind, a, b = known[in_refs[drawn[0]]]
+    if op_type == "Mul":
+        if kind == "normal":
+            return kind, a * c, b * abs(c)
+        return kind, min(a * c, b * c), max(a * c, b * c)
+    if op_type == "Sub" and drawn[0] == 1:
+        return None  # c - draw: a reflection (not followed)
+    shift = -c if op_type == "Sub" else c
+    return (kind, a + shift, b) if kind == "normal" else (kind, a + shift, b + shift)
+
+
+# ops that read a tensor's shape, not its values: the targets' shape is the batch's
+# (the 'n' refs follow its size), so these stay data preparation
+_METADATA = {"Shape", "ShapeN", "Size", "Rank"}
 
 
 def _is_seed(path: str) -> bool:
@@ -127,6 +171,8 @@ class _Window(WindowBase):
         super().__init__(listener, "eval", epoch, -1)
         self.model_refs: set[Ref] = set()  # computed from data, parameters or buffers
         self.rng: dict[Ref, Any] = {}
+        # a draw's distribution as followed through scalar arithmetic (_RNG_DIST)
+        self.rng_dist: dict[Ref, tuple[str, float, float]] = {}
         self.buffer_values: dict[str, Ref] = {}
         self.inside = 0  # > 0 inside a layer recorded whole (recurrent.py): ops unrecorded
         self.private_tape: Any = None  # the sample's GradientTape, while it records
@@ -192,8 +238,13 @@ class _Window(WindowBase):
         return [("prediction", output)] if hasattr(output, "dtype") else []
 
     def mask(self, rec_index: int) -> np.ndarray:
-        cond = self.tape.recs[rec_index].args[0]
-        return to_numpy(self.rng[cond.ref]).astype(bool)
+        rec = self.tape.recs[rec_index]
+        cond = rec.args[0]
+        if isinstance(cond, TArg) and cond.ref[0] == "r" and rec.op in ("tf.SelectV2", "tf.Select"):
+            return to_numpy(self.rng[cond.ref]).astype(bool)  # a dropout's keep test
+        # a draw the record reads as a value (tape.draws): the values drawn
+        drawn = next(a for a in rec.args if isinstance(a, TArg) and a.ref in self.tape.draws)
+        return to_numpy(self.rng[drawn.ref])
 
     # -- ops --------------------------------------------------------------------------
     def on_op(self, op_type: Any, inputs: tuple, attrs: tuple, outputs: tuple, graph: Any) -> None:
@@ -227,19 +278,16 @@ class _Window(WindowBase):
         if op_type in _RANDOM or (from_rng and only_rng):
             # the dropout mask's randomness: seed arithmetic, uniform draws, the
             # keep test; an op that mixes it with data (SelectV2) is recorded
-            for k, t in enumerate(outputs):
-                r: Ref = ("r", len(self.rng), k)
-                self.refs[id(t)] = r
-                self.rng[r] = t
-                self.keep.append(t)
+            self._rng_op(op_type, inputs, in_refs, outputs)
             return
         if (
             region == "post"
             and not self.from_model(inputs)
-            and not self.reduces_targets(inputs, outputs)
+            and (op_type in _METADATA or not self.reduces_targets(inputs, outputs))
         ):
             return  # data preparation after the forward: its results meet the loss as targets
         args = tuple(self.arg(t, region) for t in inputs)
+        self._note_draws(in_refs)
         tainted = any(a.ref in self.taint for a in args)
         from_model = any(a.ref in self.model_refs or a.ref[0] in "ipbt" for a in args)
         kwargs = _op_kwargs(attrs, op_type)
@@ -256,6 +304,24 @@ class _Window(WindowBase):
         )
         if from_model:
             self.model_refs.update(("o", index, k) for k in range(len(outputs)))
+
+    def _rng_op(self, op_type: str, inputs: tuple, in_refs: list[Any], outputs: tuple) -> None:
+        """An op of the draws' own arithmetic: its results are rng refs, kept
+        for the sample, with their distribution where it is followed."""
+        dist = _rng_dist(op_type, inputs, in_refs, self.rng_dist)
+        for k, t in enumerate(outputs):
+            r: Ref = ("r", len(self.rng), k)
+            self.refs[id(t)] = r
+            self.rng[r] = t
+            self.keep.append(t)
+            if dist is not None and k == 0:
+                self.rng_dist[r] = dist
+
+    def _note_draws(self, in_refs: list[Any]) -> None:
+        """Draws a recorded op reads as values (x + noise): the graph draws them."""
+        for ref in in_refs:
+            if ref is not None and ref in self.rng_dist:
+                self.tape.draws[ref] = self.rng_dist[ref]
 
     def _read_variable(self, inputs: tuple, outputs: tuple) -> None:
         path = self.listener._paths.get(id(inputs[0]))
