@@ -516,6 +516,8 @@ class Builder:
 
 
 _FLOATS = frozenset({"float16", "bfloat16", "float32", "float64"})  # values with gradients
+# pseudo values (Builder.pseudo) of uninitialised memory: a fresh empty tensor, a view of one
+UNINITIALISED = frozenset({"empty", "empty view"})
 
 
 def written_in_place(rec: Rec) -> TArg | None:
@@ -560,7 +562,7 @@ class Ctx:
             return self.b.stopped(self, a, n)
         info = self.b.pseudo.get(n)
         if info is not None:
-            if info[0] == "empty":  # its values are whatever memory held until written
+            if info[0] in UNINITIALISED:  # whatever memory held until written
                 raise NotSupported("an uninitialised tensor (empty) read or written in part")
             if info[0] in ("packed", "packed output", "batch sizes"):  # rules_recurrent.py
                 raise NotSupported(

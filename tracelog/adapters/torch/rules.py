@@ -15,7 +15,7 @@ from typing import Any
 
 import numpy as np
 
-from tracelog.adapters.builder import Converter, Ctx, NotSupported, use_rewrites
+from tracelog.adapters.builder import UNINITIALISED, Converter, Ctx, NotSupported, use_rewrites
 from tracelog.adapters.tape import TArg
 from tracelog.ir import BATCH, TensorType, dim_scale, format_dim, is_symbolic, parse_dim
 from tracelog.ops import TRACELOG_DOMAIN
@@ -746,18 +746,37 @@ def argmax_of(ctx: Ctx, data: str) -> Names:
 
 
 # -- shape ops ---------------------------------------------------------------------------
+def _views_uninitialised(rule: Converter) -> Converter:
+    """A view rule that keeps a view of an uninitialised tensor (empty, or a view
+    of one) uninitialised: nothing reads it until a write through it gives its
+    base a value (VIEW_WRITE materialises that base)."""
+
+    def rule_or_view(ctx: Ctx) -> Names:
+        info = ctx.b.pseudo.get(ctx.raw_name(0)) if isinstance(ctx.arg(0), TArg) else None
+        if info is None or info[0] not in UNINITIALISED:
+            return rule(ctx)
+        name = ctx.b.helper_name()
+        ctx.b.pseudo[name] = ("empty view", tuple(ctx.out_type().shape))
+        return [name]
+
+    return rule_or_view
+
+
 @ATEN.register("aten.view.default", "aten._unsafe_view.default", "aten.reshape.default")
+@_views_uninitialised
 def _view(ctx: Ctx) -> Names:
     return ctx.one("Reshape", [ctx.t(0), ctx.shape_const(list(ctx.out_type().shape))])
 
 
 @ATEN.register("aten.permute.default")
+@_views_uninitialised
 def _permute(ctx: Ctx) -> Names:
     rank = len(ctx.in_type(0).shape)
     return ctx.one("Transpose", [ctx.t(0)], perm=[int(d) % rank for d in ctx.arg(1)])
 
 
 @ATEN.register("aten.transpose.int")
+@_views_uninitialised
 def _transpose(ctx: Ctx) -> Names:
     rank = len(ctx.in_type(0).shape)
     perm = list(range(rank))
@@ -774,11 +793,13 @@ def _t(ctx: Ctx) -> Names:
 
 
 @ATEN.register("aten.unsqueeze.default", "aten.unsqueeze_.default")
+@_views_uninitialised
 def _unsqueeze(ctx: Ctx) -> Names:
     return ctx.one("Unsqueeze", [ctx.t(0), ctx.ints([int(ctx.arg(1))])])
 
 
 @ATEN.register("aten.squeeze.dim", "aten.squeeze.dims", "aten.squeeze.default")
+@_views_uninitialised
 def _squeeze(ctx: Ctx) -> Names:
     shape = ctx.in_type(0).shape
     dims = _axes(ctx.arg(1, "dim"))
@@ -883,6 +904,7 @@ def _unbind(ctx: Ctx) -> Names:
 
 
 @ATEN.register("aten.slice.Tensor")
+@_views_uninitialised
 def _slice(ctx: Ctx) -> Names:
     shape = ctx.in_type(0).shape
     dim = int(ctx.arg(1, "dim", 0)) % len(shape)
@@ -912,6 +934,7 @@ def _slice(ctx: Ctx) -> Names:
 
 
 @ATEN.register("aten.select.int")
+@_views_uninitialised
 def _select(ctx: Ctx) -> Names:
     shape = ctx.in_type(0).shape
     dim = int(ctx.arg(1, "dim")) % len(shape)
@@ -1312,6 +1335,22 @@ def inverse_order(kind: str, args: Sequence[Any], rank: int) -> list[int] | None
     return None
 
 
+def _written_base(ctx: Ctx) -> str:
+    """The base of a view write. An uninitialised one (empty, as _pad_circular's
+    new_empty) is zeros, one value its memory may hold: the write gives the
+    view's region its value, and the elements the source reads back are ones it
+    wrote (the float64 reference fills empty memory with NaN, so a read of any
+    other fails the translation check)."""
+    info = ctx.b.pseudo.get(ctx.raw_name(0))
+    if info is None or info[0] not in UNINITIALISED:
+        return ctx.t(0)
+    bt = ctx.in_type(0)
+    if any(map(is_symbolic, bt.shape)):
+        shape = ctx.dynamic_shape(list(bt.shape))
+        return ctx.helper("ConstantOfShape", [shape], bt, value=0.0)
+    return ctx.const(np.zeros([int(d) for d in bt.shape], dtype=np.dtype(bt.dtype)), bt.dtype)
+
+
 @ATEN.register(VIEW_WRITE)
 def _view_write(ctx: Ctx) -> Names:
     """base with the region a slice or select view covers replaced by the view's
@@ -1353,6 +1392,7 @@ def _view_write(ctx: Ctx) -> Names:
     size = bt.shape[dim]
     if step != 1 or start < 0 or end < 0:
         raise NotSupported("an in-place write into a strided view or one counted from the end")
+    base = _written_base(ctx)
     end = min(end, size) if isinstance(size, int) else end
     pieces = []
     if start > 0:
@@ -1361,7 +1401,7 @@ def _view_write(ctx: Ctx) -> Names:
         pieces.append(
             ctx.helper(
                 "Slice",
-                [ctx.t(0), ctx.ints([0]), ctx.ints([start]), ctx.ints([dim])],
+                [base, ctx.ints([0]), ctx.ints([start]), ctx.ints([dim])],
                 TensorType(bt.dtype, tuple(head)),
             )
         )
@@ -1372,7 +1412,7 @@ def _view_write(ctx: Ctx) -> Names:
         pieces.append(
             ctx.helper(
                 "Slice",
-                [ctx.t(0), ctx.ints([end]), ctx.ints([INT64_MAX]), ctx.ints([dim])],
+                [base, ctx.ints([end]), ctx.ints([INT64_MAX]), ctx.ints([dim])],
                 TensorType(bt.dtype, tuple(tail)),
             )
         )
