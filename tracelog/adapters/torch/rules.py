@@ -552,7 +552,71 @@ def _max_pool2d(ctx: Ctx) -> Names:
         dilations=dilation,
         ceil_mode=ceil,
     )
-    return [y[0], None]
+    if ctx.rec.op != "aten.max_pool2d_with_indices.default":
+        return [y[0], None]
+    try:
+        return [y[0], _max_pool2d_indices(ctx, kernel, stride, pads, dilation)]
+    except NotSupported:
+        return [y[0], None]  # unmodelled indices: NotSupported where something reads them
+
+
+def _max_pool2d_indices(
+    ctx: Ctx, kernel: list[int], stride: list[int], pads: list[int], dilation: list[int]
+) -> str:
+    """Each window's argmax as torch's CPU kernel gives it: the flat index h * W + w
+    in its input plane of the first largest value (a later one wins only if
+    greater). The windows' taps side by side ([..., OH, OW, K], the input padded
+    with -inf), ArgMax over them, and the tap's position looked up."""
+    xt, it = ctx.in_type(0), ctx.out_type(1)
+    h, w = xt.shape[-2:]
+    oh, ow = it.shape[-2:]
+    if not all(isinstance(d, int) for d in (h, w, oh, ow)):
+        raise NotSupported("max pooling indices over a symbolic spatial size")
+    h, w, oh, ow = int(h), int(w), int(oh), int(ow)
+    dt, lead = xt.dtype, list(xt.shape[:-2])
+    rank = len(xt.shape)
+    # rows padded left by the padding and right as far as the last window reaches
+    extent = [
+        (o - 1) * s + (k - 1) * d + 1
+        for o, s, k, d in zip((oh, ow), stride, kernel, dilation, strict=True)
+    ]
+    right = [max(0, e - n - p) for e, n, p in zip(extent, (h, w), pads, strict=True)]
+    widths = [0] * (rank - 2) + pads + [0] * (rank - 2) + right
+    padded = TensorType(dt, (*lead, h + pads[0] + right[0], w + pads[1] + right[1]))
+    x = ctx.helper("Pad", [ctx.t(0), ctx.ints(widths), ctx.const(-math.inf, dt)], padded)
+    tap_t = TensorType(dt, (*lead, oh, ow, 1))
+    taps, where = [], []
+    for kh in range(kernel[0]):
+        for kw in range(kernel[1]):
+            r0, c0 = kh * dilation[0], kw * dilation[1]
+            tap = ctx.helper(
+                "Slice",
+                [
+                    x,
+                    ctx.ints([r0, c0]),
+                    ctx.ints([r0 + (oh - 1) * stride[0] + 1, c0 + (ow - 1) * stride[1] + 1]),
+                    ctx.ints([rank - 2, rank - 1]),
+                    ctx.ints(stride),
+                ],
+                TensorType(dt, (*lead, oh, ow)),
+            )
+            taps.append(ctx.helper("Unsqueeze", [tap, ctx.ints([rank])], tap_t))
+            rows = np.arange(oh)[:, None] * stride[0] - pads[0] + r0
+            cols = np.arange(ow)[None, :] * stride[1] - pads[1] + c0
+            where.append(rows * w + cols)
+    k = len(taps)
+    stacked = ctx.helper("Concat", taps, TensorType(dt, (*lead, oh, ow, k)), axis=rank)
+    best = ctx.helper(
+        "ArgMax", [stacked], TensorType("int64", (*lead, oh, ow, 1)), axis=rank, keepdims=1
+    )
+    chosen = ctx.helper(
+        "Equal", [best, ctx.ints(list(range(k)))], TensorType("bool", (*lead, oh, ow, k))
+    )
+    positions = ctx.const(np.stack(where, -1).astype(np.int64), "int64")
+    picked = ctx.helper(
+        "Where", [chosen, positions, ctx.const(0, "int64")], TensorType("int64", (*lead, oh, ow, k))
+    )
+    return ctx.helper("ReduceSum", [picked, ctx.ints([rank])], it, keepdims=0)
 
 
 @ATEN.register("aten.avg_pool2d.default")
@@ -1267,6 +1331,90 @@ def _multi_margin_loss(ctx: Ctx) -> Names:
     per_sample = ctx.helper("ReduceSum", [hinge, ctx.ints([1])], TensorType(dt, (n,)), keepdims=0)
     loss = ctx.helper("Div", [per_sample, ctx.const(float(classes), dt)], TensorType(dt, (n,)))
     return _reduce_loss(ctx, loss, ctx.arg(5, "reduction", 1))
+
+
+@ATEN.register("aten.multilabel_margin_loss_forward.default")
+def _multilabel_margin_loss(ctx: Ctx) -> Names:
+    """Per sample of [N, C] scores x and labels y (read up to the first negative,
+    as aten's multilabel_margin_loss_forward_inner_sum_cpu): the sum over its
+    labels k and the classes j that are none of its labels of
+    max(0, 1 - x[y_k] + x[j]), over C; then the reduction. The second output
+    (is_target) is left unmodelled: only the backward kernel reads it."""
+    xt = ctx.in_type(0)
+    if len(xt.shape) != 2:
+        raise NotSupported("multilabel_margin_loss of one sample (a 1-d input)")
+    dt, classes, n = xt.dtype, xt.shape[1], xt.shape[0]
+    if is_symbolic(classes):
+        raise NotSupported("multilabel_margin_loss over a symbolic number of classes")
+    c = int(classes)
+    x, y = ctx.t(0), ctx.t(1)
+    if ctx.in_type(1).dtype != "int64":
+        y = ctx.helper("Cast", [y], TensorType("int64", xt.shape), to="int64")
+    flags = TensorType("bool", xt.shape)
+    ended = ctx.helper(
+        "CumSum",
+        [
+            ctx.helper(
+                "Cast",
+                [ctx.helper("Less", [y, ctx.const(0, "int64")], flags)],
+                TensorType("int64", xt.shape),
+                to="int64",
+            ),
+            ctx.const(1, "int64"),
+        ],
+        TensorType("int64", xt.shape),
+    )
+    listed = ctx.helper("Equal", [ended, ctx.const(0, "int64")], flags)  # k before the end
+    labels = ctx.helper("Where", [listed, y, ctx.const(0, "int64")], TensorType("int64", xt.shape))
+    cube = (n, c, c)  # [sample, label k, class j]
+    hits = ctx.helper(
+        "And",
+        [
+            ctx.helper(
+                "Equal",
+                [
+                    ctx.helper(
+                        "Unsqueeze", [labels, ctx.ints([2])], TensorType("int64", (n, c, 1))
+                    ),
+                    ctx.ints(list(range(c))),
+                ],
+                TensorType("bool", cube),
+            ),
+            ctx.helper("Unsqueeze", [listed, ctx.ints([2])], TensorType("bool", (n, c, 1))),
+        ],
+        TensorType("bool", cube),
+    )
+    is_target = ctx.helper(
+        "ReduceMax",
+        [ctx.helper("Cast", [hits], TensorType(dt, cube), to=dt), ctx.ints([1])],
+        TensorType(dt, (n, 1, c)),
+        keepdims=1,
+    )
+    other = ctx.helper("Equal", [is_target, ctx.const(0.0, dt)], TensorType("bool", (n, 1, c)))
+    counted = ctx.helper(
+        "And",
+        [ctx.helper("Unsqueeze", [listed, ctx.ints([2])], TensorType("bool", (n, c, 1))), other],
+        TensorType("bool", cube),
+    )
+    picked = ctx.helper("GatherElements", [x, labels], xt, axis=1)
+    gap = ctx.helper(
+        "Sub",
+        [
+            ctx.const(1.0, dt),
+            ctx.helper("Unsqueeze", [picked, ctx.ints([2])], TensorType(dt, (n, c, 1))),
+        ],
+        TensorType(dt, (n, c, 1)),
+    )
+    row = ctx.helper("Unsqueeze", [x, ctx.ints([1])], TensorType(dt, (n, 1, c)))
+    hinge = ctx.helper(
+        "Relu", [ctx.helper("Add", [gap, row], TensorType(dt, cube))], TensorType(dt, cube)
+    )
+    hinge = ctx.helper("Where", [counted, hinge, ctx.const(0.0, dt)], TensorType(dt, cube))
+    per_sample = ctx.helper(
+        "ReduceSum", [hinge, ctx.ints([1, 2])], TensorType(dt, (n,)), keepdims=0
+    )
+    loss = ctx.helper("Div", [per_sample, ctx.const(float(c), dt)], TensorType(dt, (n,)))
+    return [*_reduce_loss(ctx, loss, ctx.arg(2, "reduction", 1)), None]
 
 
 def dim_sub(d: int | str, k: int) -> int | str:
