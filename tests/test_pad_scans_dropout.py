@@ -3,7 +3,8 @@ draw masks read as numbers, and the running scans: circular padding (1d, 2d,
 3d; torch's _pad_circular fills a new_empty tensor through slice views),
 logcumsumexp (stable at +-80 in float32), cummax and cummin (values and
 indices), AlphaDropout and FeatureAlphaDropout (their keep masks shifted and
-scaled), and block_diag. Each records with no unsupported node and translates
+scaled), block_diag, max unpooling (by max pooling's indices) and the
+multilabel margin loss. Each records with no unsupported node and translates
 on every target, with the float64 verdict."""
 
 from __future__ import annotations
@@ -85,13 +86,42 @@ class _AlphaDropouts(torch.nn.Module):
         return self.head(self.alpha(h) + self.feature(h.view(n, 4, 2)).reshape(n, 8))
 
 
-def _check(target: str, tmp_path: Path, model: torch.nn.Module) -> Any:
+class _Unpool(torch.nn.Module):
+    """Max unpooling by max pooling's indices: overlapping windows (an index
+    repeated), padding, and a 1-d pool in ceil mode."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.fc = torch.nn.Linear(6, 32)
+        self.pool = torch.nn.MaxPool2d(3, stride=2, padding=1, return_indices=True)
+        self.unpool = torch.nn.MaxUnpool2d(3, stride=2, padding=1)
+        self.pool1 = torch.nn.MaxPool1d(2, ceil_mode=True, return_indices=True)
+        self.unpool1 = torch.nn.MaxUnpool1d(2)
+        self.head = torch.nn.Linear(32 + 7, 5)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        h = self.fc(x)
+        n = h.shape[0]
+        pooled, at = self.pool(h.view(n, 2, 4, 4))
+        up = self.unpool(pooled, at, output_size=(4, 4)).reshape(n, 32)
+        pooled1, at1 = self.pool1(h.view(n, 1, 32)[:, :, :7])
+        up1 = self.unpool1(pooled1, at1, output_size=(7,)).reshape(n, 7)
+        return self.head(torch.cat([h + up, up1], -1))
+
+
+def _multilabel(p: torch.Tensor, y: torch.Tensor) -> torch.Tensor:
+    """Labels read up to the first -1 (one listed twice, one after the end)."""
+    labels = torch.stack([y, (y + 2) % 5, y, torch.full_like(y, -1), (y + 1) % 5], 1)
+    return F.cross_entropy(p, y) + F.multilabel_margin_loss(p, labels)
+
+
+def _check(target: str, tmp_path: Path, model: torch.nn.Module, loss: Any = F.cross_entropy) -> Any:
     framework = targets.get(target).framework
     pytest.importorskip(framework, reason=f"the {target} target needs {framework} installed")
     torch.manual_seed(0)
     x, y = torch.randn(12, 6) * 2, torch.arange(12) % 5
     with TorchListener(model, tmp_path, strict=True) as listener, listener.batch():
-        F.cross_entropy(model(x), y).backward()
+        loss(model(x), y).backward()
     log = tracelog.load(tmp_path)
     assert log.unrecorded == 0, log.failures
     ops = set().union(*(g.op_histogram() for g in log.graphs.values()))
@@ -122,6 +152,12 @@ def test_alpha_dropouts_translate_with_the_masks_drawn(target: str, tmp_path: Pa
     log = _check(target, tmp_path, _AlphaDropouts())
     ops = set().union(*(g.op_histogram() for g in log.graphs.values()))
     assert "Dropout" in ops, ops
+
+
+@pytest.mark.parametrize("target", TARGETS)
+def test_max_unpool_and_multilabel_margin_loss_translate(target: str, tmp_path: Path) -> None:
+    torch.manual_seed(0)
+    _check(target, tmp_path, _Unpool(), _multilabel)
 
 
 class _ReadsUnwritten(torch.nn.Module):
