@@ -560,6 +560,18 @@ def _max_pool2d(ctx: Ctx) -> Names:
         return [y[0], None]  # unmodelled indices: NotSupported where something reads them
 
 
+def _counter(ctx: Ctx, n: int, axes: list[int]) -> str:
+    """0, 1, ..., n - 1 (int64) with ``axes`` of size 1 inserted."""
+    line = TensorType("int64", (n,))
+    ones = ctx.helper("ConstantOfShape", [ctx.ints([n])], line, value=1)
+    count = ctx.helper("CumSum", [ones, ctx.const(0, "int64")], line)
+    count = ctx.helper("Sub", [count, ctx.ints([1])], line)
+    shape = [n]
+    for a in sorted(axes):
+        shape.insert(a, 1)
+    return ctx.helper("Unsqueeze", [count, ctx.ints(axes)], TensorType("int64", tuple(shape)))
+
+
 def _max_pool2d_indices(
     ctx: Ctx, kernel: list[int], stride: list[int], pads: list[int], dilation: list[int]
 ) -> str:
@@ -585,7 +597,7 @@ def _max_pool2d_indices(
     padded = TensorType(dt, (*lead, h + pads[0] + right[0], w + pads[1] + right[1]))
     x = ctx.helper("Pad", [ctx.t(0), ctx.ints(widths), ctx.const(-math.inf, dt)], padded)
     tap_t = TensorType(dt, (*lead, oh, ow, 1))
-    taps, where = [], []
+    taps, offsets = [], []
     for kh in range(kernel[0]):
         for kw in range(kernel[1]):
             r0, c0 = kh * dilation[0], kw * dilation[1]
@@ -601,9 +613,7 @@ def _max_pool2d_indices(
                 TensorType(dt, (*lead, oh, ow)),
             )
             taps.append(ctx.helper("Unsqueeze", [tap, ctx.ints([rank])], tap_t))
-            rows = np.arange(oh)[:, None] * stride[0] - pads[0] + r0
-            cols = np.arange(ow)[None, :] * stride[1] - pads[1] + c0
-            where.append(rows * w + cols)
+            offsets.append((r0 - pads[0]) * w + c0 - pads[1])
     k = len(taps)
     stacked = ctx.helper("Concat", taps, TensorType(dt, (*lead, oh, ow, k)), axis=rank)
     best = ctx.helper(
@@ -612,7 +622,21 @@ def _max_pool2d_indices(
     chosen = ctx.helper(
         "Equal", [best, ctx.ints(list(range(k)))], TensorType("bool", (*lead, oh, ow, k))
     )
-    positions = ctx.const(np.stack(where, -1).astype(np.int64), "int64")
+    # each tap's flat position, oh * sh * W + ow * sw + the tap's offset, from
+    # counters rather than a table (nothing large is stored where nothing reads it)
+    rows = ctx.helper(
+        "Mul",
+        [_counter(ctx, oh, [1, 2]), ctx.ints([stride[0] * w])],
+        TensorType("int64", (oh, 1, 1)),
+    )
+    cols = ctx.helper(
+        "Mul", [_counter(ctx, ow, [0, 2]), ctx.ints([stride[1]])], TensorType("int64", (1, ow, 1))
+    )
+    positions = ctx.helper(
+        "Add",
+        [ctx.helper("Add", [rows, cols], TensorType("int64", (oh, ow, 1))), ctx.ints(offsets)],
+        TensorType("int64", (oh, ow, k)),
+    )
     picked = ctx.helper(
         "Where", [chosen, positions, ctx.const(0, "int64")], TensorType("int64", (*lead, oh, ow, k))
     )
