@@ -120,7 +120,11 @@ def _check(target: str, log_dir: Path) -> None:
 
 CASES = {
     "lstm, bidirectional, 2 layers": dict(kind="lstm"),
-    "gru, sequence-first, initial state": dict(kind="gru", batch_first=False, initial_state=True),
+    # lengths in no order: sorted along the batch, the rows and the state gathered,
+    # the outputs and final state gathered back (invert_permutation's scatter)
+    "gru, sequence-first, initial state, unsorted": dict(
+        kind="gru", batch_first=False, initial_state=True, enforce_sorted=False
+    ),
     "rnn relu, 1 layer, padding -1": dict(
         kind="rnn", bidirectional=False, layers=1, nonlinearity="relu", padding_value=-1.0
     ),

@@ -554,6 +554,8 @@ class Builder:
 
 
 _FLOATS = frozenset({"float16", "bfloat16", "float32", "float64"})  # values with gradients
+# pseudo values (Builder.pseudo) of uninitialised memory: a fresh empty tensor, a view of one
+UNINITIALISED = frozenset({"empty", "empty view"})
 
 
 def written_in_place(rec: Rec) -> TArg | None:
@@ -598,8 +600,10 @@ class Ctx:
             return self.b.stopped(self, a, n)
         info = self.b.pseudo.get(n)
         if info is not None:
-            if info[0] == "empty":  # its values are whatever memory held until written
+            if info[0] in UNINITIALISED:  # whatever memory held until written
                 raise NotSupported("an uninitialised tensor (empty) read or written in part")
+            if info[0] == "bernoulli":  # a fresh keep mask read as numbers (alpha dropout)
+                return self.keep_mask(a, n, float(info[1]), int(info[2]))
             if info[0] in ("packed", "packed output", "batch sizes"):  # rules_recurrent.py
                 raise NotSupported(
                     "a packed sequence's data or batch sizes read other than by a recurrent "
@@ -683,6 +687,30 @@ class Ctx:
         )
         self.b.random_recs[y] = mask_rec
         return y
+
+    def keep_mask(self, a: TArg, name: str, keep: float, mask_rec: int) -> str:
+        """The 0/1 keep mask record ``mask_rec`` drew (``a``, IR name ``name``) as a
+        value of a's type: the mask output of a Dropout of ones, which the sample
+        replays as drawn. Made once per mask."""
+        found = self.b.notes.setdefault("keep masks", {}).get(name)
+        if found is not None:
+            return str(found)
+        ty = a.type
+        ones = self.helper(
+            "ConstantOfShape",
+            [self.shape_const(list(ty.shape), allow_minus_one=False)],
+            ty,
+            value=1.0,
+        )
+        y, kept = self.node(
+            "Dropout",
+            [ones, self.const(1.0 - keep, ty.dtype), self.const(True, "bool")],
+            outs=[ty, TensorType("bool", ty.shape)],
+        )
+        self.b.random_recs[y] = mask_rec
+        mask = self.helper("Cast", [kept], ty, to=ty.dtype)
+        self.b.notes["keep masks"][name] = mask
+        return mask
 
     def one(self, op: str, inputs: Sequence[str], **attrs: Any) -> list[str]:
         """A node with the record's first output as its only output."""

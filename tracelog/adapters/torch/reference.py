@@ -16,6 +16,7 @@ rounding, whatever the model's float32 conditioning.
 
 from __future__ import annotations
 
+import math
 from collections.abc import Callable, Mapping
 from typing import Any
 
@@ -60,6 +61,18 @@ def _hardsigmoid(x: torch.Tensor, *_: Any) -> torch.Tensor:
 _DEFINITIONS = {
     "aten.hardsigmoid.default": _hardsigmoid,
     "aten.hardsigmoid_.default": _hardsigmoid,
+}
+
+
+# uninitialised memory, replayed as NaN where floating: a translation reads an empty
+# tensor's unwritten elements as zeros (rules.py, _written_base), and a source that
+# read one would then disagree with the reference, never agree by chance
+_EMPTY = {
+    "aten.empty.memory_format",
+    "aten.empty_like.default",
+    "aten.new_empty.default",
+    "aten.empty_strided.default",
+    "aten.new_empty_strided.default",
 }
 
 
@@ -146,6 +159,8 @@ class _Replay:
             outs = []
             func = _DEFINITIONS.get(rec.op) or OUT_OF_PLACE_VIEWS.get(rec.op, rec.func)
             flatten_tensors(func(*args, **kwargs), outs)
+            if rec.op in _EMPTY:
+                outs = [t.fill_(math.nan) if t.is_floating_point() else t for t in outs]
             outs += [args[i] for i in rec.mutated]
         for k, t in enumerate(outs):
             self.values[("o", rec.index, k)] = t

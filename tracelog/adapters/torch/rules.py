@@ -15,7 +15,7 @@ from typing import Any
 
 import numpy as np
 
-from tracelog.adapters.builder import Converter, Ctx, NotSupported, use_rewrites
+from tracelog.adapters.builder import UNINITIALISED, Converter, Ctx, NotSupported, use_rewrites
 from tracelog.adapters.tape import TArg
 from tracelog.ir import (
     BATCH,
@@ -65,6 +65,13 @@ def _operand(ctx: Ctx, i: int, name: str, dtype: str) -> str:
 @ATEN.register("aten.detach.default")
 def _detach(ctx: Ctx) -> Names:
     # the same values, and no gradient through them (a straight-through estimator)
+    info = ctx.b.pseudo.get(ctx.raw_name(0))
+    if info is not None and info[0] in UNINITIALISED:
+        # an alias of uninitialised memory (invert_permutation's empty_like, which
+        # scatter_ then fills): uninitialised too
+        name = ctx.b.helper_name()
+        ctx.b.pseudo[name] = info
+        return [name]
     return ctx.one("StopGradient", [ctx.t(0)], domain="tracelog")
 
 
@@ -560,7 +567,95 @@ def _max_pool2d(ctx: Ctx) -> Names:
         dilations=dilation,
         ceil_mode=ceil,
     )
-    return [y[0], None]
+    if ctx.rec.op != "aten.max_pool2d_with_indices.default":
+        return [y[0], None]
+    try:
+        return [y[0], _max_pool2d_indices(ctx, kernel, stride, pads, dilation)]
+    except NotSupported:
+        return [y[0], None]  # unmodelled indices: NotSupported where something reads them
+
+
+def _counter(ctx: Ctx, n: int, axes: list[int]) -> str:
+    """0, 1, ..., n - 1 (int64) with ``axes`` of size 1 inserted."""
+    line = TensorType("int64", (n,))
+    ones = ctx.helper("ConstantOfShape", [ctx.ints([n])], line, value=1)
+    count = ctx.helper("CumSum", [ones, ctx.const(0, "int64")], line)
+    count = ctx.helper("Sub", [count, ctx.ints([1])], line)
+    shape = [n]
+    for a in sorted(axes):
+        shape.insert(a, 1)
+    return ctx.helper("Unsqueeze", [count, ctx.ints(axes)], TensorType("int64", tuple(shape)))
+
+
+def _max_pool2d_indices(
+    ctx: Ctx, kernel: list[int], stride: list[int], pads: list[int], dilation: list[int]
+) -> str:
+    """Each window's argmax as torch's CPU kernel gives it: the flat index h * W + w
+    in its input plane of the first largest value (a later one wins only if
+    greater). The windows' taps side by side ([..., OH, OW, K], the input padded
+    with -inf), ArgMax over them, and the tap's position looked up."""
+    xt, it = ctx.in_type(0), ctx.out_type(1)
+    h, w = xt.shape[-2:]
+    oh, ow = it.shape[-2:]
+    if not all(isinstance(d, int) for d in (h, w, oh, ow)):
+        raise NotSupported("max pooling indices over a symbolic spatial size")
+    h, w, oh, ow = int(h), int(w), int(oh), int(ow)
+    dt, lead = xt.dtype, list(xt.shape[:-2])
+    rank = len(xt.shape)
+    # rows padded left by the padding and right as far as the last window reaches
+    extent = [
+        (o - 1) * s + (k - 1) * d + 1
+        for o, s, k, d in zip((oh, ow), stride, kernel, dilation, strict=True)
+    ]
+    right = [max(0, e - n - p) for e, n, p in zip(extent, (h, w), pads, strict=True)]
+    widths = [0] * (rank - 2) + pads + [0] * (rank - 2) + right
+    padded = TensorType(dt, (*lead, h + pads[0] + right[0], w + pads[1] + right[1]))
+    x = ctx.helper("Pad", [ctx.t(0), ctx.ints(widths), ctx.const(-math.inf, dt)], padded)
+    tap_t = TensorType(dt, (*lead, oh, ow, 1))
+    taps, offsets = [], []
+    for kh in range(kernel[0]):
+        for kw in range(kernel[1]):
+            r0, c0 = kh * dilation[0], kw * dilation[1]
+            tap = ctx.helper(
+                "Slice",
+                [
+                    x,
+                    ctx.ints([r0, c0]),
+                    ctx.ints([r0 + (oh - 1) * stride[0] + 1, c0 + (ow - 1) * stride[1] + 1]),
+                    ctx.ints([rank - 2, rank - 1]),
+                    ctx.ints(stride),
+                ],
+                TensorType(dt, (*lead, oh, ow)),
+            )
+            taps.append(ctx.helper("Unsqueeze", [tap, ctx.ints([rank])], tap_t))
+            offsets.append((r0 - pads[0]) * w + c0 - pads[1])
+    k = len(taps)
+    stacked = ctx.helper("Concat", taps, TensorType(dt, (*lead, oh, ow, k)), axis=rank)
+    best = ctx.helper(
+        "ArgMax", [stacked], TensorType("int64", (*lead, oh, ow, 1)), axis=rank, keepdims=1
+    )
+    chosen = ctx.helper(
+        "Equal", [best, ctx.ints(list(range(k)))], TensorType("bool", (*lead, oh, ow, k))
+    )
+    # each tap's flat position, oh * sh * W + ow * sw + the tap's offset, from
+    # counters rather than a table (nothing large is stored where nothing reads it)
+    rows = ctx.helper(
+        "Mul",
+        [_counter(ctx, oh, [1, 2]), ctx.ints([stride[0] * w])],
+        TensorType("int64", (oh, 1, 1)),
+    )
+    cols = ctx.helper(
+        "Mul", [_counter(ctx, ow, [0, 2]), ctx.ints([stride[1]])], TensorType("int64", (1, ow, 1))
+    )
+    positions = ctx.helper(
+        "Add",
+        [ctx.helper("Add", [rows, cols], TensorType("int64", (oh, ow, 1))), ctx.ints(offsets)],
+        TensorType("int64", (oh, ow, k)),
+    )
+    picked = ctx.helper(
+        "Where", [chosen, positions, ctx.const(0, "int64")], TensorType("int64", (*lead, oh, ow, k))
+    )
+    return ctx.helper("ReduceSum", [picked, ctx.ints([rank])], it, keepdims=0)
 
 
 @ATEN.register("aten.avg_pool2d.default")
@@ -754,18 +849,37 @@ def argmax_of(ctx: Ctx, data: str) -> Names:
 
 
 # -- shape ops ---------------------------------------------------------------------------
+def _views_uninitialised(rule: Converter) -> Converter:
+    """A view rule that keeps a view of an uninitialised tensor (empty, or a view
+    of one) uninitialised: nothing reads it until a write through it gives its
+    base a value (VIEW_WRITE materialises that base)."""
+
+    def rule_or_view(ctx: Ctx) -> Names:
+        info = ctx.b.pseudo.get(ctx.raw_name(0)) if isinstance(ctx.arg(0), TArg) else None
+        if info is None or info[0] not in UNINITIALISED:
+            return rule(ctx)
+        name = ctx.b.helper_name()
+        ctx.b.pseudo[name] = ("empty view", tuple(ctx.out_type().shape))
+        return [name]
+
+    return rule_or_view
+
+
 @ATEN.register("aten.view.default", "aten._unsafe_view.default", "aten.reshape.default")
+@_views_uninitialised
 def _view(ctx: Ctx) -> Names:
     return ctx.one("Reshape", [ctx.t(0), ctx.shape_const(list(ctx.out_type().shape))])
 
 
 @ATEN.register("aten.permute.default")
+@_views_uninitialised
 def _permute(ctx: Ctx) -> Names:
     rank = len(ctx.in_type(0).shape)
     return ctx.one("Transpose", [ctx.t(0)], perm=[int(d) % rank for d in ctx.arg(1)])
 
 
 @ATEN.register("aten.transpose.int", "aten.transpose_.default")  # transpose_: torch.quantile
+@_views_uninitialised
 def _transpose(ctx: Ctx) -> Names:
     rank = len(ctx.in_type(0).shape)
     perm = list(range(rank))
@@ -782,6 +896,7 @@ def _t(ctx: Ctx) -> Names:
 
 
 @ATEN.register("aten.unsqueeze.default", "aten.unsqueeze_.default")
+@_views_uninitialised
 def _unsqueeze(ctx: Ctx) -> Names:
     return ctx.one("Unsqueeze", [ctx.t(0), ctx.ints([int(ctx.arg(1))])])
 
@@ -794,6 +909,7 @@ def _unsqueeze(ctx: Ctx) -> Names:
     "aten.squeeze_.dims",
     "aten.squeeze_.default",
 )
+@_views_uninitialised
 def _squeeze(ctx: Ctx) -> Names:
     # the input's shape as its IR value has it: squeeze_'s argument is recorded after
     # the op squeezed it in place
@@ -900,6 +1016,7 @@ def _unbind(ctx: Ctx) -> Names:
 
 
 @ATEN.register("aten.slice.Tensor")
+@_views_uninitialised
 def _slice(ctx: Ctx) -> Names:
     shape = ctx.in_type(0).shape
     dim = int(ctx.arg(1, "dim", 0)) % len(shape)
@@ -929,6 +1046,7 @@ def _slice(ctx: Ctx) -> Names:
 
 
 @ATEN.register("aten.select.int")
+@_views_uninitialised
 def _select(ctx: Ctx) -> Names:
     shape = ctx.in_type(0).shape
     dim = int(ctx.arg(1, "dim")) % len(shape)
@@ -1334,6 +1452,90 @@ def _multi_margin_loss(ctx: Ctx) -> Names:
     return _reduce_loss(ctx, loss, ctx.arg(5, "reduction", 1))
 
 
+@ATEN.register("aten.multilabel_margin_loss_forward.default")
+def _multilabel_margin_loss(ctx: Ctx) -> Names:
+    """Per sample of [N, C] scores x and labels y (read up to the first negative,
+    as aten's multilabel_margin_loss_forward_inner_sum_cpu): the sum over its
+    labels k and the classes j that are none of its labels of
+    max(0, 1 - x[y_k] + x[j]), over C; then the reduction. The second output
+    (is_target) is left unmodelled: only the backward kernel reads it."""
+    xt = ctx.in_type(0)
+    if len(xt.shape) != 2:
+        raise NotSupported("multilabel_margin_loss of one sample (a 1-d input)")
+    dt, classes, n = xt.dtype, xt.shape[1], xt.shape[0]
+    if is_symbolic(classes):
+        raise NotSupported("multilabel_margin_loss over a symbolic number of classes")
+    c = int(classes)
+    x, y = ctx.t(0), ctx.t(1)
+    if ctx.in_type(1).dtype != "int64":
+        y = ctx.helper("Cast", [y], TensorType("int64", xt.shape), to="int64")
+    flags = TensorType("bool", xt.shape)
+    ended = ctx.helper(
+        "CumSum",
+        [
+            ctx.helper(
+                "Cast",
+                [ctx.helper("Less", [y, ctx.const(0, "int64")], flags)],
+                TensorType("int64", xt.shape),
+                to="int64",
+            ),
+            ctx.const(1, "int64"),
+        ],
+        TensorType("int64", xt.shape),
+    )
+    listed = ctx.helper("Equal", [ended, ctx.const(0, "int64")], flags)  # k before the end
+    labels = ctx.helper("Where", [listed, y, ctx.const(0, "int64")], TensorType("int64", xt.shape))
+    cube = (n, c, c)  # [sample, label k, class j]
+    hits = ctx.helper(
+        "And",
+        [
+            ctx.helper(
+                "Equal",
+                [
+                    ctx.helper(
+                        "Unsqueeze", [labels, ctx.ints([2])], TensorType("int64", (n, c, 1))
+                    ),
+                    ctx.ints(list(range(c))),
+                ],
+                TensorType("bool", cube),
+            ),
+            ctx.helper("Unsqueeze", [listed, ctx.ints([2])], TensorType("bool", (n, c, 1))),
+        ],
+        TensorType("bool", cube),
+    )
+    is_target = ctx.helper(
+        "ReduceMax",
+        [ctx.helper("Cast", [hits], TensorType(dt, cube), to=dt), ctx.ints([1])],
+        TensorType(dt, (n, 1, c)),
+        keepdims=1,
+    )
+    other = ctx.helper("Equal", [is_target, ctx.const(0.0, dt)], TensorType("bool", (n, 1, c)))
+    counted = ctx.helper(
+        "And",
+        [ctx.helper("Unsqueeze", [listed, ctx.ints([2])], TensorType("bool", (n, c, 1))), other],
+        TensorType("bool", cube),
+    )
+    picked = ctx.helper("GatherElements", [x, labels], xt, axis=1)
+    gap = ctx.helper(
+        "Sub",
+        [
+            ctx.const(1.0, dt),
+            ctx.helper("Unsqueeze", [picked, ctx.ints([2])], TensorType(dt, (n, c, 1))),
+        ],
+        TensorType(dt, (n, c, 1)),
+    )
+    row = ctx.helper("Unsqueeze", [x, ctx.ints([1])], TensorType(dt, (n, 1, c)))
+    hinge = ctx.helper(
+        "Relu", [ctx.helper("Add", [gap, row], TensorType(dt, cube))], TensorType(dt, cube)
+    )
+    hinge = ctx.helper("Where", [counted, hinge, ctx.const(0.0, dt)], TensorType(dt, cube))
+    per_sample = ctx.helper(
+        "ReduceSum", [hinge, ctx.ints([1, 2])], TensorType(dt, (n,)), keepdims=0
+    )
+    loss = ctx.helper("Div", [per_sample, ctx.const(float(c), dt)], TensorType(dt, (n,)))
+    return [*_reduce_loss(ctx, loss, ctx.arg(2, "reduction", 1)), None]
+
+
 def dim_sub(d: int | str, k: int) -> int | str:
     """A dim less k elements."""
     poly = parse_dim(d)
@@ -1400,6 +1602,22 @@ def inverse_order(kind: str, args: Sequence[Any], rank: int) -> list[int] | None
     return None
 
 
+def _written_base(ctx: Ctx) -> str:
+    """The base of a view write. An uninitialised one (empty, as _pad_circular's
+    new_empty) is zeros, one value its memory may hold: the write gives the
+    view's region its value, and the elements the source reads back are ones it
+    wrote (the float64 reference fills empty memory with NaN, so a read of any
+    other fails the translation check)."""
+    info = ctx.b.pseudo.get(ctx.raw_name(0))
+    if info is None or info[0] not in UNINITIALISED:
+        return ctx.t(0)
+    bt = ctx.in_type(0)
+    if any(map(is_symbolic, bt.shape)):
+        shape = ctx.dynamic_shape(list(bt.shape))
+        return ctx.helper("ConstantOfShape", [shape], bt, value=0.0)
+    return ctx.const(np.zeros([int(d) for d in bt.shape], dtype=np.dtype(bt.dtype)), bt.dtype)
+
+
 @ATEN.register(VIEW_WRITE)
 def _view_write(ctx: Ctx) -> Names:
     """base with the region a slice or select view covers replaced by the view's
@@ -1441,6 +1659,7 @@ def _view_write(ctx: Ctx) -> Names:
     size = bt.shape[dim]
     if step != 1 or start < 0 or end < 0:
         raise NotSupported("an in-place write into a strided view or one counted from the end")
+    base = _written_base(ctx)
     end = min(end, size) if isinstance(size, int) else end
     pieces = []
     if start > 0:
@@ -1449,7 +1668,7 @@ def _view_write(ctx: Ctx) -> Names:
         pieces.append(
             ctx.helper(
                 "Slice",
-                [ctx.t(0), ctx.ints([0]), ctx.ints([start]), ctx.ints([dim])],
+                [base, ctx.ints([0]), ctx.ints([start]), ctx.ints([dim])],
                 TensorType(bt.dtype, tuple(head)),
             )
         )
@@ -1460,7 +1679,7 @@ def _view_write(ctx: Ctx) -> Names:
         pieces.append(
             ctx.helper(
                 "Slice",
-                [ctx.t(0), ctx.ints([end]), ctx.ints([INT64_MAX]), ctx.ints([dim])],
+                [base, ctx.ints([end]), ctx.ints([INT64_MAX]), ctx.ints([dim])],
                 TensorType(bt.dtype, tuple(tail)),
             )
         )

@@ -25,7 +25,7 @@ from typing import Any, NamedTuple
 import numpy as np
 import torch
 
-from tracelog.adapters.builder import Converter, Ctx, NotSupported
+from tracelog.adapters.builder import UNINITIALISED, Converter, Ctx, NotSupported
 from tracelog.adapters.tape import TArg
 from tracelog.adapters.torch.rules import (
     ATEN,
@@ -675,7 +675,20 @@ def _scatter(ctx: Ctx) -> Names:
         )
         upd = ctx.helper("Expand", [_operand(ctx, 3, "value", dt), shape], TensorType(dt, it.shape))
     attrs = {} if reduction == "none" else {"reduction": reduction}
-    return ctx.one("ScatterElements", [ctx.t(0), idx, upd], axis=dim, **attrs)
+    base = ctx.raw_name(0)
+    info = ctx.b.pseudo.get(base)
+    if info is not None and info[0] in UNINITIALISED and reduction == "none":
+        # a scatter into uninitialised memory (torch's invert_permutation): where
+        # nothing is written any value is as good, and zeros are one
+        base = ctx.helper(
+            "ConstantOfShape",
+            [ctx.shape_const(list(xt.shape), allow_minus_one=False)],
+            TensorType(dt, xt.shape),
+            value=0,
+        )
+    else:
+        base = ctx.t(0)
+    return ctx.one("ScatterElements", [base, idx, upd], axis=dim, **attrs)
 
 
 # -- scans and triangles ---------------------------------------------------------------------------

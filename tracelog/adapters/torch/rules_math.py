@@ -853,3 +853,129 @@ def _unfold_windows(ctx: Ctx) -> Names:
     y = ctx.helper("Reshape", [y, ctx.shape_const(list(gathered))], TensorType(xt.dtype, gathered))
     perm = [*range(dim + 1), *range(dim + 2, rank + 1), dim + 1]
     return ctx.one("Transpose", [y], perm=perm)
+
+
+# -- running scans: logcumsumexp, cummax and cummin ------------------------------------------------
+# Each over the triangle j <= i of a [..., L(i), L(j), ...] tensor (x at j, for each
+# i): exact and stable where a running product or sum of exponentials is not, in
+# L^2 memory along the scanned axis (a length the recorded shape fixes).
+def _scan_axis(ctx: Ctx) -> tuple[str, TensorType, int, int]:
+    """x, its type, the scanned axis and its length."""
+    xt = ctx.in_type(0)
+    axis = int(ctx.arg(1, "dim")) % len(xt.shape)
+    length = xt.shape[axis]
+    if not isinstance(length, int):
+        raise NotSupported("a running scan along a symbolic (data-sized) dim")
+    return ctx.t(0), xt, axis, length
+
+
+def _triangle(
+    ctx: Ctx, x: str, xt: TensorType, axis: int, length: int, fill: float
+) -> tuple[str, str, TensorType]:
+    """x[..., j, ...] at [..., i, j, ...] where j <= i, ``fill`` elsewhere; the
+    triangle mask (broadcast over the dims after the axis) and the result's type."""
+    rest = [1] * (len(xt.shape) - axis - 1)
+    lower = np.tril(np.ones((length, length), dtype=bool)).reshape([length, length, *rest])
+    tri = ctx.const(lower, "bool")
+    shape = (*xt.shape[:axis], length, *xt.shape[axis:])
+    wide = TensorType(xt.dtype, shape)
+    xu = ctx.helper(
+        "Unsqueeze",
+        [x, ctx.ints([axis])],
+        TensorType(xt.dtype, (*shape[:axis], 1, *shape[axis + 1 :])),
+    )
+    return ctx.helper("Where", [tri, xu, ctx.const(fill, xt.dtype)], wide), tri, wide
+
+
+@ATEN.register("aten.logcumsumexp.default")
+def _logcumsumexp(ctx: Ctx) -> Names:
+    # y[i] = log(sum over j <= i of exp(x[j])), as logsumexp over the triangle: its
+    # largest value shifted out (stopped: the two terms' gradients cancel exactly)
+    x, xt, axis, length = _scan_axis(ctx)
+    if not xt.shape:
+        return [x]
+    dt = xt.dtype
+    masked, _tri, wide = _triangle(ctx, x, xt, axis, length, -math.inf)
+    j = ctx.ints([axis + 1])
+    kept = TensorType(dt, tuple(1 if k == axis + 1 else d for k, d in enumerate(wide.shape)))
+    m = ctx.helper("ReduceMax", [masked, j], kept, keepdims=1)
+    infinite = ctx.helper(
+        "Equal",
+        [ctx.helper("Abs", [m], kept), ctx.const(math.inf, dt)],
+        TensorType("bool", kept.shape),
+    )
+    m = ctx.helper("Where", [infinite, ctx.const(0.0, dt), m], kept)
+    m = ctx.helper("StopGradient", [m], kept, domain="tracelog")
+    shifted = ctx.helper("Exp", [ctx.helper("Sub", [masked, m], wide)], wide)
+    total = ctx.helper("ReduceSum", [shifted, j], xt, keepdims=0)
+    m = ctx.helper("Squeeze", [m, j], xt)
+    return ctx.one("Add", [ctx.helper("Log", [total], xt), m])
+
+
+def _cum_extreme(largest: bool) -> Converter:
+    def rule(ctx: Ctx) -> Names:
+        # torch's kernel (ReduceOps.cpp, cummax_cummin_helper) keeps the last index
+        # that ties the running extreme (>= for cummax, <= for cummin); the values
+        # are x at those indices, so the gradient goes where torch's scatter sends it
+        x, xt, axis, length = _scan_axis(ctx)
+        dt = xt.dtype
+        if is_int(dt) or dt == "bool":
+            raise NotSupported(f"{ctx.rec.op} of {dt}")
+        fill = -math.inf if largest else math.inf
+        masked, tri, wide = _triangle(ctx, x, xt, axis, length, fill)
+        j = ctx.ints([axis + 1])
+        kept = TensorType(dt, tuple(1 if k == axis + 1 else d for k, d in enumerate(wide.shape)))
+        best = ctx.helper("ReduceMax" if largest else "ReduceMin", [masked, j], kept, keepdims=1)
+        hits = TensorType("bool", wide.shape)
+        at = ctx.helper("And", [ctx.helper("Equal", [masked, best], hits), tri], hits)
+        rest = [1] * (len(xt.shape) - axis - 1)
+        positions = ctx.const(
+            np.arange(length, dtype=np.int64).reshape([1, length, *rest]), "int64"
+        )
+        wide_i = TensorType("int64", wide.shape)
+        index = ctx.helper("Where", [at, positions, ctx.const(-1, "int64")], wide_i)
+        index = ctx.helper("ReduceMax", [index, j], TensorType("int64", xt.shape), keepdims=0)
+        values = ctx.helper("GatherElements", [x, index], xt, axis=axis)
+        return [values, index]
+
+    return rule
+
+
+ATEN.add("aten.cummax.default", _cum_extreme(True))
+ATEN.add("aten.cummin.default", _cum_extreme(False))
+
+
+@ATEN.register("aten.block_diag.default")
+def _block_diag(ctx: Ctx) -> Names:
+    # torch's reference (torch/_refs, _block_diag_iterable): each tensor as a matrix
+    # (0-d and 1-d: one row), padded with zero columns left and right, rows concatenated
+    out = ctx.out_type()
+    blocks = list(ctx.arg(0, "tensors"))
+    parts = []
+    start = 0
+    total = out.shape[1]
+    if not isinstance(total, int):
+        raise NotSupported("block_diag of a symbolic number of columns")
+    for t in blocks:
+        name = ctx.b.name_of(t)
+        if name in ctx.b.pseudo:
+            raise NotSupported("block_diag of a tensor tracelog models only in a pattern")
+        if len(t.shape) > 2:
+            raise NotSupported("block_diag of a tensor of more than 2 dims")
+        if len(t.shape) < 2:
+            cols = int(t.shape[0]) if t.shape else 1
+            name = ctx.helper(
+                "Reshape", [name, ctx.ints([1, cols])], TensorType(t.dtype, (1, cols))
+            )
+            shape: tuple[int | str, ...] = (1, cols)
+        else:
+            cols = t.shape[1]
+            if not isinstance(cols, int):
+                raise NotSupported("block_diag of a block with a symbolic number of columns")
+            shape = tuple(t.shape)
+        if t.dtype != out.dtype:
+            name = ctx.helper("Cast", [name], TensorType(out.dtype, shape), to=out.dtype)
+        pads = ctx.ints([0, start, 0, total - start - cols])
+        parts.append(ctx.helper("Pad", [name, pads], TensorType(out.dtype, (shape[0], total))))
+        start += cols
+    return ctx.one("Concat", parts, axis=0)

@@ -940,3 +940,43 @@ def _spread(
         [spread, ctx.ints([0, 0]), ctx.ints(ends), ctx.ints([r, r + 1])],
         TensorType(dt, (*lead, *ends)),
     )
+
+
+# -- max unpooling ---------------------------------------------------------------------
+@ATEN.register("aten.max_unpool2d.default")
+def _max_unpool2d(ctx: Ctx) -> Names:
+    # max_unpool2d(x, indices, output_size): per (sample, channel) plane, zeros of
+    # output_size with x written at its flat indices (torch's _max_unpoolnd: an
+    # index put into new_zeros; its gradient gathers at the indices). F.max_unpool1d
+    # runs it on [..., 1, L] and squeezes.
+    xt, out = ctx.in_type(0), ctx.out_type()
+    lead = list(xt.shape[:-2])
+    h, w = xt.shape[-2:]
+    oh, ow = (int(s) for s in ctx.arg(2, "output_size"))
+    if not isinstance(h, int) or not isinstance(w, int):
+        raise NotSupported("max_unpool2d of a symbolic spatial size")
+    axis = len(lead)
+    flat_x = TensorType(xt.dtype, (*lead, h * w))
+    x = ctx.helper("Reshape", [ctx.t(0), ctx.shape_const([*lead, h * w])], flat_x)
+    idx = ctx.helper(
+        "Reshape",
+        [ctx.t(1), ctx.shape_const([*lead, h * w])],
+        TensorType("int64", (*lead, h * w)),
+    )
+    plane = TensorType(xt.dtype, (*lead, oh * ow))
+    if any(map(is_symbolic, lead)):
+        shape = ctx.dynamic_shape([*lead, oh * ow])
+        zeros = ctx.helper("ConstantOfShape", [shape], plane, value=0.0)
+    else:
+        dims = [int(d) for d in lead] + [oh * ow]
+        zeros = ctx.const(np.zeros(dims, dtype=np.dtype(xt.dtype)), xt.dtype)
+    # overlapping windows repeat an index (with its one value): torch's gradient
+    # gathers at every index, JAX's scatter gives it to one update of each place.
+    # The value scattered unchanged, the gradient through a scatter-add (gather
+    # everywhere) that adds exactly zero: A(x) - StopGradient(A(x)).
+    frozen = ctx.helper("StopGradient", [x], flat_x, domain="tracelog")
+    y = ctx.helper("ScatterElements", [zeros, idx, frozen], plane, axis=axis)
+    added = ctx.helper("ScatterElements", [zeros, idx, x], plane, axis=axis, reduction="add")
+    fixed = ctx.helper("StopGradient", [added], plane, domain="tracelog")
+    y = ctx.helper("Add", [y, ctx.helper("Sub", [added, fixed], plane)], plane)
+    return ctx.one("Reshape", [y, ctx.shape_const(list(out.shape))])
