@@ -615,21 +615,29 @@ def _div_mode(ctx: Ctx) -> Names:
 
 # -- more element-wise functions: xlogy (KL divergence), logaddexp, sinc, sgn, addcmul,
 # addcdiv, clamp by tensors -------------------------------------------------------------------
-@ATEN.register("aten.xlogy.Tensor", "aten.xlogy.Scalar_Other", "aten.xlogy.Scalar_Self")
-@ATEN.register("aten.xlogy_.Tensor", "aten.xlogy_.Scalar_Other")
-def _xlogy(ctx: Ctx) -> Names:
-    # x * log(y), 0 where x is 0 unless y is NaN (aten's xlogy: F.kl_div's
-    # target * log(target)); the product is taken of log(1) there, so no
-    # 0 * inf or 0 * NaN reaches the gradient
+def _x_log(ctx: Ctx, log1p: bool) -> Names:
+    """x * log(y) (xlogy) or x * log1p(y) (xlog1py), 0 where x is 0 unless y is
+    NaN, as aten's kernels; the product there is taken of log(1) or log1p(0), so
+    no 0 * inf or 0 * NaN reaches the gradient."""
     out = ctx.out_type()
     dt, mask = out.dtype, TensorType("bool", out.shape)
     x, y = _operand(ctx, 0, "self", dt), _operand(ctx, 1, "other", dt)
     x_zero = ctx.helper("Equal", [x, ctx.const(0.0, dt)], mask)
     y_nan = ctx.helper("IsNaN", [y], mask)
     zero = ctx.helper("And", [x_zero, ctx.helper("Not", [y_nan], mask)], mask)
-    safe_y = ctx.helper("Where", [zero, ctx.const(1.0, dt), y], out)
-    product = ctx.helper("Mul", [x, ctx.helper("Log", [safe_y], out)], out)
-    return ctx.one("Where", [zero, ctx.const(0.0, dt), product])
+    safe_y = ctx.helper("Where", [zero, ctx.const(0.0 if log1p else 1.0, dt), y], out)
+    logs = (
+        ctx.helper("Log1p", [safe_y], out, domain="tracelog")
+        if log1p
+        else ctx.helper("Log", [safe_y], out)
+    )
+    return ctx.one("Where", [zero, ctx.const(0.0, dt), ctx.helper("Mul", [x, logs], out)])
+
+
+@ATEN.register("aten.xlogy.Tensor", "aten.xlogy.Scalar_Other", "aten.xlogy.Scalar_Self")
+@ATEN.register("aten.xlogy_.Tensor", "aten.xlogy_.Scalar_Other")
+def _xlogy(ctx: Ctx) -> Names:
+    return _x_log(ctx, log1p=False)  # F.kl_div's target * log(target)
 
 
 @ATEN.register(
@@ -638,17 +646,7 @@ def _xlogy(ctx: Ctx) -> Names:
     "aten.special_xlog1py.other_scalar",
 )
 def _xlog1py(ctx: Ctx) -> Names:
-    # x * log1p(y), 0 where x is 0 unless y is NaN (aten's xlog1py), the
-    # product taken of log1p(0) there, as xlogy
-    out = ctx.out_type()
-    dt, mask = out.dtype, TensorType("bool", out.shape)
-    x, y = _operand(ctx, 0, "self", dt), _operand(ctx, 1, "other", dt)
-    x_zero = ctx.helper("Equal", [x, ctx.const(0.0, dt)], mask)
-    y_nan = ctx.helper("IsNaN", [y], mask)
-    zero = ctx.helper("And", [x_zero, ctx.helper("Not", [y_nan], mask)], mask)
-    safe_y = ctx.helper("Where", [zero, ctx.const(0.0, dt), y], out)
-    logs = ctx.helper("Log1p", [safe_y], out, domain="tracelog")
-    return ctx.one("Where", [zero, ctx.const(0.0, dt), ctx.helper("Mul", [x, logs], out)])
+    return _x_log(ctx, log1p=True)
 
 
 @ATEN.register("aten.logaddexp.default")
