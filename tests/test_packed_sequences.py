@@ -67,13 +67,15 @@ class _Tagger(nn.Module):
             h0 = self.h0.expand(-1, x.shape[0], -1).contiguous()
             state = (h0, torch.zeros_like(h0)) if self.kind == "lstm" else h0
         out, final = self.rnn(packed, state)
-        y, _lengths = rnn_utils.pad_packed_sequence(
+        y, counts = rnn_utils.pad_packed_sequence(
             out, batch_first=self.batch_first, padding_value=self.padding_value
         )
         if not self.batch_first:
             y = y.transpose(0, 1)
         last = final[0] if isinstance(final, tuple) else final
-        return self.head(y).mean(1) + self.state_head(last).sum(0)
+        # a mean over each sequence's own steps (the lengths pad_packed_sequence gives)
+        pooled = self.head(y).sum(1) / counts.unsqueeze(1).to(y.dtype)
+        return pooled + self.state_head(last).sum(0)
 
 
 def _batches(enforce_sorted: bool) -> list[tuple[torch.Tensor, torch.Tensor]]:
@@ -142,6 +144,10 @@ def test_packed_recurrent_layers_translate(case: str, target: str, tmp_path: Pat
     ops = predictions[0].op_histogram()
     kind = {"lstm": "LSTM", "gru": "GRU", "rnn": "RNN"}[CASES[case]["kind"]]
     assert ops.get(kind) == CASES[case].get("layers", 2), ops
+    graph = predictions[0]
+    pads = [n for n in graph.nodes if n.source == "aten._pad_packed_sequence.default"]
+    # its second output, the lengths, typed as torch returns them
+    assert str(graph.values[pads[-1].outputs[0]].type) == "int64[batch]", pads[-1]
     _check(target, tmp_path)
 
 

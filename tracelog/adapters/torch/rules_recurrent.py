@@ -347,7 +347,9 @@ def _pad_packed(ctx: Ctx) -> Names:
     padded = (
         ctx.one("Transpose", [x], perm=[1, 0, 2])[0] if batch_first else ctx.one("Identity", [x])[0]
     )
-    return [padded, ctx.one("Identity", [lengths[0]])[0]]
+    # the lengths, as the packing took them (its batch sizes count them back)
+    counted = ctx.node("Identity", [lengths[0]], outs=[ctx.rec.outs[1]])[0]
+    return [padded, counted]
 
 
 def _past_lengths(ctx: Ctx, x: str, seq: int | str, lengths: str, value: float) -> str:
