@@ -171,7 +171,7 @@ class _Window(WindowBase):
         super().__init__(listener, "eval", epoch, -1)
         self.model_refs: set[Ref] = set()  # computed from data, parameters or buffers
         self.rng: dict[Ref, Any] = {}
-        # a draw's distribution as followed through scalar arithmetic (_RNG_DIST)
+        # a draw's distribution as followed through scalar arithmetic (_rng_dist)
         self.rng_dist: dict[Ref, tuple[str, float, float]] = {}
         self.buffer_values: dict[str, Ref] = {}
         self.inside = 0  # > 0 inside a layer recorded whole (recurrent.py): ops unrecorded
@@ -287,7 +287,8 @@ class _Window(WindowBase):
         ):
             return  # data preparation after the forward: its results meet the loss as targets
         args = tuple(self.arg(t, region) for t in inputs)
-        self._note_draws(in_refs)
+        if self.rng_dist:  # a draw was made in this window (rare): any read as a value?
+            self._note_draws(in_refs)
         tainted = any(a.ref in self.taint for a in args)
         from_model = any(a.ref in self.model_refs or a.ref[0] in "ipbt" for a in args)
         kwargs = _op_kwargs(attrs, op_type)

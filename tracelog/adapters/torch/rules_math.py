@@ -117,6 +117,20 @@ def _std(ctx: Ctx) -> Names:
     return _moments(ctx, root=True)
 
 
+def _shift(ctx: Ctx, x: str, axes: str, kept: TensorType) -> str:
+    """logsumexp's shift: the largest value along axes (kept dims), 0 where it
+    is infinite, its gradient stopped (its two terms cancel exactly)."""
+    dt = kept.dtype
+    m = ctx.helper("ReduceMax", [x, axes], kept, keepdims=1)
+    infinite = ctx.helper(
+        "Equal",
+        [ctx.helper("Abs", [m], kept), ctx.const(math.inf, dt)],
+        TensorType("bool", kept.shape),
+    )
+    m = ctx.helper("Where", [infinite, ctx.const(0.0, dt), m], kept)
+    return ctx.helper("StopGradient", [m], kept, domain="tracelog")
+
+
 @ATEN.register("aten.logsumexp.default")
 def _logsumexp(ctx: Ctx) -> Names:
     # log(sum(exp(x - m))) + m, m the largest value (0 where it is infinite), as
@@ -127,14 +141,7 @@ def _logsumexp(ctx: Ctx) -> Names:
     axes = _reduced_axes(ctx, ctx.arg(1, "dim"))
     keep = int(bool(ctx.arg(2, "keepdim", False)))
     kept = TensorType(dt, tuple(1 if i in axes else d for i, d in enumerate(src.shape)))
-    m = ctx.helper("ReduceMax", [x, ctx.ints(axes)], kept, keepdims=1)
-    infinite = ctx.helper(
-        "Equal",
-        [ctx.helper("Abs", [m], kept), ctx.const(math.inf, dt)],
-        TensorType("bool", kept.shape),
-    )
-    m = ctx.helper("Where", [infinite, ctx.const(0.0, dt), m], kept)
-    m = ctx.helper("StopGradient", [m], kept, domain="tracelog")
+    m = _shift(ctx, x, ctx.ints(axes), kept)
     shifted = ctx.helper("Exp", [ctx.helper("Sub", [x, m], src)], src)
     total = ctx.helper("ReduceSum", [shifted, ctx.ints(axes)], out, keepdims=keep)
     if not keep:
@@ -896,14 +903,7 @@ def _logcumsumexp(ctx: Ctx) -> Names:
     masked, _tri, wide = _triangle(ctx, x, xt, axis, length, -math.inf)
     j = ctx.ints([axis + 1])
     kept = TensorType(dt, tuple(1 if k == axis + 1 else d for k, d in enumerate(wide.shape)))
-    m = ctx.helper("ReduceMax", [masked, j], kept, keepdims=1)
-    infinite = ctx.helper(
-        "Equal",
-        [ctx.helper("Abs", [m], kept), ctx.const(math.inf, dt)],
-        TensorType("bool", kept.shape),
-    )
-    m = ctx.helper("Where", [infinite, ctx.const(0.0, dt), m], kept)
-    m = ctx.helper("StopGradient", [m], kept, domain="tracelog")
+    m = _shift(ctx, masked, j, kept)
     shifted = ctx.helper("Exp", [ctx.helper("Sub", [masked, m], wide)], wide)
     total = ctx.helper("ReduceSum", [shifted, j], xt, keepdims=0)
     m = ctx.helper("Squeeze", [m, j], xt)
