@@ -67,6 +67,16 @@ def _attention(mask: str | None = None) -> Any:
     return keras.Model(x, L.Dense(5)(L.Flatten()(h)))
 
 
+def _scored(layer: Any) -> Any:
+    """A Keras score attention (Attention, AdditiveAttention) of a projection of
+    the input over the input: weights read through an operator on the variable
+    (`self.scale * x`), which TensorFlow reads in C, not by a ReadVariableOp.
+    Four steps: the short batch of 4 has as many rows as steps."""
+    x = keras.Input((4, 8))
+    h = layer([L.Dense(8)(x), x])
+    return keras.Model(x, L.Dense(5)(L.Flatten()(h)))
+
+
 def _normalization() -> Any:
     norm = L.Normalization()
     norm.adapt(np.random.default_rng(1).standard_normal((32, 8, 8, 3)).astype("float32") * 3 + 1)
@@ -268,6 +278,9 @@ LAYERS: dict[str, Callable[[], Any]] = {
     "MultiHeadAttention_causal": lambda: _attention("causal"),
     "MultiHeadAttention_dead_row": lambda: _attention("dead_row"),
     "MultiHeadAttention_data_mask": lambda: _attention("data"),
+    "AdditiveAttention": lambda: _scored(L.AdditiveAttention()),
+    "Attention_scaled": lambda: _scored(L.Attention(use_scale=True)),
+    "Attention_concat": lambda: _scored(L.Attention(use_scale=True, score_mode="concat")),
     # -- activation layers
     "LeakyReLU": lambda: _img(L.Conv2D(4, 1), L.LeakyReLU(0.1), *_head()),
     "PReLU": lambda: _img(L.Conv2D(4, 1), L.PReLU(shared_axes=[1, 2]), *_head()),

@@ -337,7 +337,7 @@ def check_model(log_dir: str | os.PathLike[str], *, atol: float, rtol: float) ->
 
     from tracelog.emit.runtime.parity import FLOAT32_FACTOR, TRANSLATION_RTOL
     from tracelog.sample import reference_key, sample_feeds
-    from tracelog.verify import Report, SampleJudge, run_model
+    from tracelog.verify import Comparison, Report, SampleJudge, run_model
 
     onnx = _onnx()
     path = write_model(log_dir)
@@ -378,6 +378,15 @@ def check_model(log_dir: str | os.PathLike[str], *, atol: float, rtol: float) ->
         report = Report(title)
     roles = [out.name for out in model.graph.output][:-1]  # the loss comes last
     judge = SampleJudge(sample)
+    info = log.sample_info
+    assert info is not None  # log.sample() read it
+    trained = [
+        v.name
+        for graph in (info["prediction"], info["loss"])
+        for v in log.graph(graph).params
+        if v.trainable
+    ]
+    report.comparisons[:0] = [Comparison(*row) for row in judge.parity._unread(sample, trained)]
     for role, value in zip(roles, results, strict=False):
         key = _sample_key(role)
         if key is not None:

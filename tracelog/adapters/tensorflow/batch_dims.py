@@ -94,7 +94,8 @@ class _Replay:
     def _batch_followed(self, t: Any, mode: int) -> Any:
         """An integer constant with every entry equal to B replaced by B + 1
         (mode 1), every k * B by k * (B + 1) (mode 2), or only entry -1 - mode
-        when it equals B (mode < 0); t itself when none is."""
+        when it is k * B (mode < 0: Dense's [B * T, F] reshape where F is a
+        multiple of B too); t itself when none is."""
         arr = t.numpy()
         b, hit = self.batch, (arr == self.batch)
         if mode == 2:
@@ -103,7 +104,7 @@ class _Replay:
             only = np.zeros(arr.size, dtype=bool)
             if -1 - mode < arr.size:
                 only[-1 - mode] = True
-            hit = hit & only.reshape(arr.shape)
+            hit = (arr > 0) & (arr % b == 0) & only.reshape(arr.shape)
         if not hit.any():
             return t
         return self.tf.constant(
@@ -130,8 +131,8 @@ class _Replay:
         # the callback reports an empty list attr (Squeeze's squeeze_dims) as None
         attrs = tuple([] if v is None else v for v in attrs)
         # integer constants: as recorded, B -> B + 1 everywhere, k * B -> k * (B + 1),
-        # then B -> B + 1 in one entry only (Conv2DBackpropInput's input_sizes
-        # [B, H, W, C] where C happens to equal B)
+        # then in one entry only (Conv2DBackpropInput's input_sizes [B, H, W, C]
+        # where C happens to equal B)
         for follow_ints in (0, 1, 2, *(-1 - i for i in range(8))) if rec.tainted else (0,):
             try:
                 inputs = [self.value_of(a, follow_ints) for a in rec.args]

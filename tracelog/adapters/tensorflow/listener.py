@@ -191,6 +191,9 @@ class _Window(WindowBase):
         self.inputs: Any = None
         self.calls: list[Any] | None = None
         self.side = 0  # > 0 while a tf.function helper runs eagerly on the side
+        # trainable variables the op about to be seen read in TensorFlow's C fast
+        # path (tf.multiply(variable, x)): no ReadVariableOp reaches the callback
+        self.c_reads: tuple[Any, ...] = ()
 
     def key(self) -> tuple[Any, ...] | None:
         if self.calls is None or self.keyless or self.step_key or self.counted_as:
@@ -270,7 +273,7 @@ class _Window(WindowBase):
                 f"a traced function ({op_type}) was called other than through tf.function "
                 "(a ConcreteFunction called directly); its ops cannot be followed"
             )
-        in_refs = [self.refs.get(id(t)) for t in inputs]
+        in_refs = self._in_refs(inputs)
         from_rng = any(r is not None and r[0] == "r" for r in in_refs)
         only_rng = not any(
             r in self.model_refs or (r is not None and r[0] in "ipbt") for r in in_refs
@@ -328,6 +331,10 @@ class _Window(WindowBase):
         path = self.listener._paths.get(id(inputs[0]))
         if path is None or not outputs:
             return
+        self._variable_read(path, outputs[0])
+
+    def _variable_read(self, path: str, value: Any) -> Ref:
+        """`value` is what a read of the model's variable `path` gave."""
         v = self.listener._variables[path]
         ref: Ref
         if _is_seed(path):
@@ -336,17 +343,63 @@ class _Window(WindowBase):
             ref = self.buffer_values[path]  # read after an assign in this window
         else:
             ref = ("p", path) if v.trainable else ("b", path)
-        self.refs[id(outputs[0])] = ref
-        self.keep.append(outputs[0])
+        self.refs[id(value)] = ref
+        self.keep.append(value)
         if ref[0] == "r":
-            self.rng[ref] = outputs[0]
+            self.rng[ref] = value
+        return ref
+
+    def _in_refs(self, inputs: tuple) -> list[Any]:
+        """The refs of an op's inputs, its variables read in C among them; None
+        for a tensor from outside the window."""
+        in_refs = [self.refs.get(id(t)) for t in inputs]
+        if self.c_reads and None in in_refs:
+            return self._read_in_c(inputs, in_refs)
+        return in_refs
+
+    def _read_in_c(self, inputs: tuple, in_refs: list[Any]) -> list[Any]:
+        """The op's inputs TensorFlow read from variables in C (self.c_reads,
+        the variables it accessed while running: tape.VariableWatcher's list),
+        each found as the one unknown input of the variable's dtype and shape
+        holding its value bit for bit. Without this the graph would hold the
+        weight as a constant of the batch, and the program would not train it."""
+        paths = self.listener._paths
+        found = list(in_refs)
+        for var in self.c_reads:
+            path = paths.get(id(var.handle))
+            if path is None or path in self.buffer_values:
+                continue  # not the model's, or an assigned value: read by Python
+            with self.suspend():  # the read below is not the batch's
+                value = to_numpy(var.value())
+            matches = [
+                k
+                for k, t in enumerate(inputs)
+                if found[k] is None
+                and t.dtype == var.dtype
+                and tuple(t.shape) == value.shape
+                and np.array_equal(to_numpy(t), value, equal_nan=True)
+            ]
+            if len(matches) > 1:
+                raise NotSupported(
+                    f"an op read variable {path!r} in TensorFlow's C fast path beside "
+                    "another input of the same value: which input is the variable is unknown"
+                )
+            if matches:
+                found[matches[0]] = self._variable_read(path, inputs[matches[0]])
+        return found
 
     def _assign_variable(self, op_type: str, inputs: tuple) -> None:
         path = self.listener._paths.get(id(inputs[0]))
         if path is None or _is_seed(path) or self.region() is None:
             return
         if self.listener._variables[path].trainable:
-            return  # the optimizer's update: in neither graph
+            # the optimizer's updates come after the backward (self.done): this
+            # is the forward writing a parameter, whose reads after it take
+            # the written value and give their gradient to it
+            raise NotSupported(
+                f"the forward writes trainable variable {path!r} (a parameter "
+                "write-back, as keras.layers.SpectralNormalization's): not translated"
+            )
         if op_type != "AssignVariableOp":
             raise NotSupported(f"{op_type} on a model variable")
         ref = self.refs.get(id(inputs[1]))
@@ -608,10 +661,33 @@ class TFListener(GuardedCounting, ListenerBase):
                 and not (w.suspended or w.done or w.side)
             ):
                 w.calls.append(op_key(op_type, inputs))  # the loss's ops, as a fast window's
+            if watcher and threading.get_ident() == owner:
+                # the variables this op accessed (its reads in C among them); a
+                # fresh watcher for the next op. Watchers are per thread: a
+                # replica thread's reads in C stay unresolved
+                w.c_reads = pywrap_tfe.TFE_Py_VariableWatcherWatchedVariables(watcher[0])
+                if w.c_reads:
+                    pywrap_tfe.TFE_Py_VariableWatcherRemove(watcher[0])
+                    watcher[0] = pywrap_tfe.TFE_Py_VariableWatcherNew()
             w.guarded(w.on_op, op_type, inputs, attrs, outputs, graph)
+            w.c_reads = ()
             return None
 
+        # what tells which variables an op read in TensorFlow's C fast path
+        # (trainable ones: tape.VariableWatcher's lists), where TensorFlow has it
+        from tensorflow.python import pywrap_tfe
+
+        watches = hasattr(pywrap_tfe, "TFE_Py_VariableWatcherNew")
+        watcher = [pywrap_tfe.TFE_Py_VariableWatcherNew()] if watches else []
+        owner = threading.get_ident()
+
+        def unwatch() -> None:
+            # removed by the thread it watches (another's set does not hold it)
+            if watcher and threading.get_ident() == owner:
+                pywrap_tfe.TFE_Py_VariableWatcherRemove(watcher.pop())
+
         self._op_callbacks.add_op_callback(callback)
+        self._installed.append(unwatch)
         self._installed.append(lambda: self._op_callbacks.remove_op_callback(callback))
         functions.push(w)
         self._installed.append(lambda: functions.pop(w))

@@ -504,6 +504,23 @@ def _outputs(
     return found
 
 
+def _unread(sample: dict[str, np.ndarray], trainable: list[str]) -> list[Row]:
+    """A failing row for each parameter the source differentiated (a nonzero
+    gradient in the sample) that this program does not train: its graphs hold
+    it as a constant of the recorded batch, or dropped it. Comparing only the
+    parameters the graphs read would pass such a translation."""
+    rows: list[Row] = []
+    for key in sorted(sample):
+        name = key[len(grad_key("")) :]
+        if not key.startswith(grad_key("")) or name in trainable:
+            continue
+        grad = np.asarray(sample.get(reference_key(key), sample[key]), dtype=np.float64)
+        if np.any(grad != 0):
+            row = f"grad {name} (the source's; no graph trains it)"
+            rows.append((row, float(np.abs(grad).max()), float("nan"), False, None, None))
+    return rows
+
+
 def _translation(
     log_dir: str, sample: dict[str, np.ndarray], trainable: list[str]
 ) -> tuple[list[Row], list[np.ndarray] | None]:
@@ -655,6 +672,7 @@ def check_parity(
     if draw:
         return _draw_only(log_dir, sample, trainable, has_reference, draw)
     rows, signs64 = _translation(log_dir, sample, trainable) if has_reference else ([], None)
+    rows = _unread(sample, trainable) + rows
     if has_reference and np.asarray(sample["loss"]).dtype == np.float64:
         return rows  # recorded in float64: the translation check is the whole check
     params = _module_params(sample_params(log_dir))
@@ -689,6 +707,14 @@ def check_parity(
         return found
 
     narrow = judged(None)
+    # an output the reference lacks (a gradient its replay did not take) is
+    # judged on the recorded values alone, and no draw judges it again
+    plain = {
+        name + label
+        for label, run in runs
+        for name, _, key, _ in _outputs(sample, trainable, run)
+        if reference_key(key) not in sample
+    }
     translated = bool(rows) and all(r[3] and r[5] is None and r[1] == r[1] for r in rows)
     if has_reference and translated:
         # judged on the branches the float32 run took: against this program in
@@ -699,8 +725,10 @@ def check_parity(
         if refs is not None:
             narrow = [_matched_note(len(signs), flips), *judged(refs)]
     all_arrays = all(isinstance(v, np.ndarray) for v in feeds.values())  # no bfloat16
-    if has_reference and translated and all_arrays and not all(r[3] for r in narrow):
-        narrow = _redrawn(log_dir, sample, trainable, narrow, typical, medians)
+    referenced = [r for r in narrow if r[0] not in plain]
+    if has_reference and translated and all_arrays and not all(r[3] for r in referenced):
+        redrawn = _redrawn(log_dir, sample, trainable, referenced, typical, medians)
+        narrow = redrawn + [r for r in narrow if r[0] in plain]
     return rows + narrow
 
 
@@ -837,6 +865,7 @@ INLINED = (
     "_runs",
     "_run",
     "_outputs",
+    "_unread",
     "_nudged",
     "_bounds",
     "_slope",
