@@ -206,3 +206,25 @@ def test_a_roll_along_the_batch_by_more_than_one_is_unsupported(tmp_path: Path) 
     log = tracelog.load(tmp_path)
     reasons = [n.attrs.get("reason", "") for g in log.graphs.values() for n in g.nodes]
     assert any("a roll by 3 along the batch" in r for r in reasons), reasons
+
+
+class _Normalised(nn.Module):
+    """Weights reparametrised as GAN and flow code does: nn.utils.spectral_norm
+    (power iteration on its u and v buffers in place, sigma by torch.dot), the
+    parametrizations' spectral_norm and weight_norm."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        P = nn.utils.parametrizations
+        self.a = nn.utils.spectral_norm(nn.Linear(6, 8))
+        self.b = P.spectral_norm(nn.Linear(8, 8))
+        self.c = P.weight_norm(nn.Linear(8, 5))
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return self.c(torch.tanh(self.b(torch.tanh(self.a(x)))))
+
+
+@pytest.mark.parametrize("target", TARGETS)
+def test_spectral_and_weight_norm_translate(target: str, tmp_path: Path) -> None:
+    torch.manual_seed(0)
+    _check(target, tmp_path, _Normalised(), F.cross_entropy)

@@ -814,9 +814,10 @@ def _trilinear(ctx: Ctx) -> Names:
     return ctx.one("ReduceSum", [product, ctx.ints(summed)], keepdims=0)
 
 
-@ATEN.register("aten.vdot.default")
+@ATEN.register("aten.vdot.default", "aten.dot.default")
 def _vdot(ctx: Ctx) -> Names:
-    # the dot product of two vectors (conjugating the first: real here)
+    # the dot product of two vectors (vdot conjugates the first: real here);
+    # torch.dot: nn.utils.spectral_norm's sigma = u . Wv
     if ctx.in_type(0).dtype.startswith("complex"):
         raise NotSupported("vdot of complex vectors")
     product = ctx.helper("Mul", [ctx.t(0), ctx.t(1)], ctx.in_type(0))
