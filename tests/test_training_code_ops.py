@@ -37,7 +37,9 @@ class _Ops(nn.Module):
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         h = self.fc(x)
         n = h.shape[0]
-        tokens = (x[:, :3].abs() * 4).long().clamp(max=9)  # repeats: counts > 1
+        tokens = (
+            (x[:, :3].abs() * 4).long().clamp(max=8)
+        )  # repeats: counts > 1 (8: not a batch size)
         edges = torch.linspace(-1.0, 1.0, 5)
         spread = torch.zeros(n, 4).index_add(1, torch.arange(8) % 4, h)  # zeros: no dtype=
         terms = [
@@ -228,3 +230,46 @@ class _Normalised(nn.Module):
 def test_spectral_and_weight_norm_translate(target: str, tmp_path: Path) -> None:
     torch.manual_seed(0)
     _check(target, tmp_path, _Normalised(), F.cross_entropy)
+
+
+class _BatchMean(nn.Module):
+    """A batch mean written out in the forward: sum over the batch divided by
+    x.size(0), a Python int."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.fc, self.head = nn.Linear(6, 8), nn.Linear(8, 5)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        h = self.fc(x)
+        return self.head(h - h.sum(0, keepdim=True) / x.size(0))
+
+
+def _divided_by_batch(p: torch.Tensor, y: torch.Tensor) -> torch.Tensor:
+    """Losses divided by the batch size as a number: F.kl_div's batchmean
+    (distillation from a detached teacher), cross entropy with probabilities as
+    targets (aten divides by the sample count), a sum over the batch's size."""
+    teacher = F.log_softmax(p.flip(0).detach(), -1)
+    return (
+        F.kl_div(F.log_softmax(p, -1), teacher, reduction="batchmean", log_target=True)
+        + F.cross_entropy(p, teacher.exp(), label_smoothing=0.05)
+        + F.cross_entropy(p, y, reduction="sum") / p.shape[0]
+    )
+
+
+@pytest.mark.parametrize("target", TARGETS)
+def test_a_division_by_the_batch_size_is_one_graph(target: str, tmp_path: Path) -> None:
+    # the first batch's size was a constant of the graphs, which the fingerprint
+    # (reading such an int as the batch) counted the batch of 9 against
+    torch.manual_seed(0)
+    _check(target, tmp_path, _BatchMean(), _divided_by_batch)
+    log = tracelog.load(tmp_path)
+    assert [e.usage.batches for e in log.entries.values() if e.kind == "loss"] == [2]
+    numbers = {
+        float(x)
+        for g in log.graphs.values()
+        for v in g.constants
+        if v.const is not None and v.const.data is not None and not v.type.shape
+        for x in [v.const.data]
+    }
+    assert 12.0 not in numbers, numbers  # the first batch's size

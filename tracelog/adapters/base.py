@@ -39,7 +39,15 @@ from tracelog.adapters.builder import (
     output_roles,
     target_names,
 )
-from tracelog.adapters.tape import ConstInfo, Rec, Ref, Tape, TArg, symbolic_shape
+from tracelog.adapters.tape import (
+    ConstInfo,
+    Rec,
+    Ref,
+    Tape,
+    TArg,
+    batch_multiple,
+    symbolic_shape,
+)
 from tracelog.ir import Graph, batch_dim
 from tracelog.log import COMPLETE, CheckpointPolicy, LogWriter, TraceLog, claim_log_dir
 from tracelog.registry import Table
@@ -280,9 +288,35 @@ class WindowBase(ABC):
         return self.constant(t, region)
 
     def constant(self, t: Any, region: str) -> Ref:
-        ref: Ref = ("c", len(self.tape.consts))
+        k = self._batch_multiple(t) if region == "post" else 0
+        if k:
+            # computed from the data input's shape in the graph (builder._batch_scalar)
+            ref: Ref = ("n", self.dtype_of(t), len(self.shape_of(t)), *((k,) if k > 1 else ()))
+            self.taint.add(ref)
+            return ref
+        ref = ("c", len(self.tape.consts))
         self.tape.consts.append(ConstInfo(t, self.digest_of(t)))
         return ref
+
+    def one_value(self, t: Any) -> float | None:
+        """A one-element tensor's value (None for any other)."""
+        return None
+
+    def _batch_multiple(self, t: Any) -> int:
+        """k for a one-element constant equal to k times the batch size, met in
+        the loss (0 for any other): a mean reduction divides by the number of
+        samples (k = 1: Keras' losses, F.kl_div(reduction="batchmean"),
+        `loss.sum() / x.shape[0]`), or of per-step losses (the element count
+        of a batch-derived value recorded), computed from shapes as numbers."""
+        batch = self.tape.batch_size
+        if batch is None or batch < 2:
+            return 0
+        value = self.one_value(t)
+        if value is None:
+            return 0
+        if value == float(batch):
+            return 1
+        return batch_multiple(self.tape, value)
 
     def record(
         self,

@@ -632,7 +632,26 @@ class Ctx:
         return self.rec.outs[k].type
 
     def const(self, data: Any, dtype: str) -> str:
+        if type(data) is int and self._batch_arg(data):
+            return self.batch_number(dtype)
         return self.b.new_const(data, dtype)
+
+    def _batch_arg(self, n: int) -> bool:
+        """Whether int n is an argument the batch's fingerprint reads as the
+        batch size (Rec.key: an int equal to it in a data-derived record): as
+        a constant it would hold the first batch's size in a graph every batch
+        size is counted against (x.clamp(max=x.size(0)))."""
+        batch = self.batch
+        if not self.rec.tainted or batch is None or batch < 2 or n != batch:
+            return False
+        return any(type(a) is int and a == n for a in self.rec.args) or any(
+            type(v) is int and v == n for _, v in self.rec.kwargs
+        )
+
+    def batch_number(self, dtype: str, k: int = 1) -> str:
+        """k times the batch size, a scalar of `dtype`, computed from the first
+        data input's shape (Builder._batch_scalar)."""
+        return self.b.name_of(TArg(("n", dtype, 0, *((k,) if k > 1 else ())), dtype, ()))
 
     def ints(self, data: Sequence[int]) -> str:
         return self.b.new_const(list(data), "int64")

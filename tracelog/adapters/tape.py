@@ -11,6 +11,7 @@ from __future__ import annotations
 
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field, replace
+from math import prod
 from typing import Any, NamedTuple, Protocol
 
 from tracelog.ir import BATCH, TensorType, dim_value
@@ -206,3 +207,20 @@ def replay_tape(tape: Tape, replay: Replay) -> Tape | None:
         for k, t in enumerate(outs):
             replay.store(("o", rec.index, k), t)
     return map_targs(tape, replay.resym)
+
+
+def batch_multiple(tape: Tape, value: float) -> int:
+    """k > 1 where value is k times the batch size and the element count of a
+    batch-derived value the tape recorded in the loss (a mean over per-step
+    losses divides by B * T); 0 otherwise."""
+    batch = tape.batch_size
+    if batch is None or batch < 2 or value <= batch or value % batch or value != int(value):
+        return 0
+    for rec in reversed(tape.recs):
+        if rec.region != "post":
+            break
+        for a in rec.outs:
+            symbolic = any(isinstance(d, str) for d in a.shape)
+            if symbolic and prod(concrete_shape(a.shape, batch)) == value:
+                return int(value) // batch
+    return 0

@@ -35,23 +35,6 @@ def exact_batch_dims(tape: Tape, source: dict[Ref, Any]) -> Tape | None:
     return replay_tape(tape, _Replay(batch, source))
 
 
-def batch_multiple(tape: Tape, value: float) -> int:
-    """k > 1 where value is k times the batch size and the element count of a
-    batch-derived value the tape recorded in the loss (a mean over per-step
-    losses divides by B * T); 0 otherwise."""
-    batch = tape.batch_size
-    if batch is None or batch < 2 or value <= batch or value % batch or value != int(value):
-        return 0
-    for rec in reversed(tape.recs):
-        if rec.region != "post":
-            break
-        for a in rec.outs:
-            symbolic = any(isinstance(d, str) for d in a.shape)
-            if symbolic and int(np.prod(concrete_shape(a.shape, batch))) == value:
-                return int(value) // batch
-    return 0
-
-
 class _Replay:
     """The tape's ops executed again, eagerly, on data grown from B to B + 1
     rows: each ref's grown value, and how to rerun a record and check it."""

@@ -51,7 +51,7 @@ from tracelog.adapters.tape import Ref, Tape, TArg
 from tracelog.log import TraceLog
 
 from . import functions
-from .batch_dims import batch_multiple, exact_batch_dims
+from .batch_dims import exact_batch_dims
 from .guards import FastWindow, input_key, op_key, static_key
 from .recurrent import is_recurrent, recurrent_call
 from .reference import reference64
@@ -406,27 +406,8 @@ class _Window(WindowBase):
         if ref is not None and ref[0] == "o":
             self.buffer_values[path] = ref
 
-    def constant(self, t: Any, region: str) -> Ref:
-        k = self._batch_multiple(t) if region == "post" else 0
-        if k:
-            ref: Ref = ("n", str(t.dtype.name), len(t.shape), *((k,) if k > 1 else ()))
-            self.taint.add(ref)
-            return ref
-        return super().constant(t, region)
-
-    def _batch_multiple(self, t: Any) -> int:
-        """k for a one-element constant equal to k times the batch size, met in
-        the loss (0 for any other): Keras' mean reduction divides by the number
-        of samples (k = 1), or of per-step losses (the element count of a
-        batch-derived value recorded), computed from static shapes before it
-        reaches TensorFlow."""
-        batch = self.tape.batch_size
-        if batch is None or batch < 2 or int(np.prod(t.shape)) != 1:
-            return 0
-        value = float(to_numpy(t).reshape(-1)[0])
-        if value == float(batch):
-            return 1
-        return batch_multiple(self.tape, value)
+    def one_value(self, t: Any) -> float | None:
+        return float(to_numpy(t).reshape(-1)[0]) if int(np.prod(t.shape)) == 1 else None
 
     # -- the loss -----------------------------------------------------------------------
     def mark_loss(self, t: Any) -> None:

@@ -333,6 +333,11 @@ class _Window(WindowBase):
     def digest_of(self, t: torch.Tensor) -> str:
         return tensor_digest(t)
 
+    def one_value(self, t: torch.Tensor) -> float | None:
+        if t.numel() != 1 or t.is_complex() or t.device.type == "meta":
+            return None
+        return float(t.reshape(()).item())
+
     def named_inputs(self, args: Any, kwargs: Any) -> list[tuple[str, Any]]:
         if self.step:  # the step's batch: batch_0, batch_1 (or batch_<key>) ...
             flat_batch: list[tuple[str, torch.Tensor]] = []

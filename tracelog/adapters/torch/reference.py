@@ -27,7 +27,7 @@ from tracelog.adapters.tape import Ref, Tape, TArg
 
 from .rules import VIEW_WRITE, WHOLE_VIEWS, inverse_order
 from .rules_recurrent import MASK_OP
-from .tensors import OUT_OF_PLACE_VIEWS, flatten_tensors
+from .tensors import OUT_OF_PLACE_VIEWS, TORCH_DTYPES, flatten_tensors
 
 # random ops replayed as the values the batch drew (a fresh bernoulli_ mask is 0/1
 # until div_ scales it in place, so its nonzeros are the draw)
@@ -103,13 +103,20 @@ class _Replay:
         sources: Mapping[Ref, torch.Tensor],
         drawn: Mapping[int, list[Any]],
         recs: list[Any],
+        batch: int | None = None,
     ):
         self.values: dict[Ref, torch.Tensor] = dict(sources)
         self.drawn = drawn
         self.recs = recs
+        self.batch = batch
 
     def value(self, ref: Ref) -> torch.Tensor:
         value = self.values.get(ref)
+        if value is None and ref[0] == "n" and self.batch is not None:
+            # the batch size (times ref[3]) as a number: WindowBase.constant
+            k = int(ref[3]) if len(ref) > 3 else 1
+            number = torch.full((1,) * int(ref[2]), self.batch * k, dtype=TORCH_DTYPES[ref[1]])
+            value = self.values[ref] = _up(number)
         if value is None:
             raise ReferenceUnavailable(f"no value for {ref[0]!r} ref in the replay")
         if isinstance(value, _Missing):
@@ -308,7 +315,7 @@ def forward64(
         for rec in tape.recs
         if rec.op in _DRAWS or rec.op in _RANDOM or rec.op == MASK_OP
     }
-    replay = _Replay(sources, drawn, tape.recs)
+    replay = _Replay(sources, drawn, tape.recs, tape.batch_size)
     with torch.enable_grad():
         for rec in tape.recs:
             try:

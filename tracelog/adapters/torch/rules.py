@@ -16,7 +16,7 @@ from typing import Any
 import numpy as np
 
 from tracelog.adapters.builder import UNINITIALISED, Converter, Ctx, NotSupported, use_rewrites
-from tracelog.adapters.tape import TArg
+from tracelog.adapters.tape import TArg, batch_multiple
 from tracelog.ir import (
     BATCH,
     TensorType,
@@ -58,7 +58,25 @@ def _operand(ctx: Ctx, i: int, name: str, dtype: str) -> str:
         return n
     if a is None:
         raise NotSupported(f"operand {name} is None")
+    k = _batch_times(ctx, a)
+    if k:
+        # x.sum() / x.shape[0], F.kl_div(reduction="batchmean"): the batch size
+        # as a number, computed from the data's shape so other batches share the
+        # graph (the fingerprint reads such an int as the batch: Rec.key)
+        return ctx.batch_number(dtype, k)
     return ctx.const(a, dtype)
+
+
+def _batch_times(ctx: Ctx, a: Any) -> int:
+    """k where a Python int operand of a data-derived record is k times the
+    batch size (k > 1: the element count of a batch-derived value of the loss);
+    0 for any other."""
+    batch = ctx.b.tape.batch_size
+    if type(a) is not int or not ctx.rec.tainted or batch is None or batch < 2:
+        return 0
+    if a == batch:
+        return 1
+    return batch_multiple(ctx.b.tape, a) if ctx.rec.region == "post" else 0
 
 
 # -- aliases and copies: no node -----------------------------------------------
