@@ -273,3 +273,40 @@ def test_a_division_by_the_batch_size_is_one_graph(target: str, tmp_path: Path) 
         for x in [v.const.data]
     }
     assert 12.0 not in numbers, numbers  # the first batch's size
+
+
+class _Geometry(nn.Module):
+    """A similarity matrix's diagonal (torch.diag, diagonal with offsets, trace),
+    cross products, copysign, frac, entr, rot90 and RReLU in eval mode."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.fc, self.head = nn.Linear(6, 8), nn.Linear(8, 5)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        h = self.fc(x)
+        sim = h @ h.T  # [batch, batch]
+        blocks = h.view(-1, 2, 4)
+        terms = [
+            torch.diag(sim).unsqueeze(1) * 0.1,
+            sim.masked_fill(sim < 0, float("-inf")).diagonal().unsqueeze(1).clamp(min=0) * 0.1,
+            torch.diagonal(blocks, offset=1, dim1=1, dim2=2).repeat(1, 4),
+            torch.diagonal(h.view(-1, 4, 2), offset=-1, dim1=2, dim2=1).repeat(1, 8),
+            torch.trace(h[:, :4].T @ h[:, :4]).expand(h.shape[0], 8) * 0.01,
+            torch.linalg.cross(h[:, :3], h[:, 3:6]).repeat(1, 3)[:, :8],
+            torch.copysign(h, h.flip(-1)) + torch.frac(h * 3.0),
+            torch.special.entr(torch.sigmoid(h)),
+            torch.rot90(blocks, 1, (1, 2)).reshape(-1, 8)
+            + torch.rot90(blocks, 3, (2, 1)).reshape(-1, 8),
+            F.rrelu(h, training=False),
+        ]
+        total = h
+        for term in terms:
+            total = total + term
+        return self.head(total)
+
+
+@pytest.mark.parametrize("target", TARGETS)
+def test_diagonals_cross_products_and_small_ops_translate(target: str, tmp_path: Path) -> None:
+    torch.manual_seed(0)
+    _check(target, tmp_path, _Geometry(), F.cross_entropy)

@@ -369,6 +369,71 @@ def _eye(ctx: Ctx) -> Names:
     return ctx.one("Cast", [same], to=out.dtype)
 
 
+@ATEN.register("aten.diagonal.default", "aten.diagonal_copy.default")
+def _diagonal(ctx: Ctx) -> Names:
+    """x.diagonal(offset, dim1, dim2) (torch.diag of a matrix, a similarity
+    matrix's positives): dim1 and dim2 moved last, each row's element on the
+    diagonal kept (_on_diagonal) and summed over the columns, the rows with no
+    such element sliced off."""
+    xt, out = ctx.in_type(0), ctx.out_type()
+    rank = len(xt.shape)
+    offset = int(ctx.arg(1, "offset", 0))
+    d1, d2 = int(ctx.arg(2, "dim1", 0)) % rank, int(ctx.arg(3, "dim2", 1)) % rank
+    perm = [k for k in range(rank) if k not in (d1, d2)] + [d1, d2]
+    moved = TensorType(xt.dtype, tuple(xt.shape[k] for k in perm))
+    x = ctx.t(0)
+    if perm != list(range(rank)):
+        x = ctx.helper("Transpose", [x], moved, perm=perm)
+    kept = _on_diagonal(ctx, x, moved, offset)
+    n, length, start = moved.shape[-2], out.shape[-1], max(0, -offset)
+    if start == 0 and length == n:
+        return ctx.one("ReduceSum", [kept, ctx.ints([-1])], keepdims=0)
+    y = ctx.helper(
+        "ReduceSum", [kept, ctx.ints([-1])], TensorType(xt.dtype, moved.shape[:-1]), keepdims=0
+    )
+    return ctx.one("Slice", [y, ctx.ints([start]), ctx.ints([start + int(length)]), ctx.ints([-1])])
+
+
+@ATEN.register("aten.trace.default")
+def _trace(ctx: Ctx) -> Names:
+    # the sum of a matrix's diagonal
+    xt = ctx.in_type(0)
+    if len(xt.shape) != 2:
+        raise NotSupported("trace of a tensor other than a matrix")
+    kept = _on_diagonal(ctx, ctx.t(0), xt, 0)
+    return ctx.one("ReduceSum", [kept, ctx.ints([0, 1])], keepdims=0)
+
+
+def _on_diagonal(ctx: Ctx, x: str, xt: TensorType, offset: int) -> str:
+    """x [..., n, m] where row + offset == column, 0 elsewhere (Where: what is
+    off the diagonal, -inf included, stays out of a sum over it). Over a
+    batch-sized square the indices are counted up to the size the graph
+    computes."""
+    n, m = xt.shape[-2:]
+    if xt.dtype == "bool":
+        raise NotSupported("the diagonal of a bool tensor")
+    if is_symbolic(n) or is_symbolic(m):
+        if n != m or offset:
+            raise NotSupported("a diagonal off the main one, or of a batch-sized non-square")
+        rows = _iota(ctx, _shape_vector(ctx, [n]), n, "int64")
+        cols = rows
+    else:
+        rows = ctx.ints(list(range(int(n))))
+        cols = ctx.ints(list(range(int(m))))
+    if offset:
+        rows = ctx.helper("Add", [rows, ctx.const(offset, "int64")], TensorType("int64", (n,)))
+    on = ctx.helper(
+        "Equal",
+        [
+            ctx.helper("Unsqueeze", [rows, ctx.ints([1])], TensorType("int64", (n, 1))),
+            ctx.helper("Unsqueeze", [cols, ctx.ints([0])], TensorType("int64", (1, m))),
+        ],
+        TensorType("bool", (n, m)),
+    )
+    zero = 0 if xt.dtype.startswith(("int", "uint")) else 0.0
+    return ctx.helper("Where", [on, x, ctx.const(zero, xt.dtype)], xt)
+
+
 # -- padding ------------------------------------------------------------------------------------
 @ATEN.register("aten.constant_pad_nd.default")
 def _constant_pad_nd(ctx: Ctx) -> Names:

@@ -27,6 +27,7 @@ from tracelog.adapters.arith import (
     trunc_of,
 )
 from tracelog.adapters.builder import Converter, Ctx, NotSupported
+from tracelog.adapters.tape import TArg
 from tracelog.adapters.torch.rules import (
     ATEN,
     INT64_MAX,
@@ -978,3 +979,100 @@ def _block_diag(ctx: Ctx) -> Names:
         parts.append(ctx.helper("Pad", [name, pads], TensorType(out.dtype, (shape[0], total))))
         start += cols
     return ctx.one("Concat", parts, axis=0)
+
+
+# -- small element-wise and layout ops of training code ------------------------------------------
+@ATEN.register("aten.rrelu_with_noise.default")
+def _rrelu_eval(ctx: Ctx) -> Names:
+    # RReLU in eval mode: a leaky ReLU of slope (lower + upper) / 2; in training its
+    # slopes are drawn per element (not followed)
+    if bool(ctx.arg(4, "training", False)):
+        raise NotSupported("RReLU in training: its negative slopes are drawn per element")
+    lower, upper = float(ctx.arg(2, "lower", 1 / 8)), float(ctx.arg(3, "upper", 1 / 3))
+    return ctx.one("LeakyRelu", [ctx.t(0)], alpha=(lower + upper) / 2)
+
+
+@ATEN.register("aten.frac.default", "aten.frac_.default")
+def _frac(ctx: Ctx) -> Names:
+    # x - trunc(x): the fraction keeps x's sign, its gradient is 1
+    x, out = ctx.t(0), ctx.out_type()
+    return ctx.one("Sub", [x, trunc_of(ctx, x, out)])
+
+
+@ATEN.register("aten.copysign.Tensor", "aten.copysign_.Tensor", "aten.copysign.Scalar")
+def _copysign(ctx: Ctx) -> Names:
+    # |a| with b's sign bit: negative where 1 / b < 0 (b = -0.0 included); the
+    # gradient flows to a only, through |a| (0 at a = 0), as torch's
+    out = ctx.out_type()
+    dt = out.dtype
+    a = _operand(ctx, 0, "self", dt)
+    b = _operand(ctx, 1, "other", dt)
+    bt = ctx.in_type(1) if isinstance(ctx.arg(1, "other"), TArg) else TensorType(dt, ())
+    magnitude = ctx.helper("Abs", [a], out)
+    inverse = ctx.helper("Reciprocal", [b], TensorType(dt, bt.shape))
+    negative = ctx.helper("Less", [inverse, ctx.const(0.0, dt)], TensorType("bool", bt.shape))
+    return ctx.one("Where", [negative, ctx.helper("Neg", [magnitude], out), magnitude])
+
+
+@ATEN.register("aten.linalg_cross.default")
+def _linalg_cross(ctx: Ctx) -> Names:
+    # a x b along a dim of size 3: a[i+1] b[i+2] - a[i+2] b[i+1], the components
+    # taken by Gather (broadcast as torch broadcasts a and b)
+    out = ctx.out_type()
+    rank = len(out.shape)
+    dim = int(ctx.arg(2, "dim", -1)) % rank
+    dt = out.dtype
+    a = _operand(ctx, 0, "self", dt)
+    b = _operand(ctx, 1, "other", dt)
+
+    def turned(x: str, xt: TensorType, shift: int) -> str:
+        axis = dim - (rank - len(xt.shape))
+        ty = TensorType(dt, xt.shape)
+        return ctx.helper(
+            "Gather", [x, ctx.ints([(k + shift) % 3 for k in range(3)])], ty, axis=axis
+        )
+
+    at, bt = ctx.in_type(0), ctx.in_type(1)
+    first = ctx.helper("Mul", [turned(a, at, 1), turned(b, bt, 2)], out)
+    second = ctx.helper("Mul", [turned(a, at, 2), turned(b, bt, 1)], out)
+    return ctx.one("Sub", [first, second])
+
+
+@ATEN.register("aten.special_entr.default")
+def _entr(ctx: Ctx) -> Names:
+    # -x log x for x > 0, 0 at 0, -inf below; log is taken of 1 where x <= 0 so
+    # that no NaN reaches the gradient of the branch not taken
+    x, out = ctx.t(0), ctx.out_type()
+    dt, mask = out.dtype, TensorType("bool", out.shape)
+    zero = ctx.const(0.0, dt)
+    positive = ctx.helper("Greater", [x, zero], mask)
+    safe = ctx.helper("Where", [positive, x, ctx.const(1.0, dt)], out)
+    terms = ctx.helper("Neg", [ctx.helper("Mul", [safe, ctx.helper("Log", [safe], out)], out)], out)
+    at_zero = ctx.helper("Equal", [x, zero], mask)
+    rest = ctx.helper("Where", [at_zero, zero, ctx.const(-math.inf, dt)], out)
+    return ctx.one("Where", [positive, terms, rest])
+
+
+@ATEN.register("aten.rot90.default")
+def _rot90(ctx: Ctx) -> Names:
+    # torch's rot90: k = 1 flips dims[1] then swaps the two dims, k = 2 flips
+    # both, k = 3 flips dims[0] then swaps
+    xt = ctx.in_type(0)
+    rank = len(xt.shape)
+    k = int(ctx.arg(1, "k", 1)) % 4
+    d0, d1 = (int(d) % rank for d in ctx.arg(2, "dims", [0, 1]))
+    x = ctx.t(0)
+    if k == 0:
+        return ctx.one("Identity", [x])
+    flipped = [d1] if k == 1 else [d0, d1] if k == 2 else [d0]
+    n = len(flipped)
+    y = ctx.helper(
+        "Slice",
+        [x, ctx.ints([-1] * n), ctx.ints([-_INT64_MAX] * n), ctx.ints(flipped), ctx.ints([-1] * n)],
+        xt,
+    )
+    if k == 2:
+        return ctx.one("Identity", [y])
+    perm = list(range(rank))
+    perm[d0], perm[d1] = d1, d0
+    return ctx.one("Transpose", [y], perm=perm)
