@@ -336,7 +336,10 @@ class _Window(WindowBase):
     def one_value(self, t: torch.Tensor) -> float | None:
         if t.numel() != 1 or t.is_complex() or t.device.type == "meta":
             return None
-        return float(t.reshape(()).item())
+        try:
+            return float(t.reshape(()).item())
+        except Exception:  # a tensor with no value to read (a fake one): a constant
+            return None
 
     def named_inputs(self, args: Any, kwargs: Any) -> list[tuple[str, Any]]:
         if self.step:  # the step's batch: batch_0, batch_1 (or batch_<key>) ...
