@@ -278,6 +278,76 @@ LAYERS: dict[str, Callable[[], Any]] = {
     "MultiHeadAttention_causal": lambda: _attention("causal"),
     "MultiHeadAttention_dead_row": lambda: _attention("dead_row"),
     "MultiHeadAttention_data_mask": lambda: _attention("data"),
+    # keras.ops in custom layers, as TensorFlow ops: ranking, scans and rolls,
+    # one-hot and signs, cross products, diagonals and segment sums
+    "Lambda_ranking": lambda: _seq(
+        (6,),
+        L.Dense(8),
+        L.Lambda(
+            lambda h: keras.ops.concatenate(
+                [
+                    keras.ops.top_k(h, 3)[0],
+                    keras.ops.sort(h, axis=-1),
+                    keras.ops.take_along_axis(h, keras.ops.argsort(h, axis=-1), axis=-1),
+                    h - keras.ops.quantile(h, 0.25, axis=-1, keepdims=True),
+                    h - keras.ops.logsumexp(h, axis=-1, keepdims=True),
+                ],
+                axis=-1,
+            )
+        ),
+        L.Dense(5),
+    ),
+    "Lambda_scans_rolls": lambda: _seq(
+        (6,),
+        L.Dense(8),
+        L.Lambda(
+            lambda h: keras.ops.concatenate(
+                [
+                    keras.ops.cumsum(h, axis=-1),
+                    tf.math.cumsum(h, axis=-1, exclusive=True, reverse=True),
+                    tf.math.cumsum(h, axis=-1, exclusive=True),
+                    keras.ops.roll(h, 3, axis=-1),
+                    keras.ops.pad(h, ((0, 0), (2, 1)), mode="reflect"),
+                    tf.pad(h, ((0, 0), (1, 2)), mode="SYMMETRIC"),
+                ],
+                axis=-1,
+            )
+        ),
+        L.Dense(5),
+    ),
+    "Lambda_argmax_onehot_sign": lambda: _seq(
+        (6,),
+        L.Dense(8),
+        L.Lambda(
+            lambda h: h
+            + keras.ops.one_hot(keras.ops.argmax(h, axis=-1), 8)
+            + keras.ops.cast(keras.ops.argmin(h, axis=-1), "float32")[:, None] * 0.1
+            + keras.ops.sign(h) * keras.ops.abs(h)
+            + keras.ops.ceil(h * 2.0) * 0.1
+        ),
+        L.Dense(5),
+    ),
+    "Lambda_cross_diagonal_segments": lambda: _seq(
+        (6,),
+        L.Dense(12),
+        L.Lambda(
+            lambda h: keras.ops.concatenate(
+                [
+                    keras.ops.cross(h[:, :3], h[:, 3:6]),
+                    keras.ops.diagonal(keras.ops.reshape(h, (-1, 3, 4)), axis1=1, axis2=2),
+                    keras.ops.transpose(
+                        keras.ops.segment_sum(
+                            keras.ops.transpose(h),
+                            np.array([0, 0, 1, 1, 2, 2, 3, 3, 0, 1, 2, 3]),
+                            num_segments=4,
+                        )
+                    ),
+                ],
+                axis=-1,
+            )
+        ),
+        L.Dense(5),
+    ),
     "AdditiveAttention": lambda: _scored(L.AdditiveAttention()),
     "Attention_scaled": lambda: _scored(L.Attention(use_scale=True)),
     "Attention_concat": lambda: _scored(L.Attention(use_scale=True, score_mode="concat")),

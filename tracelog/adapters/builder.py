@@ -609,6 +609,8 @@ class Ctx:
                     "a packed sequence's data or batch sizes read other than by a recurrent "
                     "layer or pad_packed_sequence (their sizes are the lengths')"
                 )
+            if info[0] == "bitcast":  # rules_ops.py: read for its sign bit only
+                raise NotSupported("a float's bits read other than for its sign bit")
             raise NotSupported("a random tensor is used outside the dropout pattern")
         return n
 

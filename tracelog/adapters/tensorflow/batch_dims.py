@@ -59,7 +59,12 @@ class _Replay:
         tf, batch = self.tf, self.batch
         kind = a.ref[0]
         if kind == "o":
-            return self.values[a.ref]
+            value = self.values[a.ref]
+            if follow_ints and value.dtype.is_integer and len(value.shape) <= 1:
+                # a shape computed from static shapes (BroadcastArgs of two
+                # constants, before a BroadcastTo): followed as a constant is
+                return self._batch_followed(value, follow_ints)
+            return value
         if kind == "n":  # the batch size (times a.ref[3]) as a number
             k = int(a.ref[3]) if len(a.ref) > 3 else 1
             return tf.cast(tf.fill(concrete_shape(a.shape, batch), self.other * k), a.dtype)

@@ -552,6 +552,16 @@ def _pad(ctx: Ctx) -> Names:
 @TF_OPS.register("tf.GatherV2", "tf.ResourceGather")
 def _gather(ctx: Ctx) -> Names:
     axis = _axes_of(ctx, 2)[0] if ctx.rec.op == "tf.GatherV2" else 0
+    batch_dims = attr_int(ctx, "batch_dims", 0)
+    if batch_dims:
+        # each leading row gathers from its own row (keras.ops.take_along_axis:
+        # [N, M] by [N, K] indices): GatherElements where the indices have the
+        # data's rank and the gathered axis follows the batch dims
+        xt, it = ctx.in_type(0), ctx.in_type(1)
+        rank = len(xt.shape)
+        if axis % rank != batch_dims or len(it.shape) != rank or rank != batch_dims + 1:
+            raise NotSupported(f"a gather with batch_dims={batch_dims} of other shapes")
+        return ctx.one("GatherElements", [ctx.t(0), ctx.t(1)], axis=batch_dims)
     return ctx.one("Gather", [ctx.t(0), ctx.t(1)], axis=axis)
 
 
