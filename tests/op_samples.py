@@ -752,6 +752,13 @@ def _math_samples() -> list[OpSample]:
     )
     erfc_x = np.concatenate([x.reshape(-1) * 3, np.asarray([-5.0, 0.4, 0.5, 4.5, 9.0, 30.0])])
     s.append(OpSample("tracelog.Erfc", [("x", erfc_x.astype(np.float32))], torch=_t(torch.erfc)))
+    # both sides of the reflection at 0.5, the negatives between the poles, near 0
+    # and large values
+    gamma_x = np.concatenate(
+        [np.abs(x.reshape(-1)) * 4 + 0.01, [-2.5, -0.3, 0.25, 0.5, 1.0, 2.0, 1e-3, 30.0, 1e4]]
+    ).astype(np.float32)
+    s.append(OpSample("tracelog.Lgamma", [("x", gamma_x)], torch=_t(torch.lgamma)))
+    s.append(OpSample("tracelog.Digamma", [("x", gamma_x)], torch=_t(torch.digamma)))
     wild = np.asarray([np.nan, np.inf, -np.inf, 0.0, -1.5, 2.0], np.float32)
     s.append(OpSample("IsNaN", [("x", wild)], torch=_t(torch.isnan)))
     s.append(OpSample("IsInf", [("x", wild)], torch=_t(torch.isinf)))

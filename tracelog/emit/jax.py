@@ -289,6 +289,8 @@ JAX.spell(
         "tracelog.Atan2": "jnp.arctan2({0}, {1})",
         "tracelog.Hypot": "jnp.hypot({0}, {1})",
         "tracelog.Erfc": "lax.erfc({0})",
+        "tracelog.Lgamma": "lax.lgamma({0})",
+        "tracelog.Digamma": "lax.digamma({0})",
         "tracelog.Erfinv": "lax.erf_inv({0})",
         "tracelog.CumProd": "jnp.cumprod({0}, axis={axis})",
     }

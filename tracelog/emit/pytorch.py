@@ -358,6 +358,8 @@ TORCH.spell(
         "tracelog.Atan2": "torch.atan2({0}, {1})",
         "tracelog.Hypot": "torch.hypot({0}, {1})",
         "tracelog.Erfc": "torch.special.erfc({0})",
+        "tracelog.Lgamma": "torch.lgamma({0})",
+        "tracelog.Digamma": "torch.digamma({0})",
         "tracelog.Erfinv": "torch.special.erfinv({0})",
         "tracelog.CumProd": "torch.cumprod({0}, {axis})",
     }

@@ -380,6 +380,8 @@ TF.spell(
         "tracelog.Atan2": "tf.math.atan2({0}, {1})",
         "tracelog.Hypot": "_hypot({0}, {1})",
         "tracelog.Erfc": "tf.math.erfc({0})",
+        "tracelog.Lgamma": "tf.math.lgamma({0})",
+        "tracelog.Digamma": "tf.math.digamma({0})",
         "tracelog.Erfinv": "tf.math.erfinv({0})",
         "tracelog.CumProd": "tf.math.cumprod({0}, axis={axis})",
     }

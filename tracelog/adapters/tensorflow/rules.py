@@ -588,6 +588,16 @@ def _erfinv(ctx: Ctx) -> Names:
     return ctx.one("Erfinv", [ctx.t(0)], domain="tracelog")
 
 
+@TF_OPS.register("tf.Lgamma")
+def _lgamma(ctx: Ctx) -> Names:
+    return ctx.one("Lgamma", [ctx.t(0)], domain="tracelog")
+
+
+@TF_OPS.register("tf.Digamma")
+def _digamma(ctx: Ctx) -> Names:
+    return ctx.one("Digamma", [ctx.t(0)], domain="tracelog")
+
+
 @TF_OPS.register("tf.Cumprod")
 def _cumprod(ctx: Ctx) -> Names:
     axis = const_array(ctx, 1)

@@ -436,6 +436,8 @@ _FLOAT_UNARY = {
     "atanh": "Atanh",
     "erfc": "tracelog.Erfc",
     "erfinv": "tracelog.Erfinv",
+    "lgamma": "tracelog.Lgamma",
+    "digamma": "tracelog.Digamma",
 }
 
 

@@ -1,0 +1,121 @@
+"""log-gamma and digamma: their ONNX functions against scipy in float64 over
+their whole domain, and the distributions training code takes them from
+(Gamma, Beta, Dirichlet and Poisson log-likelihoods, a Dirichlet KL),
+recorded from PyTorch and checked on every target with their float64 rows."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+torch = pytest.importorskip("torch", reason="the PyTorch adapter needs torch")
+special = pytest.importorskip("scipy.special", reason="scipy is the reference")
+
+import tracelog  # noqa: E402
+from tracelog.adapters.torch import TorchListener  # noqa: E402
+from tracelog.emit import targets  # noqa: E402
+from tracelog.ir import Graph, Node, Output, TensorType, Value  # noqa: E402
+from tracelog.verify import run_graph  # noqa: E402
+
+nn = torch.nn
+D = torch.distributions
+TARGETS = ["onnx", "torch", "tensorflow", "jax"]
+
+# positive, tiny, near the reflection at 0.5, large; negatives between the poles
+_GRID = np.concatenate(
+    [
+        np.geomspace(1e-8, 1e6, 400),
+        np.linspace(0.3, 12.0, 400),
+        -np.geomspace(1e-6, 60.0, 300) + 0.5 * np.sin(np.arange(300)) * 0.49,
+    ]
+)
+_GRID = _GRID[np.abs(_GRID - np.round(_GRID)) > 1e-6]  # off the poles
+
+
+def _onnx_function(op: str, x: np.ndarray) -> np.ndarray:
+    values = {
+        "x": Value("x", TensorType("float64", x.shape), "input"),
+        "y": Value("y", TensorType("float64", x.shape), "node"),
+    }
+    graph = Graph(
+        "prediction",
+        values,
+        [Node(op, ["x"], ["y"], {}, domain="tracelog", module="m", module_type="Op")],
+        [Output("y", "prediction")],
+    )
+    return run_graph(graph, {"x": x}, runtime="reference")["prediction"]
+
+
+@pytest.mark.parametrize(
+    ("op", "reference"), [("Lgamma", special.gammaln), ("Digamma", special.digamma)]
+)
+def test_onnx_function_is_float64_accurate(op: str, reference) -> None:
+    got = _onnx_function(op, _GRID)
+    want = reference(_GRID)
+    # relative to the value, or to 1 where the value crosses zero (lgamma at 1 and 2,
+    # digamma at its root): the terms the function adds are of that size
+    err = np.abs(got - want) / np.maximum(np.abs(want), 1.0)
+    assert err.max() < 1e-12, (op, float(err.max()), _GRID[err.argmax()])
+
+
+@pytest.mark.filterwarnings("ignore::RuntimeWarning")  # the poles' own infinities
+@pytest.mark.parametrize("op", ["Lgamma", "Digamma"])
+def test_onnx_function_at_poles_and_infinities(op: str) -> None:
+    x = np.asarray([0.0, -1.0, -3.0, np.inf])
+    got = _onnx_function(op, x)
+    want = (
+        torch.lgamma(torch.from_numpy(x)) if op == "Lgamma" else torch.digamma(torch.from_numpy(x))
+    )
+    np.testing.assert_array_equal(got, want.numpy())
+
+
+class _Likelihoods(nn.Module):
+    """A head predicting the parameters of distributions (softplus: positive),
+    trained by their log-likelihoods and a Dirichlet KL."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.fc = nn.Linear(6, 8)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return nn.functional.softplus(self.fc(x)) + 0.1
+
+
+def _nll(p: torch.Tensor, y: torch.Tensor) -> torch.Tensor:
+    counts = (y % 4).float()
+    rate = (y.float() + 1.0) / 3.0
+    share = torch.softmax(torch.arange(4.0) + y.float().unsqueeze(1), -1)
+    prior = D.Dirichlet(torch.ones(4))
+    return -(
+        D.Gamma(p[:, 0], p[:, 1]).log_prob(rate).mean()
+        + D.Beta(p[:, 2], p[:, 3]).log_prob(torch.sigmoid(rate - 1.0)).mean()
+        + D.Poisson(p[:, 4]).log_prob(counts).mean()
+        + D.Dirichlet(p[:, 4:8]).log_prob(share).mean()
+        - D.kl_divergence(D.Dirichlet(p[:, 4:8]), prior).mean()
+        + (torch.lgamma(p) + torch.digamma(p)).mean() * 0.01
+    )
+
+
+@pytest.mark.parametrize("target", TARGETS)
+def test_distribution_likelihoods_translate(target: str, tmp_path: Path) -> None:
+    framework = targets.get(target).framework
+    pytest.importorskip(framework, reason=f"the {target} target needs {framework} installed")
+    torch.manual_seed(0)
+    model = _Likelihoods()
+    with TorchListener(model, tmp_path, strict=True) as listener:
+        for n in (12, 9):
+            x, y = torch.randn(n, 6), torch.arange(n) % 5
+            with listener.batch():
+                _nll(model(x), y).backward()
+            model.zero_grad()
+    log = tracelog.load(tmp_path)
+    assert log.unrecorded == 0, log.failures
+    ops = set().union(*(g.op_histogram() for g in log.graphs.values()))
+    assert {"tracelog.Lgamma", "tracelog.Digamma"} <= ops, ops
+    assert [e.usage.batches for e in log.entries.values()] == [2, 2]
+    report = tracelog.check(tmp_path, target)
+    assert report.ok, report.table()
+    translated = [c for c in report.comparisons if c.name.endswith(" [float64]")]
+    assert translated and all(c.ok for c in translated), report.table()
