@@ -1037,8 +1037,47 @@ def _sdpa_samples() -> list[OpSample]:
     ]
 
 
+def _linalg_samples() -> list[OpSample]:
+    """Dense linear algebra on a batch of well-conditioned symmetric positive
+    definite matrices (Cholesky's domain), and on their Cholesky factors."""
+    import torch
+
+    h = _r(2, 3, 3, seed=3)
+    spd = (h @ h.transpose(0, 2, 1) / 3 + np.eye(3)).astype(np.float32)
+    lower = np.linalg.cholesky(spd.astype(np.float64)).astype(np.float32)
+    b = _r(2, 3, 2, seed=4)
+    linalg = torch.linalg
+    return [
+        OpSample("Det", [("x", spd)], torch=_t(linalg.det)),
+        OpSample("tracelog.Inverse", [("x", spd)], torch=_t(linalg.inv), onnx=False),
+        OpSample("tracelog.Solve", [("a", spd), ("b", b)], torch=_t(linalg.solve), onnx=False),
+        OpSample(
+            "tracelog.SlogDet",
+            [("x", spd)],
+            n_out=2,
+            torch=lambda a: tuple(t.numpy() for t in linalg.slogdet(torch.from_numpy(a))),
+            onnx=False,
+        ),
+        OpSample("tracelog.Cholesky", [("x", spd)], torch=_t(linalg.cholesky), onnx=False),
+        OpSample(
+            "tracelog.SolveTriangular",
+            [("a", lower), ("b", b)],
+            torch=_t(lambda a, c: linalg.solve_triangular(a, c, upper=False)),
+            onnx=False,
+        ),
+        OpSample(
+            "tracelog.SolveTriangular",
+            [("a", lower.transpose(0, 2, 1).copy()), ("b", b)],
+            {"upper": 1},
+            torch=_t(lambda a, c: linalg.solve_triangular(a, c, upper=True)),
+            onnx=False,
+            name="SolveTriangular/upper",
+        ),
+    ]
+
+
 _ATTENTION = _attention_samples()
-_MATH = _math_samples()
+_MATH = _math_samples() + _linalg_samples()
 # a hand-written sample replaces the float one _samples() guesses for a new one-input op
 _WRITTEN = {a.op for a in _ATTENTION + _MATH}
 SAMPLES = [s for s in _samples() if s.name or s.torch or s.op not in _WRITTEN] + _ATTENTION

@@ -812,6 +812,58 @@ define(
         function=_DIGAMMA_BODY,
     )
 )
+# Dense linear algebra (torch.linalg, tf.linalg, jnp.linalg): each target runs its
+# own kernel (LU with partial pivoting, Cholesky), gradients by its autodiff. ONNX
+# has Det alone; the others have no function: a sound one needs pivoting loops.
+_LINALG_NO_FUNCTION = "no ONNX function (ONNX has no matrix factorisation to build one from)"
+for _name, _ins, _outs, _doc in (
+    ("Inverse", ("X",), ("Y",), "Y = X^-1 over the last two dims (torch.linalg.inv)."),
+    (
+        "Solve",
+        ("A", "B"),
+        ("X",),
+        "X with A X = B over the last two dims (torch.linalg.solve, left=True).",
+    ),
+    (
+        "SlogDet",
+        ("X",),
+        ("sign", "logabsdet"),
+        "The sign and log |det X| over the last two dims (torch.linalg.slogdet).",
+    ),
+    (
+        "Cholesky",
+        ("X",),
+        ("L",),
+        "The lower triangular L with L L^T = X, X symmetric positive definite "
+        "(torch.linalg.cholesky; upper=True is its transpose).",
+    ),
+):
+    define(
+        OpSchema(
+            _name,
+            _ins,
+            _outs,
+            (),
+            domain=TRACELOG_DOMAIN,
+            doc=_doc,
+            no_function=_LINALG_NO_FUNCTION,
+        )
+    )
+define(
+    OpSchema(
+        "SolveTriangular",
+        ("A", "B"),
+        ("X",),
+        ("upper",),
+        domain=TRACELOG_DOMAIN,
+        defaults=(("upper", 0),),
+        doc=(
+            "X with A X = B, A triangular (lower, or upper=1), over the last two dims "
+            "(torch.linalg.solve_triangular with left=True, tf.linalg.triangular_solve)."
+        ),
+        no_function=_LINALG_NO_FUNCTION,
+    )
+)
 define(
     OpSchema(
         "Erfinv",
@@ -999,6 +1051,7 @@ _onnx("GatherElements", "data indices", "output", "axis=0")
 # the k largest (smallest) along an axis, in order, equal elements lower index first
 # (torch.sort, argsort, topk: ViT-MAE's random masking sorts its noise)
 _onnx("TopK", "X K", "Values Indices", "axis=-1 largest=1 sorted=1")
+_onnx("Det", "X", "Y")
 _onnx("ScatterElements", "data indices updates", "output", "axis=0 reduction")
 
 # -- recurrent layers (issue 12) --

@@ -836,6 +836,12 @@ def _trilu(c: RuleCtx) -> dict[str, Any]:
     return {"k": k[0], "upper": upper, "tri": "triu" if upper else "tril"}
 
 
+@OPS.op("tracelog.SolveTriangular")
+def _solve_triangular(c: RuleCtx) -> dict[str, Any]:
+    upper = bool(int(c.attr("upper", 0)))
+    return {"upper": upper, "lower": not upper}
+
+
 @OPS.op("CumSum")
 def _cumsum(c: RuleCtx) -> dict[str, Any]:
     axis = c.ints(1)

@@ -1710,6 +1710,7 @@ def _view_write(ctx: Ctx) -> Names:
 from tracelog.adapters.torch import (  # noqa: E402, F401
     rules_attention,
     rules_embedding,
+    rules_linalg,
     rules_math,
     rules_recurrent,
     rules_vision,
