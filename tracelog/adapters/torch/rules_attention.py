@@ -374,7 +374,7 @@ def _diagonal(ctx: Ctx) -> Names:
     """x.diagonal(offset, dim1, dim2) (torch.diag of a matrix, a similarity
     matrix's positives): dim1 and dim2 moved last, each row's element on the
     diagonal kept (_on_diagonal) and summed over the columns, the rows with no
-    such element sliced off."""
+    such element sliced off (to a length that is a number: [batch, 4] has 4)."""
     xt, out = ctx.in_type(0), ctx.out_type()
     rank = len(xt.shape)
     offset = int(ctx.arg(1, "offset", 0))
@@ -388,6 +388,8 @@ def _diagonal(ctx: Ctx) -> Names:
     n, length, start = moved.shape[-2], out.shape[-1], max(0, -offset)
     if start == 0 and length == n:
         return ctx.one("ReduceSum", [kept, ctx.ints([-1])], keepdims=0)
+    if is_symbolic(length):
+        raise NotSupported("a diagonal of a batch-sized length shorter than its rows")
     y = ctx.helper(
         "ReduceSum", [kept, ctx.ints([-1])], TensorType(xt.dtype, moved.shape[:-1]), keepdims=0
     )
@@ -406,20 +408,19 @@ def _trace(ctx: Ctx) -> Names:
 
 def _on_diagonal(ctx: Ctx, x: str, xt: TensorType, offset: int) -> str:
     """x [..., n, m] where row + offset == column, 0 elsewhere (Where: what is
-    off the diagonal, -inf included, stays out of a sum over it). Over a
-    batch-sized square the indices are counted up to the size the graph
-    computes."""
+    off the diagonal, -inf included, stays out of a sum over it). Along a
+    batch-sized dim the indices are counted up to the size the graph computes."""
     n, m = xt.shape[-2:]
     if xt.dtype == "bool":
         raise NotSupported("the diagonal of a bool tensor")
-    if is_symbolic(n) or is_symbolic(m):
-        if n != m or offset:
-            raise NotSupported("a diagonal off the main one, or of a batch-sized non-square")
-        rows = _iota(ctx, _shape_vector(ctx, [n]), n, "int64")
-        cols = rows
-    else:
-        rows = ctx.ints(list(range(int(n))))
-        cols = ctx.ints(list(range(int(m))))
+
+    def counted(d: Dim) -> str:
+        if is_symbolic(d):
+            return _iota(ctx, _shape_vector(ctx, [d]), d, "int64")
+        return ctx.ints(list(range(int(d))))
+
+    rows = counted(n)
+    cols = rows if n == m else counted(m)
     if offset:
         rows = ctx.helper("Add", [rows, ctx.const(offset, "int64")], TensorType("int64", (n,)))
     on = ctx.helper(
