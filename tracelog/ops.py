@@ -674,9 +674,15 @@ _LGAMMA_BODY = "\n".join(
         "  mirrored = Sub (one, x)",
         "  arg = Where (small, mirrored, x)",
         *_lanczos_log("lg", "arg"),
-        "  px = Mul (pi, x)",
+        # |sin(pi x)| = |sin(pi (x - round(x)))|: the reduction is exact, so no multiple
+        # of pi's rounding reaches the sine where |x| is large
+        "  rx = Round (x)",
+        "  red = Sub (x, rx)",
+        "  px = Mul (pi, red)",
         "  sn = Sin (px)",
-        "  asn = Abs (sn)",
+        # 1 where the reflection is not taken: no division by zero at 1, 2, 3, ...
+        "  sn_used = Where (small, sn, one)",
+        "  asn = Abs (sn_used)",
         "  ratio = Div (pi, asn)",
         "  lr = Log (ratio)",
         "  refl = Sub (lr, lg)",
@@ -689,7 +695,15 @@ _LGAMMA_BODY = "\n".join(
         "  ci = Less (x, half)",
         "  pole = And (at_int, ci)",
         "  to_inf = Or (pole, is_inf)",
-        "  r = Where (to_inf, inf, r0)",
+        "  r1 = Where (to_inf, inf, r0)",
+        # lgamma(1) = lgamma(2) = 0 exactly (the Lanczos sum leaves an ulp there),
+        # as torch's: log-factorials of counts 0 and 1 are 0
+        "  two = Constant <value = double {2.0}> ()",
+        "  is_one = Equal (x, one)",
+        "  is_two = Equal (x, two)",
+        "  zero_at = Or (is_one, is_two)",
+        "  zero = Constant <value = double {0.0}> ()",
+        "  r = Where (zero_at, zero, r1)",
         "  Y = CastLike (r, X)",
         "}",
         "",
@@ -751,12 +765,17 @@ _DIGAMMA_BODY = "\n".join(
         "  a1 = Sub (lw, hw)",
         "  a2 = Sub (a1, h0)",
         "  psi = Sub (a2, s9)",
-        "  px = Mul (pi, x)",
-        # pi / tan(pi x) as pi cos / sin (onnxruntime has no float64 Tan)
+        # pi / tan(pi x) as pi cos / sin (onnxruntime has no float64 Tan), at
+        # x - round(x): tan has period pi, and the reduction is exact
+        "  rx = Round (x)",
+        "  red = Sub (x, rx)",
+        "  px = Mul (pi, red)",
         "  sn = Sin (px)",
         "  cs = Cos (px)",
         "  pcs = Mul (pi, cs)",
-        "  ct = Div (pcs, sn)",
+        # 1 where the reflection is not taken: no division by zero at 1, 2, 3, ...
+        "  sn_used = Where (small, sn, one)",
+        "  ct = Div (pcs, sn_used)",
         "  refl = Sub (psi, ct)",
         "  r0 = Where (small, refl, psi)",
         # at 0: -inf; at the negative integers: NaN; at +inf: +inf (torch's)
