@@ -759,6 +759,13 @@ def _math_samples() -> list[OpSample]:
     ).astype(np.float32)
     s.append(OpSample("tracelog.Lgamma", [("x", gamma_x)], torch=_t(torch.lgamma)))
     s.append(OpSample("tracelog.Digamma", [("x", gamma_x)], torch=_t(torch.digamma)))
+    s.append(
+        OpSample(
+            "tracelog.Trigamma",
+            [("x", gamma_x)],
+            torch=_t(lambda v: torch.special.polygamma(1, v)),
+        )
+    )
     wild = np.asarray([np.nan, np.inf, -np.inf, 0.0, -1.5, 2.0], np.float32)
     s.append(OpSample("IsNaN", [("x", wild)], torch=_t(torch.isnan)))
     s.append(OpSample("IsInf", [("x", wild)], torch=_t(torch.isinf)))

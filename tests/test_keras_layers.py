@@ -114,6 +114,7 @@ LAYERS: dict[str, Callable[[], Any]] = {
                     tf.math.round(h * 3.0) * h,
                     tf.math.lgamma(tf.math.softplus(h) + 0.1) * 0.1,
                     tf.math.digamma(tf.math.softplus(h) + 0.1) * 0.1,
+                    tf.math.polygamma(1.0, tf.math.softplus(h) + 0.1) * 0.01,
                     tf.math.floormod(h * 3.0, tf.abs(tf.reverse(h, [-1])) + 0.5),
                     tf.math.floormod(h * 3.0, -0.7),
                     tf.truncatemod(tf.stop_gradient(h) * 3.0, 0.7) * h,

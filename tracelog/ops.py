@@ -674,9 +674,15 @@ _LGAMMA_BODY = "\n".join(
         "  mirrored = Sub (one, x)",
         "  arg = Where (small, mirrored, x)",
         *_lanczos_log("lg", "arg"),
-        "  px = Mul (pi, x)",
+        # |sin(pi x)| = |sin(pi (x - round(x)))|: the reduction is exact, so no multiple
+        # of pi's rounding reaches the sine where |x| is large
+        "  rx = Round (x)",
+        "  red = Sub (x, rx)",
+        "  px = Mul (pi, red)",
         "  sn = Sin (px)",
-        "  asn = Abs (sn)",
+        # 1 where the reflection is not taken: no division by zero at 1, 2, 3, ...
+        "  sn_used = Where (small, sn, one)",
+        "  asn = Abs (sn_used)",
         "  ratio = Div (pi, asn)",
         "  lr = Log (ratio)",
         "  refl = Sub (lr, lg)",
@@ -689,7 +695,15 @@ _LGAMMA_BODY = "\n".join(
         "  ci = Less (x, half)",
         "  pole = And (at_int, ci)",
         "  to_inf = Or (pole, is_inf)",
-        "  r = Where (to_inf, inf, r0)",
+        "  r1 = Where (to_inf, inf, r0)",
+        # lgamma(1) = lgamma(2) = 0 exactly (the Lanczos sum leaves an ulp there),
+        # as torch's: log-factorials of counts 0 and 1 are 0
+        "  two = Constant <value = double {2.0}> ()",
+        "  is_one = Equal (x, one)",
+        "  is_two = Equal (x, two)",
+        "  zero_at = Or (is_one, is_two)",
+        "  zero = Constant <value = double {0.0}> ()",
+        "  r = Where (zero_at, zero, r1)",
         "  Y = CastLike (r, X)",
         "}",
         "",
@@ -751,12 +765,17 @@ _DIGAMMA_BODY = "\n".join(
         "  a1 = Sub (lw, hw)",
         "  a2 = Sub (a1, h0)",
         "  psi = Sub (a2, s9)",
-        "  px = Mul (pi, x)",
-        # pi / tan(pi x) as pi cos / sin (onnxruntime has no float64 Tan)
+        # pi / tan(pi x) as pi cos / sin (onnxruntime has no float64 Tan), at
+        # x - round(x): tan has period pi, and the reduction is exact
+        "  rx = Round (x)",
+        "  red = Sub (x, rx)",
+        "  px = Mul (pi, red)",
         "  sn = Sin (px)",
         "  cs = Cos (px)",
         "  pcs = Mul (pi, cs)",
-        "  ct = Div (pcs, sn)",
+        # 1 where the reflection is not taken: no division by zero at 1, 2, 3, ...
+        "  sn_used = Where (small, sn, one)",
+        "  ct = Div (pcs, sn_used)",
         "  refl = Sub (psi, ct)",
         "  r0 = Where (small, refl, psi)",
         # at 0: -inf; at the negative integers: NaN; at +inf: +inf (torch's)
@@ -769,6 +788,88 @@ _DIGAMMA_BODY = "\n".join(
         "  r2 = Where (is_zero, ninf, r1)",
         "  is_inf = Equal (x, inf)",
         "  r = Where (is_inf, inf, r2)",
+        "  Y = CastLike (r, X)",
+        "}",
+        "",
+    ]
+)
+
+# psi'(x) = 1/x + 1/(2x^2) + sum B_2k / x^(2k+1), k = 1..7, taken at x + 10 >= 10
+# (where the next term, B_16 / x^17, is below 1e-16 of it)
+_TRIGAMMA_ASYMPTOTIC = (
+    1.0 / 6,
+    -1.0 / 30,
+    1.0 / 42,
+    -1.0 / 30,
+    5.0 / 66,
+    -691.0 / 2730,
+    7.0 / 6,
+)
+
+_TRIGAMMA_BODY = "\n".join(
+    [
+        '<domain: "tracelog", opset_import: ["" : 21]>',
+        "Trigamma (X) => (Y) {",
+        "  x = Cast <to = 11> (X)",
+        *_consts("b", _TRIGAMMA_ASYMPTOTIC),
+        *[f"  n{k} = Constant <value = double {{{float(k)!r}}}> ()" for k in range(0, 11)],
+        "  one = Constant <value = double {1.0}> ()",
+        "  half = Constant <value = double {0.5}> ()",
+        "  pi = Constant <value = double {3.14159265358979323846}> ()",
+        "  pi2 = Constant <value = double {9.8696044010893586188}> ()",
+        "  inf = Constant <value = double {inf}> ()",
+        # x < 0.5: psi'(x) = pi^2 / sin^2(pi x) - psi'(1 - x)
+        "  small = Less (x, half)",
+        "  mirrored = Sub (one, x)",
+        "  v = Where (small, mirrored, x)",
+        # psi'(v) = psi'(v + 10) + sum 1 / (v + k)^2, k = 0..9
+        "  iv = Div (one, v)",
+        "  s0 = Mul (iv, iv)",
+        *[
+            line
+            for k in range(1, 10)
+            for line in (
+                f"  vk{k} = Add (v, n{k})",
+                f"  ik{k} = Div (one, vk{k})",
+                f"  qk{k} = Mul (ik{k}, ik{k})",
+                f"  s{k} = Add (s{k - 1}, qk{k})",
+            )
+        ],
+        "  w = Add (v, n10)",
+        "  iw = Div (one, w)",
+        "  iw2 = Mul (iw, iw)",
+        # the series in 1 / w^2 by Horner, from the last term
+        "  h6 = Mul (b6, iw2)",
+        *[
+            line
+            for k in range(5, -1, -1)
+            for line in (f"  ha{k} = Add (h{k + 1}, b{k})", f"  h{k} = Mul (ha{k}, iw2)")
+        ],
+        "  hw = Mul (half, iw)",
+        "  c1 = Add (one, hw)",
+        "  c2 = Add (c1, h0)",
+        "  tail = Mul (iw, c2)",
+        "  psi1 = Add (s9, tail)",
+        # sin(pi x) at x - round(x): the reduction is exact, and sin^2 has period 1
+        "  rx = Round (x)",
+        "  red = Sub (x, rx)",
+        "  px = Mul (pi, red)",
+        "  sn = Sin (px)",
+        # 1 where the reflection is not taken: no division by zero at 1, 2, 3, ...
+        "  sn_used = Where (small, sn, one)",
+        "  sn2 = Mul (sn_used, sn_used)",
+        "  csc2 = Div (pi2, sn2)",
+        "  refl = Sub (csc2, psi1)",
+        "  r0 = Where (small, refl, psi1)",
+        # the poles (0, -1, -2, ...) are +inf; +inf gives 0 and -inf NaN as they come
+        "  fl = Floor (x)",
+        "  at_int = Equal (fl, x)",
+        "  ci = Less (x, half)",
+        "  pole = And (at_int, ci)",
+        "  ax = Abs (x)",
+        "  finite = Less (ax, inf)",
+        "  finite_pole = And (pole, finite)",
+        "  r = Where (finite_pole, inf, r0)",
         "  Y = CastLike (r, X)",
         "}",
         "",
@@ -810,6 +911,26 @@ define(
             "(tests/test_gamma_functions.py)."
         ),
         function=_DIGAMMA_BODY,
+    )
+)
+define(
+    OpSchema(
+        "Trigamma",
+        ("X",),
+        ("Y",),
+        (),
+        domain=TRACELOG_DOMAIN,
+        traits=frozenset({"elementwise"}),
+        doc=(
+            "Y = trigamma(X) = d digamma(X) / dX, the polygamma function of order 1 "
+            "(torch.special.polygamma(1, X), tf.math.polygamma(1, X), jax.lax.polygamma(1, X)): "
+            "+inf at 0, -1, -2, ..., 0 at +inf. The ONNX function, in float64: "
+            "psi'(X) = psi'(X + 10) + sum 1 / (X + k)^2, k < 10, psi'(X + 10) by its "
+            "asymptotic series (7 terms), and the reflection pi^2 / sin^2(pi X) - psi'(1 - X) "
+            "for X < 0.5; checked against scipy.special.polygamma "
+            "(tests/test_gamma_functions.py)."
+        ),
+        function=_TRIGAMMA_BODY,
     )
 )
 # Dense linear algebra (torch.linalg, tf.linalg, jnp.linalg): each target runs its

@@ -297,6 +297,7 @@ JAX.spell(
         "tracelog.Cholesky": "jnp.linalg.cholesky({0})",
         "tracelog.SolveTriangular": "lax.linalg.triangular_solve({0}, {1}, left_side=True, lower={lower})",
         "tracelog.Digamma": "lax.digamma({0})",
+        "tracelog.Trigamma": "lax.polygamma(jnp.ones_like({0}), {0})",
         "tracelog.Erfinv": "lax.erf_inv({0})",
         "tracelog.CumProd": "jnp.cumprod({0}, axis={axis})",
     }

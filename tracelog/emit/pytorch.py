@@ -366,6 +366,7 @@ TORCH.spell(
         "tracelog.Cholesky": "torch.linalg.cholesky({0})",
         "tracelog.SolveTriangular": "torch.linalg.solve_triangular({0}, {1}, upper={upper})",
         "tracelog.Digamma": "torch.digamma({0})",
+        "tracelog.Trigamma": "torch.special.polygamma(1, {0})",
         "tracelog.Erfinv": "torch.special.erfinv({0})",
         "tracelog.CumProd": "torch.cumprod({0}, {axis})",
     }

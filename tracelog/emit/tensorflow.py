@@ -388,6 +388,7 @@ TF.spell(
         "tracelog.Cholesky": "tf.linalg.cholesky({0})",
         "tracelog.SolveTriangular": "tf.linalg.triangular_solve({0}, {1}, lower={lower})",
         "tracelog.Digamma": "tf.math.digamma({0})",
+        "tracelog.Trigamma": "tf.math.polygamma(tf.ones_like({0}), {0})",
         "tracelog.Erfinv": "tf.math.erfinv({0})",
         "tracelog.CumProd": "tf.math.cumprod({0}, axis={axis})",
     }

@@ -598,6 +598,20 @@ def _digamma(ctx: Ctx) -> Names:
     return ctx.one("Digamma", [ctx.t(0)], domain="tracelog")
 
 
+@TF_OPS.register("tf.Polygamma")
+def _polygamma(ctx: Ctx) -> Names:
+    # tf.math.polygamma(a, x) with a constant order: 0 is digamma, 1 trigamma
+    a = const_array(ctx, 0)
+    ops = {0.0: "Digamma", 1.0: "Trigamma"}
+    order = float(a.flat[0]) if a is not None and a.size else None
+    if a is None or order not in ops or not np.all(a == order):
+        raise NotSupported("polygamma of a computed order, or of order 2 and up")
+    x = ctx.t(1)
+    if tuple(ctx.out_type().shape) != tuple(ctx.arg(1).shape):
+        raise NotSupported("polygamma whose order broadcasts x")
+    return ctx.one(ops[order], [x], domain="tracelog")
+
+
 @TF_OPS.register("tf.Cumprod")
 def _cumprod(ctx: Ctx) -> Names:
     axis = const_array(ctx, 1)

@@ -456,6 +456,41 @@ for _aten, _op in _FLOAT_UNARY.items():
     ATEN.update_from([f"aten.{_aten}.default", f"aten.{_aten}_.default"], _float_unary_rule(_op))
 
 
+@ATEN.register("aten.polygamma.default", "aten.polygamma_.default")
+def _polygamma(ctx: Ctx) -> Names:
+    # torch.special.polygamma(n, x) (polygamma(n, self); the in-place form is
+    # x.polygamma_(n)): order 0 is digamma, 1 trigamma; higher orders have no op
+    inplace = ctx.rec.op.startswith("aten.polygamma_")
+    n = ctx.arg(1 if inplace else 0, "n")
+    ops = {0: "Digamma", 1: "Trigamma"}
+    if type(n) is not int or n not in ops:
+        raise NotSupported(f"polygamma of order {n!r} (orders 0 and 1 translate)")
+    x = _operand(ctx, 0 if inplace else 1, "self", ctx.out_type().dtype)
+    return ctx.one(ops[n], [x], domain="tracelog")
+
+
+@ATEN.register("aten.mvlgamma.default", "aten.mvlgamma_.default")
+def _mvlgamma(ctx: Ctx) -> Names:
+    # torch.special.multigammaln(x, p): as torch's kernel, sum over i < p of
+    # lgamma(x - i / 2) (the shifts -(p - 1) / 2 ... 0 along a new last axis) plus
+    # p (p - 1) log(pi) / 4, that constant taken in float64 as torch takes it
+    p = ctx.arg(1, "p")
+    if type(p) is not int or p < 1:
+        raise NotSupported(f"mvlgamma of order {p!r}")
+    out = ctx.out_type()
+    x = _operand(ctx, 0, "self", out.dtype)
+    wide = TensorType(out.dtype, (*out.shape, p))
+    column = ctx.helper(
+        "Unsqueeze", [x, ctx.ints([len(out.shape)])], TensorType(out.dtype, (*out.shape, 1))
+    )
+    shifts = ctx.const([-(p - 1) / 2 + k / 2 for k in range(p)], out.dtype)
+    args = ctx.helper("Add", [shifts, column], wide)
+    logs = ctx.helper("Lgamma", [args], wide, domain="tracelog")
+    total = ctx.helper("ReduceSum", [logs, ctx.ints([len(out.shape)])], out, keepdims=0)
+    offset = float(p * (p - 1)) * math.log(math.pi) * 0.25
+    return ctx.one("Add", [total, ctx.const(offset, out.dtype)])
+
+
 @ATEN.register("aten.exp2.default", "aten.exp2_.default")
 def _exp2(ctx: Ctx) -> Names:
     # 2^x: ONNX Pow with the base 2 (each target's pow; exact where x is an integer)
