@@ -656,6 +656,23 @@ def _lanczos_log(out: str, var: str) -> list[str]:
     return lines
 
 
+def _series_at_v_plus_10() -> list[str]:
+    """ONNX text lines shared by the digamma and trigamma functions: w = v + 10,
+    iw = 1 / w, iw2 = iw^2, and h0 = sum b_k iw2^(k + 1), k = 0..6, by Horner
+    from the last term (the asymptotic series' terms past its leading ones)."""
+    return [
+        "  w = Add (v, n10)",
+        "  iw = Div (one, w)",
+        "  iw2 = Mul (iw, iw)",
+        "  h6 = Mul (b6, iw2)",
+        *[
+            line
+            for k in range(5, -1, -1)
+            for line in (f"  ha{k} = Add (h{k + 1}, b{k})", f"  h{k} = Mul (ha{k}, iw2)")
+        ],
+    ]
+
+
 _LGAMMA_BODY = "\n".join(
     [
         '<domain: "tracelog", opset_import: ["" : 21]>',
@@ -750,16 +767,7 @@ _DIGAMMA_BODY = "\n".join(
                 f"  s{k} = Add (s{k - 1}, rk{k})",
             )
         ],
-        "  w = Add (v, n10)",
-        "  iw = Div (one, w)",
-        "  iw2 = Mul (iw, iw)",
-        # the series in 1 / w^2 by Horner, from the last term
-        "  h6 = Mul (b6, iw2)",
-        *[
-            line
-            for k in range(5, -1, -1)
-            for line in (f"  ha{k} = Add (h{k + 1}, b{k})", f"  h{k} = Mul (ha{k}, iw2)")
-        ],
+        *_series_at_v_plus_10(),
         "  lw = Log (w)",
         "  hw = Mul (half, iw)",
         "  a1 = Sub (lw, hw)",
@@ -835,16 +843,7 @@ _TRIGAMMA_BODY = "\n".join(
                 f"  s{k} = Add (s{k - 1}, qk{k})",
             )
         ],
-        "  w = Add (v, n10)",
-        "  iw = Div (one, w)",
-        "  iw2 = Mul (iw, iw)",
-        # the series in 1 / w^2 by Horner, from the last term
-        "  h6 = Mul (b6, iw2)",
-        *[
-            line
-            for k in range(5, -1, -1)
-            for line in (f"  ha{k} = Add (h{k + 1}, b{k})", f"  h{k} = Mul (ha{k}, iw2)")
-        ],
+        *_series_at_v_plus_10(),
         "  hw = Mul (half, iw)",
         "  c1 = Add (one, hw)",
         "  c2 = Add (c1, h0)",

@@ -65,3 +65,12 @@ def trunc_of(ctx: Ctx, x: str, ty: TensorType) -> str:
     return ctx.helper(
         "Where", [below, ctx.helper("Ceil", [x], ty), ctx.helper("Floor", [x], ty)], ty
     )
+
+
+def sign_of(ctx: Ctx, x: str, ty: TensorType) -> str:
+    """(x > 0) - (x < 0) in x's dtype; no gradient, as torch's and TensorFlow's."""
+    dt, mask = ty.dtype, TensorType("bool", ty.shape)
+    zero = ctx.const(0.0 if dt.startswith(("float", "bfloat")) else 0, dt)
+    positive = ctx.helper("Cast", [ctx.helper("Greater", [x, zero], mask)], ty, to=dt)
+    negative = ctx.helper("Cast", [ctx.helper("Less", [x, zero], mask)], ty, to=dt)
+    return ctx.helper("Sub", [positive, negative], ty)

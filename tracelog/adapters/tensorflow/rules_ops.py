@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import numpy as np
 
+from tracelog.adapters.arith import sign_of
 from tracelog.adapters.builder import Ctx, NotSupported
 from tracelog.ir import TensorType, is_symbolic
 
@@ -33,14 +34,7 @@ def _flipped(ctx: Ctx, x: str, ty: TensorType, axis: int) -> str:
 # -- element-wise ------------------------------------------------------------------------------------
 @TF_OPS.register("tf.Sign")
 def _sign(ctx: Ctx) -> Names:
-    # (x > 0) - (x < 0) in x's dtype; no gradient, as TensorFlow's
-    out = ctx.out_type()
-    dt, mask = out.dtype, TensorType("bool", out.shape)
-    x = ctx.t(0)
-    zero = ctx.const(0 if dt.startswith(("int", "uint")) else 0.0, dt)
-    positive = ctx.helper("Cast", [ctx.helper("Greater", [x, zero], mask)], out, to=dt)
-    negative = ctx.helper("Cast", [ctx.helper("Less", [x, zero], mask)], out, to=dt)
-    return ctx.one("Sub", [positive, negative])
+    return [sign_of(ctx, ctx.t(0), ctx.out_type())]
 
 
 @TF_OPS.register("tf.Ceil")

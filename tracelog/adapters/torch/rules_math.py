@@ -23,6 +23,7 @@ from tracelog.adapters.arith import (
     int_floor_div_of,
     is_int,
     nonzero,
+    sign_of,
     signs_differ,
     trunc_of,
 )
@@ -371,14 +372,7 @@ def _logit(ctx: Ctx) -> Names:
 
 @ATEN.register("aten.sign.default", "aten.sign_.default")
 def _sign(ctx: Ctx) -> Names:
-    # (x > 0) - (x < 0), in x's dtype; no gradient, as torch's
-    out = ctx.out_type()
-    dt, mask = out.dtype, TensorType("bool", out.shape)
-    x = ctx.t(0)
-    zero = ctx.const(0.0 if dt.startswith(("float", "bfloat")) else 0, dt)
-    positive = ctx.helper("Cast", [ctx.helper("Greater", [x, zero], mask)], out, to=dt)
-    negative = ctx.helper("Cast", [ctx.helper("Less", [x, zero], mask)], out, to=dt)
-    return ctx.one("Sub", [positive, negative])
+    return [sign_of(ctx, ctx.t(0), ctx.out_type())]
 
 
 @ATEN.register("aten.log1p.default", "aten.log1p_.default")
