@@ -57,7 +57,9 @@ _MP = {"Lgamma": "loggamma", "Digamma": "digamma", "Trigamma": "psi"}
 def _exact(op: str, x: np.ndarray) -> np.ndarray:
     """mpmath at 40 digits, rounded to float64 (log |Gamma| as the real part of
     its complex log-gamma)."""
-    mpmath = pytest.importorskip("mpmath")
+    mpmath = pytest.importorskip(
+        "mpmath", reason="mpmath (a torch dependency) is the exact reference"
+    )
     mpmath.mp.dps = 40
     f = getattr(mpmath, _MP[op])
     call = (lambda v: f(1, v)) if op == "Trigamma" else f
