@@ -1053,31 +1053,46 @@ def _linalg_samples() -> list[OpSample]:
     spd = (h @ h.transpose(0, 2, 1) / 3 + np.eye(3)).astype(np.float32)
     lower = np.linalg.cholesky(spd.astype(np.float64)).astype(np.float32)
     b = _r(2, 3, 2, seed=4)
+    # rows permuted (one swap and one 3-cycle): elimination must pivot, the sign flips
+    general = np.stack([spd[0][[1, 0, 2]], spd[1][[2, 0, 1]]])
     linalg = torch.linalg
     return [
         OpSample("Det", [("x", spd)], torch=_t(linalg.det)),
-        OpSample("tracelog.Inverse", [("x", spd)], torch=_t(linalg.inv), onnx=False),
-        OpSample("tracelog.Solve", [("a", spd), ("b", b)], torch=_t(linalg.solve), onnx=False),
+        OpSample("tracelog.Inverse", [("x", spd)], torch=_t(linalg.inv)),
+        OpSample("tracelog.Solve", [("a", spd), ("b", b)], torch=_t(linalg.solve)),
         OpSample(
             "tracelog.SlogDet",
             [("x", spd)],
             n_out=2,
             torch=lambda a: tuple(t.numpy() for t in linalg.slogdet(torch.from_numpy(a))),
-            onnx=False,
         ),
-        OpSample("tracelog.Cholesky", [("x", spd)], torch=_t(linalg.cholesky), onnx=False),
+        OpSample(
+            "tracelog.Inverse", [("x", general)], torch=_t(linalg.inv), name="Inverse/pivoted"
+        ),
+        OpSample(
+            "tracelog.Solve",
+            [("a", general), ("b", b)],
+            torch=_t(linalg.solve),
+            name="Solve/pivoted",
+        ),
+        OpSample(
+            "tracelog.SlogDet",
+            [("x", general)],
+            n_out=2,
+            torch=lambda a: tuple(t.numpy() for t in linalg.slogdet(torch.from_numpy(a))),
+            name="SlogDet/pivoted",
+        ),
+        OpSample("tracelog.Cholesky", [("x", spd)], torch=_t(linalg.cholesky)),
         OpSample(
             "tracelog.SolveTriangular",
             [("a", lower), ("b", b)],
             torch=_t(lambda a, c: linalg.solve_triangular(a, c, upper=False)),
-            onnx=False,
         ),
         OpSample(
             "tracelog.SolveTriangular",
             [("a", lower.transpose(0, 2, 1).copy()), ("b", b)],
             {"upper": 1},
             torch=_t(lambda a, c: linalg.solve_triangular(a, c, upper=True)),
-            onnx=False,
             name="SolveTriangular/upper",
         ),
     ]

@@ -932,43 +932,272 @@ define(
         function=_TRIGAMMA_BODY,
     )
 )
-# Dense linear algebra (torch.linalg, tf.linalg, jnp.linalg): each target runs its
-# own kernel (LU with partial pivoting, Cholesky), gradients by its autodiff. ONNX
-# has Det alone; the others have no function: a sound one needs pivoting loops.
-_LINALG_NO_FUNCTION = "no ONNX function (ONNX has no matrix factorisation to build one from)"
-for _name, _ins, _outs, _doc in (
-    ("Inverse", ("X",), ("Y",), "Y = X^-1 over the last two dims (torch.linalg.inv)."),
+# Dense linear algebra (torch.linalg, tf.linalg, jnp.linalg): each program target
+# runs its own kernel (LU with partial pivoting, Cholesky), gradients by its
+# autodiff. ONNX has Det alone: the others' functions are written as ONNX Loops
+# over the matrix size (n read from the input's shape, any batch dims before
+# the last two), the textbook algorithms LAPACK's unblocked kernels run: Gaussian
+# elimination with partial pivoting (the first largest |pivot|, as getf2),
+# outer-product Cholesky, substitution on the referenced triangle.
+_LINALG_PRELUDE = """
+  la_zero_f = Constant <value_float: float = 0.0> ()
+  la_one_f = Constant <value_float: float = 1.0> ()
+  la_zero_i = Constant <value_int: int = 0> ()
+  la_one_i = Constant <value_int: int = 1> ()
+  la_true = Cast <to: int = 9> (la_one_i)
+  la_m1 = Constant <value_ints: ints = [-1]> ()
+  la_m2 = Constant <value_ints: ints = [-2]> ()
+  la_m21 = Constant <value_ints: ints = [-2, -1]> ()
+  la_n_1d = Shape <start: int = -1> ({x})
+  la_n = Squeeze (la_n_1d)
+  la_r = Range (la_zero_i, la_n, la_one_i)
+  la_zero = CastLike (la_zero_f, {x})
+  la_one = CastLike (la_one_f, {x})"""
+
+
+def _substitution(a: str, b: str, out: str, upper: str, tag: str) -> str:
+    """``out`` with ``a`` ``out`` = ``b``, ``a`` triangular (``upper``: a bool
+    tensor name), by substitution row by row (backward when upper); only the
+    triangle ``a`` is read from (the caller masks it)."""
+    return f"""
+  {tag}_ab = MatMul ({a}, {b})
+  {tag}_ab_shape = Shape ({tag}_ab)
+  {tag}_x0 = Expand (la_zero, {tag}_ab_shape)
+  {tag}_last = Sub (la_n, la_one_i)
+  {out} = Loop (la_n, la_true, {tag}_x0) <body: graph = {tag}_step (int64 {tag}_it, bool {tag}_c, {tag}_x) => (bool {tag}_c_out, {tag}_x_out) {{
+    {tag}_c_out = Identity ({tag}_c)
+    {tag}_rev = Sub ({tag}_last, {tag}_it)
+    {tag}_i = Where ({upper}, {tag}_rev, {tag}_it)
+    {tag}_row = Gather <axis: int = -2> ({a}, {tag}_i)
+    {tag}_row2 = Unsqueeze ({tag}_row, la_m2)
+    {tag}_acc = MatMul ({tag}_row2, {tag}_x)
+    {tag}_bi = Gather <axis: int = -2> ({b}, {tag}_i)
+    {tag}_bi2 = Unsqueeze ({tag}_bi, la_m2)
+    {tag}_num = Sub ({tag}_bi2, {tag}_acc)
+    {tag}_d = Gather <axis: int = -1> ({tag}_row, {tag}_i)
+    {tag}_d2 = Unsqueeze ({tag}_d, la_m21)
+    {tag}_xi = Div ({tag}_num, {tag}_d2)
+    {tag}_e = Equal (la_r, {tag}_i)
+    {tag}_ef = CastLike ({tag}_e, {tag}_x)
+    {tag}_ec = Unsqueeze ({tag}_ef, la_m1)
+    {tag}_upd = Mul ({tag}_ec, {tag}_xi)
+    {tag}_x_out = Add ({tag}_x, {tag}_upd)
+  }}>"""
+
+
+def _elimination(a: str, b: str | None, tag: str, det: bool) -> str:
+    """Gaussian elimination with partial pivoting of ``a`` (and the same row
+    operations on ``b``): ``{tag}_u``, upper triangular in its upper triangle,
+    and ``{tag}_y``; with ``det``, ``{tag}_sign`` and ``{tag}_logabs`` of ``a``'s
+    determinant. A zero pivot column (a singular matrix) is left as it is, as
+    getf2 leaves it: the sign is 0 and log |det| is -inf."""
+    carried = (
+        [f"{tag}_u0"] + ([f"{tag}_y0"] if b else []) + ([f"{tag}_s0", f"{tag}_l0"] if det else [])
+    )
+    ins = [f"{tag}_u"] + ([f"{tag}_yi"] if b else []) + ([f"{tag}_s", f"{tag}_l"] if det else [])
+    outs = (
+        [f"{tag}_u_out"]
+        + ([f"{tag}_y_out"] if b else [])
+        + ([f"{tag}_s_out", f"{tag}_l_out"] if det else [])
+    )
+    finals = (
+        [f"{tag}_uf"]
+        + ([f"{tag}_y"] if b else [])
+        + ([f"{tag}_sign", f"{tag}_logabs"] if det else [])
+    )
+    head = f"""
+  {tag}_u0 = Identity ({a})"""
+    if b:
+        head += f"""
+  {tag}_y0 = Identity ({b})"""
+    if det:
+        head += f"""
+  {tag}_batch = Shape <end: int = -2> ({a})
+  {tag}_s0 = Expand (la_one, {tag}_batch)
+  {tag}_l0 = Expand (la_zero, {tag}_batch)"""
+    body = f"""
+  {', '.join(finals)} = Loop (la_n, la_true, {', '.join(carried)}) <body: graph = {tag}_step (int64 {tag}_k, bool {tag}_c, {', '.join(ins)}) => (bool {tag}_c_out, {', '.join(outs)}) {{
+    {tag}_c_out = Identity ({tag}_c)
+    {tag}_col = Gather <axis: int = -1> ({tag}_u, {tag}_k)
+    {tag}_acol = Abs ({tag}_col)
+    {tag}_neg = Neg (la_one)
+    {tag}_from_k = GreaterOrEqual (la_r, {tag}_k)
+    {tag}_cand = Where ({tag}_from_k, {tag}_acol, {tag}_neg)
+    {tag}_p = ArgMax <axis: int = -1, keepdims: int = 1> ({tag}_cand)
+    {tag}_at_k = Equal (la_r, {tag}_k)
+    {tag}_at_p = Equal (la_r, {tag}_p)
+    {tag}_to_k = Where ({tag}_at_p, {tag}_k, la_r)
+    {tag}_idx = Where ({tag}_at_k, {tag}_p, {tag}_to_k)
+    {tag}_idx_c = Unsqueeze ({tag}_idx, la_m1)
+    {tag}_u_shape = Shape ({tag}_u)
+    {tag}_u_idx = Expand ({tag}_idx_c, {tag}_u_shape)
+    {tag}_us = GatherElements <axis: int = -2> ({tag}_u, {tag}_u_idx)
+    {tag}_rowk = Gather <axis: int = -2> ({tag}_us, {tag}_k)
+    {tag}_piv = Gather <axis: int = -1> ({tag}_rowk, {tag}_k)
+    {tag}_piv_zero = Equal ({tag}_piv, la_zero)
+    {tag}_piv_safe = Where ({tag}_piv_zero, la_one, {tag}_piv)
+    {tag}_piv1 = Unsqueeze ({tag}_piv_safe, la_m1)
+    {tag}_colk = Gather <axis: int = -1> ({tag}_us, {tag}_k)
+    {tag}_q = Div ({tag}_colk, {tag}_piv1)
+    {tag}_below = Greater (la_r, {tag}_k)
+    {tag}_f = Where ({tag}_below, {tag}_q, la_zero)
+    {tag}_fc = Unsqueeze ({tag}_f, la_m1)
+    {tag}_rk = Unsqueeze ({tag}_rowk, la_m2)
+    {tag}_du = Mul ({tag}_fc, {tag}_rk)
+    {tag}_u_out = Sub ({tag}_us, {tag}_du)"""
+    if b:
+        body += f"""
+    {tag}_y_shape = Shape ({tag}_yi)
+    {tag}_y_idx = Expand ({tag}_idx_c, {tag}_y_shape)
+    {tag}_ys = GatherElements <axis: int = -2> ({tag}_yi, {tag}_y_idx)
+    {tag}_yk = Gather <axis: int = -2> ({tag}_ys, {tag}_k)
+    {tag}_yk2 = Unsqueeze ({tag}_yk, la_m2)
+    {tag}_dy = Mul ({tag}_fc, {tag}_yk2)
+    {tag}_y_out = Sub ({tag}_ys, {tag}_dy)"""
+    if det:
+        body += f"""
+    {tag}_p0 = Squeeze ({tag}_p, la_m1)
+    {tag}_kept = Equal ({tag}_p0, {tag}_k)
+    {tag}_flip = Where ({tag}_kept, la_one, {tag}_neg)
+    {tag}_psign = Sign ({tag}_piv)
+    {tag}_step_sign = Mul ({tag}_flip, {tag}_psign)
+    {tag}_s_out = Mul ({tag}_s, {tag}_step_sign)
+    {tag}_pabs = Abs ({tag}_piv)
+    {tag}_plog = Log ({tag}_pabs)
+    {tag}_l_out = Add ({tag}_l, {tag}_plog)"""
+    return head + body + "\n  }>"
+
+
+_LINALG_HEAD = '<domain: "tracelog", opset_import: ["" : 21]>\n'
+_CHOLESKY_BODY = _LINALG_HEAD + "Cholesky (X) => (L) {" + _LINALG_PRELUDE.format(x="X") + """
+  ch_shape = Shape (X)
+  ch_l0 = Expand (la_zero, ch_shape)
+  L, ch_rest = Loop (la_n, la_true, ch_l0, X) <body: graph = ch_step (int64 ch_k, bool ch_c, ch_l, ch_a) => (bool ch_c_out, ch_l_out, ch_a_out) {
+    ch_c_out = Identity (ch_c)
+    ch_col = Gather <axis: int = -1> (ch_a, ch_k)
+    ch_d = Gather <axis: int = -1> (ch_col, ch_k)
+    ch_s = Sqrt (ch_d)
+    ch_s1 = Unsqueeze (ch_s, la_m1)
+    ch_q = Div (ch_col, ch_s1)
+    ch_from_k = GreaterOrEqual (la_r, ch_k)
+    ch_lcol = Where (ch_from_k, ch_q, la_zero)
+    ch_lc = Unsqueeze (ch_lcol, la_m1)
+    ch_lr = Unsqueeze (ch_lcol, la_m2)
+    ch_outer = Mul (ch_lc, ch_lr)
+    ch_a_out = Sub (ch_a, ch_outer)
+    ch_e = Equal (la_r, ch_k)
+    ch_ef = CastLike (ch_e, ch_l)
+    ch_new = Mul (ch_lc, ch_ef)
+    ch_l_out = Add (ch_l, ch_new)
+  }>
+}
+"""
+_SOLVE_TRIANGULAR_BODY = (
+    _LINALG_HEAD + "SolveTriangular <upper> (A, B) => (X) {" + _LINALG_PRELUDE.format(x="A") + """
+  st_a = Trilu <upper: int = @upper> (A)
+  st_up_i = Constant <value_int: int = @upper> ()
+  st_up = Cast <to: int = 9> (st_up_i)""" + _substitution("st_a", "B", "X", "st_up", "st") + "\n}\n"
+)
+
+
+def _lu_solve_body(name: str, inputs: str, rhs: str) -> str:
+    """``name``'s function: A (broadcast against ``rhs``'s batch dims)
+    eliminated with partial pivoting along with ``rhs``, then the upper
+    triangular system solved by back substitution."""
+    return (
+        _LINALG_HEAD
+        + f"{name} ({inputs}) => (X) {{"
+        + _LINALG_PRELUDE.format(x="A")
+        + f"""
+  lu_ab = MatMul (A, {rhs})
+  lu_rhs_shape = Shape (lu_ab)
+  lu_batch = Shape <end: int = -2> (lu_ab)
+  lu_nn = Shape <start: int = -2> (A)
+  lu_a_shape = Concat <axis: int = 0> (lu_batch, lu_nn)
+  lu_a = Expand (A, lu_a_shape)
+  lu_b = Expand ({rhs}, lu_rhs_shape)"""
+        + _elimination("lu_a", "lu_b", "lu", det=False)
+        + """
+  lu_ut = Trilu <upper: int = 1> (lu_uf)"""
+        + _substitution("lu_ut", "lu_y", "X", "la_true", "bs")
+        + "\n}\n"
+    )
+
+
+_SOLVE_BODY = _lu_solve_body("Solve", "A, B", "B")
+_INVERSE_BODY = _lu_solve_body("Inverse", "A", "inv_eye").replace(
+    "  lu_ab = MatMul (A, inv_eye)",
+    """  inv_rc = Unsqueeze (la_r, la_m1)
+  inv_is_diag = Equal (inv_rc, la_r)
+  inv_eye = CastLike (inv_is_diag, A)
+  lu_ab = MatMul (A, inv_eye)""",
+)
+_SLOGDET_BODY = (
+    _LINALG_HEAD
+    + "SlogDet (X) => (sign, logabsdet) {"
+    + _LINALG_PRELUDE.format(x="X")
+    + _elimination("X", None, "lu", det=True)
+    + """
+  sign = Identity (lu_sign)
+  logabsdet = Identity (lu_logabs)
+}
+"""
+)
+
+
+_LINALG_FUNCTION_DOC = (
+    " The ONNX function loops over the matrix size (n from the input's shape, any "
+    "batch dims before the last two)"
+)
+for _name, _ins, _outs, _doc, _body in (
+    (
+        "Inverse",
+        ("A",),
+        ("X",),
+        "X = A^-1 over the last two dims (torch.linalg.inv)."
+        + _LINALG_FUNCTION_DOC
+        + ": Gaussian elimination with partial pivoting on [A | I], back substitution.",
+        _INVERSE_BODY,
+    ),
     (
         "Solve",
         ("A", "B"),
         ("X",),
-        "X with A X = B over the last two dims (torch.linalg.solve, left=True).",
+        "X with A X = B over the last two dims, batch dims broadcast "
+        "(torch.linalg.solve, left=True)."
+        + _LINALG_FUNCTION_DOC
+        + ": Gaussian elimination with partial pivoting on [A | B], back substitution.",
+        _SOLVE_BODY,
     ),
     (
         "SlogDet",
         ("X",),
         ("sign", "logabsdet"),
-        "The sign and log |det X| over the last two dims (torch.linalg.slogdet).",
+        "The sign and log |det X| over the last two dims (torch.linalg.slogdet); "
+        "sign 0 and -inf for a singular X."
+        + _LINALG_FUNCTION_DOC
+        + ": the pivots of Gaussian elimination with partial pivoting, and the swaps' sign.",
+        _SLOGDET_BODY,
     ),
     (
         "Cholesky",
         ("X",),
         ("L",),
-        "The lower triangular L with L L^T = X, X symmetric positive definite "
-        "(torch.linalg.cholesky; upper=True is its transpose).",
+        "The lower triangular L with L L^T = X, X symmetric positive definite, its "
+        "lower triangle read (torch.linalg.cholesky; upper=True is its transpose)."
+        + _LINALG_FUNCTION_DOC
+        + ": the outer-product algorithm, a column of L per step.",
+        _CHOLESKY_BODY,
     ),
 ):
-    define(
-        OpSchema(
-            _name,
-            _ins,
-            _outs,
-            (),
-            domain=TRACELOG_DOMAIN,
-            doc=_doc,
-            no_function=_LINALG_NO_FUNCTION,
-        )
-    )
+    define(OpSchema(_name, _ins, _outs, (), domain=TRACELOG_DOMAIN, doc=_doc, function=_body))
+
+
+def _lower_by_default(attrs: Mapping[str, object]) -> dict[str, object]:
+    """SolveTriangular's function reads ``upper``: 0 where the node leaves it out."""
+    return {"upper": 0}
+
+
 define(
     OpSchema(
         "SolveTriangular",
@@ -977,11 +1206,15 @@ define(
         ("upper",),
         domain=TRACELOG_DOMAIN,
         defaults=(("upper", 0),),
+        derived=_lower_by_default,
         doc=(
-            "X with A X = B, A triangular (lower, or upper=1), over the last two dims "
+            "X with A X = B, A triangular (lower, or upper=1; the other triangle is not "
+            "read), over the last two dims, batch dims broadcast "
             "(torch.linalg.solve_triangular with left=True, tf.linalg.triangular_solve)."
+            + _LINALG_FUNCTION_DOC
+            + ": substitution, a row of X per step (backward when upper)."
         ),
-        no_function=_LINALG_NO_FUNCTION,
+        function=_SOLVE_TRIANGULAR_BODY,
     )
 )
 define(
