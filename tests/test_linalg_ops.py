@@ -1,5 +1,6 @@
 """Dense linear algebra in training code (torch.linalg): inverse, solve,
-determinants, Cholesky (lower and upper), triangular and Cholesky solves, on
+determinants, Cholesky (lower and upper), triangular and Cholesky solves
+(from the left and the right, of matrices and of vectors), on
 a batch of symmetric positive definite matrices built from the data and on
 their rows permuted (elimination must pivot). Each program target runs its
 own factorisation and passes with its float64 rows, gradients included; the
@@ -42,6 +43,10 @@ class _Linalg(nn.Module):
             torch.logdet(a)[:, None, None],
             factor[:, :, :2] + torch.linalg.cholesky(a, upper=True)[:, :, 1:3],
             torch.linalg.solve_triangular(factor, b, upper=False),
+            torch.linalg.solve_triangular(factor, b, upper=False, unitriangular=True),
+            torch.linalg.solve_triangular(factor, b.mT, upper=False, left=False).mT,
+            torch.linalg.solve(p, b[:, :, 0])[:, :, None],  # a batch of vectors
+            torch.linalg.solve(p, b.mT, left=False).mT,
             torch.cholesky_solve(b, factor),
             torch.cholesky_solve(b, factor.transpose(-1, -2), upper=True),
         ]

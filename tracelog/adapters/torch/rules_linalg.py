@@ -10,8 +10,11 @@ Registered into ``ATEN`` on import (the last line of ``rules.py``)."""
 
 from __future__ import annotations
 
+import numpy as np
+
 from tracelog.adapters.builder import Ctx, NotSupported
 from tracelog.adapters.torch.rules import ATEN, Names
+from tracelog.ir import TensorType
 
 
 def _linalg(ctx: Ctx, op: str, n_inputs: int, **attrs: int) -> list[str]:
@@ -19,6 +22,21 @@ def _linalg(ctx: Ctx, op: str, n_inputs: int, **attrs: int) -> list[str]:
     n_out = 2 if op == "SlogDet" else 1
     domain = "" if op == "Det" else "tracelog"
     return ctx.node(op, [ctx.t(i) for i in range(n_inputs)], outs=n_out, domain=domain, **attrs)
+
+
+def _mt_type(ty: TensorType) -> TensorType:
+    """``ty`` with its last two dims swapped."""
+    return TensorType(ty.dtype, (*ty.shape[:-2], ty.shape[-1], ty.shape[-2]))
+
+
+def _swap_last(rank: int) -> list[int]:
+    """Transpose's perm that swaps the last two of ``rank`` dims."""
+    return [*range(rank - 2), rank - 1, rank - 2]
+
+
+def _mt(ctx: Ctx, x: str, ty: TensorType) -> str:
+    """``x`` (of type ``ty``) with its last two dims swapped (torch's ``mT``)."""
+    return ctx.helper("Transpose", [x], _mt_type(ty), perm=_swap_last(len(ty.shape)))
 
 
 @ATEN.register("aten.linalg_inv_ex.default")
@@ -29,12 +47,25 @@ def _inv(ctx: Ctx) -> Names:
 
 @ATEN.register("aten._linalg_solve_ex.default")
 def _solve(ctx: Ctx) -> Names:
-    # (result, LU, pivots, info); torch.linalg.solve(A, B, left=False) solves X A = B
-    if not bool(ctx.arg(2, "left", True)):
-        raise NotSupported("linalg.solve with left=False")
-    if len(ctx.in_type(1).shape) == len(ctx.in_type(0).shape) - 1:
-        raise NotSupported("linalg.solve of a batch of vectors (B one dim short of A)")
-    return [*_linalg(ctx, "Solve", 2), None, None, None]
+    # (result, LU, pivots, info). B is a vector, or a batch of them, where it is
+    # 1-D or A's shape less its last dim (torch's linalg_solve_is_vector_rhs);
+    # left=False solves X A = B, that is A^T X^T = B^T, as torch computes it
+    a_t, b_t, out = ctx.in_type(0), ctx.in_type(1), ctx.out_type()
+    vector = len(b_t.shape) == 1 or b_t.shape == a_t.shape[:-1]
+    left = bool(ctx.arg(2, "left", True))
+    a = ctx.t(0) if left else _mt(ctx, ctx.t(0), a_t)
+    if vector:
+        b = ctx.helper(
+            "Unsqueeze", [ctx.t(1), ctx.ints([-1])], TensorType(b_t.dtype, (*b_t.shape, 1))
+        )
+        x = ctx.helper("Solve", [a, b], TensorType(out.dtype, (*out.shape, 1)), domain="tracelog")
+        result = ctx.one("Squeeze", [x, ctx.ints([-1])])
+    elif left:
+        result = _linalg(ctx, "Solve", 2)
+    else:
+        x = ctx.helper("Solve", [a, _mt(ctx, ctx.t(1), b_t)], _mt_type(out), domain="tracelog")
+        result = ctx.one("Transpose", [x], perm=_swap_last(len(out.shape)))
+    return [*result, None, None, None]
 
 
 @ATEN.register("aten._linalg_det.default")
@@ -57,17 +88,33 @@ def _cholesky(ctx: Ctx) -> Names:
         return [*_linalg(ctx, "Cholesky", 1), None]
     out = ctx.out_type()
     (lower,) = ctx.node("Cholesky", [ctx.t(0)], outs=[out], domain="tracelog")
-    rank = len(out.shape)
-    perm = [*range(rank - 2), rank - 1, rank - 2]
-    return [*ctx.node("Transpose", [lower], outs=1, perm=perm), None]
+    return [*ctx.node("Transpose", [lower], outs=1, perm=_swap_last(len(out.shape))), None]
 
 
 @ATEN.register("aten.linalg_solve_triangular.default")
 def _solve_triangular(ctx: Ctx) -> Names:
+    # left=False solves X A = B: A^T X^T = B^T, A^T triangular the other way;
+    # unitriangular=True reads ones for A's diagonal
+    a_t, b_t, out = ctx.in_type(0), ctx.in_type(1), ctx.out_type()
     upper = bool(ctx.arg(2, "upper"))
-    if not bool(ctx.arg(3, "left", True)) or bool(ctx.arg(4, "unitriangular", False)):
-        raise NotSupported("solve_triangular with left=False or unitriangular=True")
-    return _linalg(ctx, "SolveTriangular", 2, upper=int(upper))
+    left = bool(ctx.arg(3, "left", True))
+    a = ctx.t(0)
+    if bool(ctx.arg(4, "unitriangular", False)):
+        n = a_t.shape[-1]
+        if not isinstance(n, int):
+            raise NotSupported("solve_triangular with unitriangular=True of a batch-sized matrix")
+        eye = ctx.const(np.eye(n, dtype=bool), "bool")
+        a = ctx.helper("Where", [eye, ctx.const(1.0, a_t.dtype), a], a_t)
+    if left:
+        return ctx.one("SolveTriangular", [a, ctx.t(1)], domain="tracelog", upper=int(upper))
+    x = ctx.helper(
+        "SolveTriangular",
+        [_mt(ctx, a, a_t), _mt(ctx, ctx.t(1), b_t)],
+        _mt_type(out),
+        domain="tracelog",
+        upper=int(not upper),
+    )
+    return ctx.one("Transpose", [x], perm=_swap_last(len(out.shape)))
 
 
 @ATEN.register("aten.cholesky_solve.default")
@@ -76,10 +123,8 @@ def _cholesky_solve(ctx: Ctx) -> Names:
     # triangular solves, by the factor and by its transpose
     ft = ctx.in_type(1)
     upper = bool(ctx.arg(2, "upper", False))
-    rank = len(ft.shape)
-    perm = [*range(rank - 2), rank - 1, rank - 2]
     factor = ctx.t(1)
-    turned = ctx.helper("Transpose", [factor], ft, perm=perm)
+    turned = ctx.helper("Transpose", [factor], ft, perm=_swap_last(len(ft.shape)))
     first, second = (turned, factor) if upper else (factor, turned)
     out = ctx.out_type()
     y = ctx.helper("SolveTriangular", [first, ctx.t(0)], out, domain="tracelog", upper=0)
