@@ -1095,6 +1095,18 @@ def _linalg_samples() -> list[OpSample]:
             torch=_t(lambda a, c: linalg.solve_triangular(a, c, upper=True)),
             name="SolveTriangular/upper",
         ),
+        OpSample(
+            "tracelog.Solve",
+            [("a", general[0]), ("b", b)],
+            torch=_t(linalg.solve),
+            name="Solve/broadcast",
+        ),
+        OpSample(
+            "tracelog.SolveTriangular",
+            [("a", lower[0]), ("b", b)],
+            torch=_t(lambda a, c: linalg.solve_triangular(a, c, upper=False)),
+            name="SolveTriangular/broadcast",
+        ),
     ]
 
 

@@ -629,3 +629,29 @@ def test_load_reads_every_stored_dtype_and_widens_bfloat16_exactly(tmp_path) -> 
         else:
             assert got.dtype == array.dtype and got.flags.writeable, name
             np.testing.assert_array_equal(got, array)
+
+
+def test_solves_broadcast_batch_dims_as_torch_does() -> None:
+    """TensorFlow's solve and JAX's triangular_solve take equal batch dims:
+    the helpers broadcast them (a [n, n] B against a batch of A included,
+    which jax.scipy.linalg.solve_triangular would read as vectors)."""
+    rng = np.random.default_rng(0)
+    a = rng.standard_normal((3, 4, 4)) + 4 * np.eye(4)
+    pairs = [(a, rng.standard_normal((4, 4))), (a[0], rng.standard_normal((2, 3, 4, 2)))]
+
+    def solved(a: np.ndarray, b: np.ndarray) -> np.ndarray:
+        batch = np.broadcast_shapes(a.shape[:-2], b.shape[:-2])
+        return np.linalg.solve(
+            np.broadcast_to(a, (*batch, *a.shape[-2:])), np.broadcast_to(b, (*batch, *b.shape[-2:]))
+        )
+
+    tf_program = pytest.importorskip("tracelog.emit.runtime.tensorflow_program")
+    jax_program = pytest.importorskip("tracelog.emit.runtime.jax_program")
+    import jax
+
+    jax.config.update("jax_enable_x64", True)  # as a JAX program sets it
+    for a_, b in pairs:
+        got = tf_program._solve_broadcast(a_, b).numpy()
+        np.testing.assert_allclose(got, solved(a_, b), rtol=1e-12, atol=1e-12)
+        got = np.asarray(jax_program._solve_triangular_broadcast(np.tril(a_), b, True))
+        np.testing.assert_allclose(got, solved(np.tril(a_), b), rtol=1e-12, atol=1e-12)

@@ -296,6 +296,7 @@ JAX.spell(
         "tracelog.SlogDet": "tuple(jnp.linalg.slogdet({0}))",
         "tracelog.Cholesky": "jnp.linalg.cholesky({0})",
         "tracelog.SolveTriangular": "lax.linalg.triangular_solve({0}, {1}, left_side=True, lower={lower})",
+        "tracelog.SolveTriangular/broadcast": "_solve_triangular_broadcast({0}, {1}, {lower})",
         "tracelog.Digamma": "lax.digamma({0})",
         "tracelog.Trigamma": "lax.polygamma(jnp.ones_like({0}), {0})",
         "tracelog.Erfinv": "lax.erf_inv({0})",

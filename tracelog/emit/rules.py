@@ -836,10 +836,22 @@ def _trilu(c: RuleCtx) -> dict[str, Any]:
     return {"k": k[0], "upper": upper, "tri": "triu" if upper else "tril"}
 
 
-@OPS.op("tracelog.SolveTriangular")
+def _batch_broadcast(c: RuleCtx) -> str:
+    """The variant of Solve and SolveTriangular whose A and B differ in their
+    batch dims (a parameter matrix solved against a batch): TensorFlow's
+    solve and JAX's triangular_solve take equal ones."""
+    return "broadcast" if c.in_type(0).shape[:-2] != c.in_type(1).shape[:-2] else ""
+
+
+OPS.add("tracelog.Solve", OpRule(_no_fields, variant=_batch_broadcast))
+
+
 def _solve_triangular(c: RuleCtx) -> dict[str, Any]:
     upper = bool(int(c.attr("upper", 0)))
     return {"upper": upper, "lower": not upper}
+
+
+OPS.add("tracelog.SolveTriangular", OpRule(_solve_triangular, variant=_batch_broadcast))
 
 
 @OPS.op("CumSum")

@@ -384,6 +384,7 @@ TF.spell(
         "Det": "tf.linalg.det({0})",
         "tracelog.Inverse": "tf.linalg.inv({0})",
         "tracelog.Solve": "tf.linalg.solve({0}, {1})",
+        "tracelog.Solve/broadcast": "_solve_broadcast({0}, {1})",
         "tracelog.SlogDet": "tf.linalg.slogdet({0})",
         "tracelog.Cholesky": "tf.linalg.cholesky({0})",
         "tracelog.SolveTriangular": "tf.linalg.triangular_solve({0}, {1}, lower={lower})",

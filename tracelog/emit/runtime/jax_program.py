@@ -263,6 +263,17 @@ def _batch_norm_eval(
     return x * a.reshape(shape) + b.reshape(shape)
 
 
+def _solve_triangular_broadcast(a: jax.Array, b: jax.Array, lower: bool) -> jax.Array:
+    """X with A X = B, A triangular, A's and B's batch dims broadcast
+    (lax.linalg.triangular_solve takes equal ones; jax.scipy.linalg's
+    solve_triangular reads a B one dim short of A with B's last dim n as a
+    batch of vectors)."""
+    batch = jnp.broadcast_shapes(a.shape[:-2], b.shape[:-2])
+    a = jnp.broadcast_to(a, (*batch, *a.shape[-2:]))
+    b = jnp.broadcast_to(b, (*batch, *b.shape[-2:]))
+    return lax.linalg.triangular_solve(a, b, left_side=True, lower=lower)
+
+
 def _layer_norm(
     x: jax.Array, scale: jax.Array, bias: jax.Array | None, axes: tuple[int, ...], eps: float
 ) -> jax.Array:

@@ -285,6 +285,16 @@ def _hypot(x: tf.Tensor, y: tf.Tensor) -> tf.Tensor:
     return tf.where(inf, tf.constant(float("inf"), h.dtype), h)
 
 
+def _solve_broadcast(a: tf.Tensor, b: tf.Tensor) -> tf.Tensor:
+    """X with A X = B, A's and B's batch dims broadcast (tf.linalg.solve takes
+    equal ones): each is broadcast to the common batch shape, and each matrix
+    of the batch is factored on its own, as torch.linalg.solve does."""
+    batch = tf.broadcast_dynamic_shape(tf.shape(a)[:-2], tf.shape(b)[:-2])
+    a = tf.broadcast_to(a, tf.concat([batch, tf.shape(a)[-2:]], 0))
+    b = tf.broadcast_to(b, tf.concat([batch, tf.shape(b)[-2:]], 0))
+    return tf.linalg.solve(a, b)
+
+
 def _layer_norm(
     x: tf.Tensor, scale: tf.Tensor, bias: tf.Tensor | None, axes: list[int], eps: float
 ) -> tf.Tensor:
