@@ -54,6 +54,9 @@ class _Linalg(nn.Module):
             torch.linalg.solve(w, b) + torch.linalg.solve_triangular(w_factor, b, upper=False),
             torch.cholesky_solve(b, factor),
             torch.cholesky_solve(b, factor.transpose(-1, -2), upper=True),
+            torch.cholesky_inverse(factor)[:, :, :2],
+            torch.triangular_solve(b, factor, upper=False, transpose=True).solution,
+            torch.cholesky(a)[:, :, 1:3],
         ]
         return self.head(sum(terms).reshape(-1, 8))
 
@@ -72,6 +75,8 @@ def _record(model: nn.Module, log_dir: Path) -> tracelog.TraceLog:
     return log
 
 
+# the deprecated torch.cholesky and torch.triangular_solve, which training code still calls
+@pytest.mark.filterwarnings("ignore:torch.(cholesky|triangular_solve) is deprecated")
 @pytest.mark.parametrize("target", ["torch", "tensorflow", "jax", "onnx"])
 def test_linalg_translates(target: str, tmp_path: Path) -> None:
     framework = targets.get(target).framework

@@ -39,6 +39,21 @@ def _mt(ctx: Ctx, x: str, ty: TensorType) -> str:
     return ctx.helper("Transpose", [x], _mt_type(ty), perm=_swap_last(len(ty.shape)))
 
 
+def _eye(ctx: Ctx, ty: TensorType, what: str, dtype: str = "bool") -> str:
+    """The identity of ``ty``'s last dim as a constant: a size known when
+    recorded, or ``what`` is refused."""
+    n = ty.shape[-1]
+    if not isinstance(n, int):
+        raise NotSupported(f"{what} of a batch-sized matrix")
+    return ctx.const(np.eye(n, dtype=bool), dtype)
+
+
+def _unit_diagonal(ctx: Ctx, a: str, ty: TensorType) -> str:
+    """``a`` with ones on its diagonal (a unitriangular solve reads them so)."""
+    eye = _eye(ctx, ty, "a unitriangular solve")
+    return ctx.helper("Where", [eye, ctx.const(1.0, ty.dtype), a], ty)
+
+
 @ATEN.register("aten.linalg_inv_ex.default")
 def _inv(ctx: Ctx) -> Names:
     # (inverse, info)
@@ -100,11 +115,7 @@ def _solve_triangular(ctx: Ctx) -> Names:
     left = bool(ctx.arg(3, "left", True))
     a = ctx.t(0)
     if bool(ctx.arg(4, "unitriangular", False)):
-        n = a_t.shape[-1]
-        if not isinstance(n, int):
-            raise NotSupported("solve_triangular with unitriangular=True of a batch-sized matrix")
-        eye = ctx.const(np.eye(n, dtype=bool), "bool")
-        a = ctx.helper("Where", [eye, ctx.const(1.0, a_t.dtype), a], a_t)
+        a = _unit_diagonal(ctx, a, a_t)
     if left:
         return ctx.one("SolveTriangular", [a, ctx.t(1)], domain="tracelog", upper=int(upper))
     x = ctx.helper(
@@ -117,18 +128,50 @@ def _solve_triangular(ctx: Ctx) -> Names:
     return ctx.one("Transpose", [x], perm=_swap_last(len(out.shape)))
 
 
-@ATEN.register("aten.cholesky_solve.default")
-def _cholesky_solve(ctx: Ctx) -> Names:
-    # X with A X = B, A = L L^T given L (upper: A = U^T U given U): two
-    # triangular solves, by the factor and by its transpose
-    ft = ctx.in_type(1)
-    upper = bool(ctx.arg(2, "upper", False))
-    factor = ctx.t(1)
+@ATEN.register("aten.triangular_solve.default")
+def _triangular_solve(ctx: Ctx) -> Names:
+    # torch.triangular_solve(B, A, upper=True, transpose=False, unitriangular=False),
+    # deprecated: (X, a copy of A); transpose=True solves A^T X = B, A^T
+    # triangular the other way
+    a_t = ctx.in_type(1)
+    upper = bool(ctx.arg(2, "upper", True))
+    a = ctx.t(1)
+    if bool(ctx.arg(4, "unitriangular", False)):
+        a = _unit_diagonal(ctx, a, a_t)
+    if bool(ctx.arg(3, "transpose", False)):
+        a, upper = _mt(ctx, a, a_t), not upper
+    x = ctx.one("SolveTriangular", [a, ctx.t(0)], domain="tracelog", upper=int(upper))
+    return [*x, ctx.t(1)]
+
+
+@ATEN.register("aten.cholesky.default")
+def _cholesky_deprecated(ctx: Ctx) -> Names:
+    # torch.cholesky(A, upper=False), deprecated: linalg.cholesky's factor alone
+    return _cholesky(ctx)[:1]
+
+
+@ATEN.register("aten.cholesky_inverse.default")
+def _cholesky_inverse(ctx: Ctx) -> Names:
+    # A^-1 given A's Cholesky factor: cholesky_solve of the identity
+    ft = ctx.in_type(0)
+    eye = _eye(ctx, ft, "cholesky_inverse", ft.dtype)
+    return _factor_solves(ctx, ctx.t(0), ft, eye, bool(ctx.arg(1, "upper", False)))
+
+
+def _factor_solves(ctx: Ctx, factor: str, ft: TensorType, b: str, upper: bool) -> Names:
+    """X with A X = B, A = L L^T given L (upper: A = U^T U given U): two
+    triangular solves, by the factor and by its transpose, as LAPACK's potrs."""
     turned = ctx.helper("Transpose", [factor], ft, perm=_swap_last(len(ft.shape)))
     first, second = (turned, factor) if upper else (factor, turned)
     out = ctx.out_type()
-    y = ctx.helper("SolveTriangular", [first, ctx.t(0)], out, domain="tracelog", upper=0)
+    y = ctx.helper("SolveTriangular", [first, b], out, domain="tracelog", upper=0)
     return ctx.one("SolveTriangular", [second, y], domain="tracelog", upper=1)
+
+
+@ATEN.register("aten.cholesky_solve.default")
+def _cholesky_solve(ctx: Ctx) -> Names:
+    # torch.cholesky_solve(B, factor, upper=False)
+    return _factor_solves(ctx, ctx.t(1), ctx.in_type(1), ctx.t(0), bool(ctx.arg(2, "upper", False)))
 
 
 @ATEN.register("aten._linalg_check_errors.default")
