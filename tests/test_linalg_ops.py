@@ -11,7 +11,9 @@ size) in float64 on onnx.reference and in float32 on onnxruntime."""
 from __future__ import annotations
 
 from pathlib import Path
+from typing import Any
 
+import numpy as np
 import pytest
 
 torch = pytest.importorskip("torch", reason="the PyTorch adapter needs torch")
@@ -99,3 +101,65 @@ def test_linalg_translates(target: str, tmp_path: Path) -> None:
     if target != "onnx":  # a program: the gradients by the target's autodiff
         assert "grad w [float64]" in {c.name for c in translated}, report.table()
     assert all(c.ok for c in translated), report.table()
+
+
+def _keras_linalg(h: Any) -> Any:
+    """tf.linalg on a batch of symmetric positive definite matrices and on
+    their rows permuted: every adjoint and lower flag."""
+    import tensorflow as tf
+
+    h = tf.reshape(h, [-1, 4, 4])
+    a = tf.linalg.matmul(h, h, transpose_b=True) / 4.0 + np.eye(4, dtype="float32")
+    p = tf.gather(a, [1, 3, 0, 2], axis=1)
+    b = h[:, :, :2]
+    factor = tf.linalg.cholesky(a)
+    sign, logabs = tf.linalg.slogdet(p)
+    det = tf.linalg.det(a)[:, None, None]
+    return tf.reshape(
+        tf.linalg.inv(p)[:, :, :2]
+        + tf.linalg.inv(p, adjoint=True)[:, :, 1:3]
+        + tf.linalg.solve(p, b)
+        + tf.linalg.solve(p, b, adjoint=True)
+        + det * 0.1
+        + (sign * logabs)[:, None, None]
+        + factor[:, :, :2]
+        + tf.linalg.triangular_solve(factor, b)
+        + tf.linalg.triangular_solve(factor, b, adjoint=True)
+        + tf.linalg.triangular_solve(tf.linalg.matrix_transpose(factor), b, lower=False),
+        [-1, 8],
+    )
+
+
+def test_keras_linalg_translates(tmp_path: Path) -> None:
+    """The same ops from TensorFlow (MatrixInverse, MatrixSolve, MatrixDeterminant,
+    LogMatrixDeterminant, Cholesky, MatrixTriangularSolve) record as the same IR
+    and translate; JAX's run of these ops is the torch source's above."""
+    tf = pytest.importorskip("tensorflow", reason="the Keras adapter needs TensorFlow")
+    keras = pytest.importorskip("keras")
+    from tracelog.verify import verify
+
+    keras.utils.set_random_seed(0)
+    layers = keras.layers
+    model = keras.Sequential(
+        [keras.Input((6,)), layers.Dense(16), layers.Lambda(_keras_linalg), layers.Dense(5)]
+    )
+    loss = keras.losses.SparseCategoricalCrossentropy(from_logits=True)
+    rng = np.random.default_rng(0)
+    x, y = rng.standard_normal((10, 6)).astype("float32"), rng.integers(0, 5, 10)
+    listener = tracelog.Listener(model, tmp_path, strict=True)
+    for i in (0, 6):  # a batch of 6, then a short one of 4
+        with listener.batch(), tf.GradientTape() as tape:
+            value = loss(y[i : i + 6], model(x[i : i + 6], training=True))
+        tape.gradient(value, model.trainable_variables)
+    log = listener.close()
+    assert log.unrecorded == 0, log.failures
+    assert [e.usage.batches for e in log.entries.values()] == [2, 2]
+    ops = set().union(*(g.op_histogram() for g in log.graphs.values()))
+    assert {"Det", "tracelog.Inverse", "tracelog.SlogDet", "tracelog.SolveTriangular"} <= ops
+    report = verify(tmp_path, runtime="reference")
+    assert report.ok, report.table()
+    for target in ("torch", "onnx"):
+        report = tracelog.check(tmp_path, target)
+        assert report.ok, report.table()
+        translated = [c for c in report.comparisons if c.name.endswith(" [float64]")]
+        assert translated and all(c.ok for c in translated), report.table()

@@ -776,3 +776,53 @@ TF_OPS.not_yet(
 
 
 from tracelog.adapters.tensorflow import dilated, layer_rules  # noqa: E402,F401  (fill TF_OPS)
+
+
+# -- dense linear algebra (tf.linalg): the IR ops torch.linalg records as ----------------------
+def _adjointed(ctx: Ctx, i: int) -> str:
+    """Input ``i`` with its last two dims swapped (real dtypes: the adjoint)."""
+    ty = ctx.in_type(i)
+    rank = len(ty.shape)
+    turned = TensorType(ty.dtype, (*ty.shape[:-2], ty.shape[-1], ty.shape[-2]))
+    return ctx.helper("Transpose", [ctx.t(i)], turned, perm=[*range(rank - 2), rank - 1, rank - 2])
+
+
+@TF_OPS.register("tf.MatrixInverse")
+def _matrix_inverse(ctx: Ctx) -> Names:
+    # adjoint: the inverse of A's adjoint
+    a = _adjointed(ctx, 0) if attr(ctx, "adjoint", False) else ctx.t(0)
+    return ctx.one("Inverse", [a], domain="tracelog")
+
+
+@TF_OPS.register("tf.MatrixSolve")
+def _matrix_solve(ctx: Ctx) -> Names:
+    # adjoint: A^T X = B
+    a = _adjointed(ctx, 0) if attr(ctx, "adjoint", False) else ctx.t(0)
+    return ctx.one("Solve", [a, ctx.t(1)], domain="tracelog")
+
+
+@TF_OPS.register("tf.MatrixDeterminant")
+def _matrix_determinant(ctx: Ctx) -> Names:
+    return ctx.one("Det", [ctx.t(0)])
+
+
+@TF_OPS.register("tf.LogMatrixDeterminant")
+def _log_matrix_determinant(ctx: Ctx) -> Names:
+    # (sign, log |det|)
+    return ctx.node("SlogDet", [ctx.t(0)], outs=2, domain="tracelog")
+
+
+@TF_OPS.register("tf.Cholesky")
+def _cholesky(ctx: Ctx) -> Names:
+    return ctx.one("Cholesky", [ctx.t(0)], domain="tracelog")
+
+
+@TF_OPS.register("tf.MatrixTriangularSolve")
+def _matrix_triangular_solve(ctx: Ctx) -> Names:
+    # lower (default True) reads A's lower triangle; adjoint solves A^T X = B,
+    # A^T triangular the other way
+    upper = not bool(attr(ctx, "lower", True))
+    a = ctx.t(0)
+    if attr(ctx, "adjoint", False):
+        a, upper = _adjointed(ctx, 0), not upper
+    return ctx.one("SolveTriangular", [a, ctx.t(1)], domain="tracelog", upper=int(upper))
