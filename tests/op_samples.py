@@ -26,7 +26,7 @@ class OpSample:
     n_out: int = 1
     torch: Callable[..., Any] | None = None  # torch's result from the runtime inputs
     name: str = ""
-    # the op has no ONNX function (tracelog.Erfinv, CumProd): torch is the only oracle
+    # the op has no ONNX function (tracelog.Erfinv): torch is the only oracle
     onnx: bool = True
 
     @property
@@ -828,7 +828,6 @@ def _math_samples() -> list[OpSample]:
             [("x", z)],
             {"axis": 2},
             torch=_t(lambda a: torch.cumprod(a, 2)),
-            onnx=False,
         )
     )
     s.append(
@@ -837,7 +836,6 @@ def _math_samples() -> list[OpSample]:
             [("x", _i(3, -2, 5, 0, 7, -1).reshape(2, 3))],
             {"axis": 0},
             torch=_t(lambda a: torch.cumprod(a, 0)),
-            onnx=False,
             name="CumProd-int",
         )
     )

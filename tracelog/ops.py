@@ -1341,11 +1341,46 @@ define(
         doc=(
             "Y = the running product of X along `axis` (an int, negative from the end): "
             "Y[..., i, ...] = X[..., 0, ...] * ... * X[..., i, ...] (torch.cumprod, "
-            "tf.math.cumprod, jnp.cumprod). No ONNX function: ONNX has no running product "
-            "(CumSum of logarithms is wrong for zeros and negative values and loses digits), "
-            "and a loop-based one is not written yet."
+            "tf.math.cumprod, jnp.cumprod). ONNX has no running product, and CumSum of "
+            "logarithms is wrong for zeros and negative values and loses digits: the ONNX "
+            "function takes, for each i, the product over j of X[..., j, ...] where j <= i "
+            "and 1 elsewhere (a [n, n] triangle; n^2 memory along the axis), exact for "
+            "zeros, negatives and integers."
         ),
-        no_function="no ONNX function yet (ONNX has no running product)",
+        function="""
+<domain: "tracelog", opset_import: ["" : 21]>
+CumProd <axis> (X) => (Y) {
+  ax = Constant <value_int: int = @axis> ()
+  zero = Constant <value_int = 0> ()
+  one = Constant <value_int = 1> ()
+  first = Constant <value_ints = [0]> ()
+  second = Constant <value_ints = [1]> ()
+  shape = Shape (X)
+  rank = Size (shape)
+  ax_shifted = Add (ax, rank)
+  ax_pos = Mod (ax_shifted, rank)
+  n = Gather <axis = 0> (shape, ax_pos)
+  idx = Range (zero, n, one)
+  j = Unsqueeze (idx, second)
+  i = Unsqueeze (idx, first)
+  kept_nn = LessOrEqual (j, i)
+  n_1 = Unsqueeze (n, first)
+  after = Sub (rank, ax_pos)
+  trailing = Sub (after, one)
+  trailing_1 = Unsqueeze (trailing, first)
+  ones = ConstantOfShape <value = int64[1] {1}> (trailing_1)
+  kept_shape = Concat <axis = 0> (n_1, n_1, ones)
+  kept = Reshape (kept_nn, kept_shape)
+  ax_next = Add (ax_pos, one)
+  ax_next_1 = Unsqueeze (ax_next, first)
+  x_j = Unsqueeze (X, ax_next_1)
+  one_x_f = Constant <value_float = 1.0> ()
+  one_x = CastLike (one_x_f, X)
+  terms = Where (kept, x_j, one_x)
+  ax_1 = Unsqueeze (ax_pos, first)
+  Y = ReduceProd <keepdims = 0> (terms, ax_1)
+}
+""",
     )
 )
 
