@@ -14,6 +14,7 @@ import numpy as np
 import pytest
 
 import tracelog
+from tracelog.ops import OPS, TRACELOG_DOMAIN
 from tracelog.verify import verify
 
 os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "3")
@@ -351,6 +352,46 @@ LAYERS: dict[str, Callable[[], Any]] = {
         ),
         L.Dense(5),
     ),
+    # running products (exclusive, reversed), a trace (tf.eye of computed sizes:
+    # MatrixSetDiagV3 of booleans), diagonals set (wide and tall) and built, and
+    # sparsemax (a Range to a computed limit)
+    "Lambda_cumprod_trace_sparsemax": lambda: _seq(
+        (6,),
+        L.Dense(8),
+        L.Lambda(
+            lambda h: keras.ops.concatenate(
+                [
+                    keras.ops.cumprod(keras.ops.sigmoid(h) + 0.5, axis=-1),
+                    tf.math.cumprod(h, axis=-1, exclusive=True, reverse=True),
+                    tf.math.cumprod(h, axis=1, exclusive=True),
+                    h
+                    + keras.ops.trace(keras.ops.reshape(h, (-1, 2, 4)), axis1=1, axis2=2)[:, None],
+                    keras.ops.reshape(
+                        tf.linalg.set_diag(keras.ops.reshape(h, (-1, 2, 4)), h[:, 4:6]), (-1, 8)
+                    ),
+                    keras.ops.reshape(
+                        tf.linalg.set_diag(keras.ops.reshape(h, (-1, 4, 2)), h[:, 1:3]), (-1, 8)
+                    ),
+                    keras.ops.reshape(tf.linalg.diag(h[:, :3]), (-1, 9)),
+                    keras.ops.sparsemax(h, axis=-1),
+                ],
+                axis=-1,
+            )
+        ),
+        L.Dense(5),
+    ),
+    # a log-determinant (LogMatrixDeterminant) of a matrix kept well away from singular
+    "Lambda_slogdet": lambda: _seq(
+        (6,),
+        L.Dense(8),
+        L.Lambda(
+            lambda h: h
+            + keras.ops.slogdet(
+                keras.ops.reshape(h[:, :4], (-1, 2, 2)) * 0.3 + 3.0 * keras.ops.eye(2)
+            )[1][:, None]
+        ),
+        L.Dense(5),
+    ),
     "AdditiveAttention": lambda: _scored(L.AdditiveAttention()),
     "Attention_scaled": lambda: _scored(L.Attention(use_scale=True)),
     "Attention_concat": lambda: _scored(L.Attention(use_scale=True, score_mode="concat")),
@@ -537,6 +578,9 @@ _JAX_CASES = {case for k, (case, _) in enumerate(CASES) if _ALL_CASES or k % 3 =
 
 # case -> {test: reason}: known failures, declared here rather than inside the tests
 KNOWN: dict[str, dict[str, str]] = {}
+if OPS[(TRACELOG_DOMAIN, "SlogDet")].no_function:
+    _NO_SLOGDET = "tracelog.SlogDet has no ONNX function (onnx.reference, the ONNX target)"
+    KNOWN["layer_Lambda_slogdet"] = {"reference": _NO_SLOGDET, "onnx": _NO_SLOGDET}
 _ALL = ("record", "reference", "torch", "jax", "onnx", "layout")
 
 

@@ -22,7 +22,7 @@ from tracelog.adapters.tensorflow.rules import (
     attr_ints,
     const_array,
 )
-from tracelog.ir import TensorType
+from tracelog.ir import TensorType, is_symbolic
 
 
 # -- activations -----------------------------------------------------------------------
@@ -88,9 +88,19 @@ def _logical_not(ctx: Ctx) -> Names:
 @TF_OPS.register("tf.Range")
 def _range(ctx: Ctx) -> Names:
     folded = _folded(ctx, lambda a, b, c: np.arange(a, b, c), 3)
-    if folded is None:
+    if folded is not None:
+        return folded
+    # a limit computed from static sizes (keras.ops.sparsemax's
+    # range(1, shape[axis] + 1)): with start and delta known and the recorded
+    # length not the batch's, the values are known: start, then delta added
+    # once per step, in the output's dtype, as TensorFlow's kernel adds them
+    start, delta, out = const_array(ctx, 0), const_array(ctx, 2), ctx.out_type()
+    if start is None or delta is None or is_symbolic(out.shape[0]):
         raise NotSupported("Range with computed bounds")
-    return folded
+    steps = np.full(int(out.shape[0]), delta, dtype=np.dtype(out.dtype))
+    if steps.size:
+        steps[0] = start
+    return [ctx.const(np.cumsum(steps, dtype=np.dtype(out.dtype)), out.dtype)]
 
 
 @TF_OPS.register("tf.Pack")
@@ -119,6 +129,12 @@ def _fill(ctx: Ctx) -> Names:
     folded = _folded(ctx, lambda dims, v: np.full([int(d) for d in dims], v), 2)
     if folded is not None:
         return folded
+    out = ctx.out_type()
+    if not any(is_symbolic(d) for d in out.shape):
+        # dims computed from static sizes (tf.eye(tf.shape(x)[1], ...), as
+        # keras.ops.trace builds its mask): the recorded shape, so that no
+        # target computes a shape at run time (JAX's jit cannot)
+        return ctx.one("Expand", [ctx.t(1), ctx.ints([int(d) for d in out.shape])])
     dims = ctx.t(0)
     if ctx.in_type(0).dtype != "int64":
         dims = ctx.helper("Cast", [dims], TensorType("int64", ctx.in_type(0).shape), to="int64")

@@ -612,17 +612,6 @@ def _polygamma(ctx: Ctx) -> Names:
     return ctx.one(ops[order], [x], domain="tracelog")
 
 
-@TF_OPS.register("tf.Cumprod")
-def _cumprod(ctx: Ctx) -> Names:
-    axis = const_array(ctx, 1)
-    if axis is None:
-        raise NotSupported("Cumprod over a computed axis")
-    if attr(ctx, "exclusive", False) or attr(ctx, "reverse", False):
-        raise NotSupported("Cumprod exclusive or reversed")
-    rank = len(ctx.out_type().shape)
-    return ctx.one("CumProd", [ctx.t(0)], domain="tracelog", axis=int(axis) % max(rank, 1))
-
-
 # -- the rounding divisions and remainders, as TensorFlow's kernels compute them
 # (tensorflow/core/kernels/cwise_ops.h): TruncateMod is C's fmod (ONNX Mod, fmod=1);
 # FloorMod is fmod corrected by the signs (integers: ONNX Mod); FloorDiv is floor(x / y)

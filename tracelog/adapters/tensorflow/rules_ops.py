@@ -153,23 +153,26 @@ def _bitwise_and(ctx: Ctx) -> Names:
 
 
 # -- scans, rolls, padding -----------------------------------------------------------------------
-@TF_OPS.register("tf.Cumsum")
-def _cumsum(ctx: Ctx) -> Names:
-    # reverse: the sum over the flipped axis, flipped back; exclusive: each
-    # position's sum of those before it, the inclusive sums shifted by one
+def _scan(ctx: Ctx, op: str, identity: int) -> Names:
+    # the running sum (product) along an axis; reverse: the scan of the flipped
+    # axis, flipped back; exclusive: each position's scan of those before it,
+    # the inclusive scan shifted by one with the identity (0, 1) first
     xt = ctx.in_type(0)
     axis_arr = const_array(ctx, 1)
     if axis_arr is None:
-        raise NotSupported("Cumsum over a computed axis")
+        raise NotSupported(f"{ctx.rec.op} over a computed axis")
     rank = len(xt.shape)
     axis = int(axis_arr) % max(rank, 1)
     reverse, exclusive = bool(attr(ctx, "reverse", False)), bool(attr(ctx, "exclusive", False))
     x = ctx.t(0)
     if reverse:
         x = _flipped(ctx, x, xt, axis)
-    y = ctx.helper("CumSum", [x, ctx.const(axis, "int64")], xt)
+    if op == "CumSum":
+        y = ctx.helper("CumSum", [x, ctx.const(axis, "int64")], xt)
+    else:
+        y = ctx.helper(op, [x], xt, domain="tracelog", axis=axis)
     if exclusive:
-        n = _static(ctx, xt.shape[axis], "exclusive cumsum")
+        n = _static(ctx, xt.shape[axis], "exclusive scan")
         shape = tuple(n - 1 if k == axis else d for k, d in enumerate(xt.shape))
         head = ctx.helper(
             "Slice",
@@ -177,10 +180,27 @@ def _cumsum(ctx: Ctx) -> Names:
             TensorType(xt.dtype, shape),
         )
         pads = [1 if k == axis else 0 for k in range(rank)] + [0] * rank
-        y = ctx.helper("Pad", [head, ctx.ints(pads)], xt, mode="constant")
+        pad_ins = [head, ctx.ints(pads)]
+        if identity:  # a product's shift fills with 1
+            one = 1 if xt.dtype.startswith(("int", "uint")) else 1.0
+            pad_ins.append(ctx.const(one, xt.dtype))
+        y = ctx.helper("Pad", pad_ins, xt, mode="constant")
     if reverse:
         y = _flipped(ctx, y, xt, axis)
     return [y]
+
+
+@TF_OPS.register("tf.Cumsum")
+def _cumsum(ctx: Ctx) -> Names:
+    return _scan(ctx, "CumSum", 0)
+
+
+@TF_OPS.register("tf.Cumprod")
+def _cumprod(ctx: Ctx) -> Names:
+    # tracelog.CumProd (ONNX has no running product); its gradient is each
+    # target's autodiff of its cumprod, TensorFlow's for nonzero x (TF divides
+    # by x)
+    return _scan(ctx, "CumProd", 1)
 
 
 @TF_OPS.register("tf.Roll")
@@ -357,3 +377,61 @@ def _matrix_diag_part(ctx: Ctx) -> Names:
         return ctx.one("ReduceSum", [kept, ctx.ints([-1])], keepdims=0)
     rows = ctx.helper("ReduceSum", [kept, ctx.ints([-1])], summed, keepdims=0)
     return ctx.one("Slice", [rows, ctx.ints([0]), ctx.ints([int(out.shape[-1])]), ctx.ints([-1])])
+
+
+def _main_diagonal(ctx: Ctx, k_index: int, diag_index: int) -> tuple[str, str]:
+    """For a matrix op writing its main diagonal (k = 0) into the recorded
+    output: the [M, N] mask of that diagonal, and the diagonal (argument
+    diag_index, [..., min(M, N)]) unsqueezed to broadcast onto it: along the
+    rows' axis where M <= N (row i holds diag[i]), else the columns'."""
+    k = const_array(ctx, k_index)
+    if k is None or np.any(k != 0):
+        raise NotSupported(f"{ctx.rec.op} of a diagonal other than the main one")
+    out, dt = ctx.out_type(), ctx.in_type(diag_index)
+    m = _static(ctx, out.shape[-2], "diagonal")
+    n = _static(ctx, out.shape[-1], "diagonal")
+    if not dt.shape or dt.shape[-1] != min(m, n):
+        raise NotSupported(f"{ctx.rec.op} of a diagonal not of the matrix's length")
+    mask = ctx.const(np.eye(m, n, dtype=bool), "bool")
+    axis = len(dt.shape) if m <= n else len(dt.shape) - 1
+    shape = list(dt.shape)
+    shape.insert(axis, 1)
+    diag = ctx.helper(
+        "Unsqueeze", [ctx.t(diag_index), ctx.ints([axis])], TensorType(dt.dtype, tuple(shape))
+    )
+    return mask, diag
+
+
+@TF_OPS.register("tf.MatrixSetDiagV3")
+def _matrix_set_diag(ctx: Ctx) -> Names:
+    # the input with its main diagonal replaced (tf.eye of computed sizes, which
+    # keras.ops.trace masks with): Where, so the diagonal's gradient goes to
+    # `diagonal` and the rest's to `input`, as TensorFlow's
+    mask, diag = _main_diagonal(ctx, 2, 1)
+    return _select(ctx, mask, diag, ctx.t(0))
+
+
+@TF_OPS.register("tf.MatrixDiagV3")
+def _matrix_diag(ctx: Ctx) -> Names:
+    # a matrix with `diagonal` on its main diagonal and padding_value elsewhere
+    # (tf.eye, tf.linalg.diag); its size is the recorded output's
+    mask, diag = _main_diagonal(ctx, 1, 0)
+    return _select(ctx, mask, diag, ctx.t(4))
+
+
+def _select(ctx: Ctx, mask: str, on: str, off: str) -> Names:
+    # Where(mask, on, off); of booleans (keras.ops.trace's tf.eye(..., "bool"))
+    # as (mask and on) or (not mask and off): onnxruntime has no boolean Where
+    out = ctx.out_type()
+    if out.dtype != "bool":
+        return ctx.one("Where", [mask, on, off])
+    kept = ctx.helper("And", [mask, on], out)
+    unmasked = ctx.helper("Not", [mask], ctx.b.values[mask].type)
+    rest = ctx.helper("And", [unmasked, off], out)
+    return ctx.one("Or", [kept, rest])
+
+
+@TF_OPS.register("tf.LogMatrixDeterminant")
+def _log_matrix_determinant(ctx: Ctx) -> Names:
+    # (sign, log |det|) over the last two dims: tracelog.SlogDet, the same pair
+    return ctx.node("SlogDet", [ctx.t(0)], outs=2, domain="tracelog")
