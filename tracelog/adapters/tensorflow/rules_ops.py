@@ -429,9 +429,3 @@ def _select(ctx: Ctx, mask: str, on: str, off: str) -> Names:
     unmasked = ctx.helper("Not", [mask], ctx.b.values[mask].type)
     rest = ctx.helper("And", [unmasked, off], out)
     return ctx.one("Or", [kept, rest])
-
-
-@TF_OPS.register("tf.LogMatrixDeterminant")
-def _log_matrix_determinant(ctx: Ctx) -> Names:
-    # (sign, log |det|) over the last two dims: tracelog.SlogDet, the same pair
-    return ctx.node("SlogDet", [ctx.t(0)], outs=2, domain="tracelog")
