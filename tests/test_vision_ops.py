@@ -56,7 +56,7 @@ class Decoder(nn.Module):
 
 class Resampling(nn.Module):
     """nn.Upsample / F.interpolate by scale and by size: nearest, nearest-exact,
-    bilinear and bicubic, align_corners both ways, 1-D linear and trilinear;
+    bilinear and bicubic (up and down), align_corners both ways, 1-D linear and trilinear;
     pooling as vision models use it: ceil_mode, 1-D and 3-D, adaptive pooling
     to sizes that do not divide the input."""
 
@@ -88,6 +88,10 @@ class Resampling(nn.Module):
             F.interpolate(h, scale_factor=1.5, mode="bilinear"),  # 7 * 1.5 -> 10, by 1 / 1.5
             F.interpolate(h, size=(5, 3), mode="bilinear", align_corners=True),
             F.interpolate(h, scale_factor=2, mode="bicubic"),
+            # by size: weights at fractions no float32 holds (onnx.reference's
+            # cubic weights were float32 even on float64 data: verify._resize)
+            F.interpolate(h, size=(9, 5), mode="bicubic", align_corners=True),
+            F.interpolate(h, size=(5, 4), mode="bicubic"),
         ]
         total = sum((y * y).mean(dim=(2, 3)) for y in ups)
         total = total + sum(p(h).mean(dim=(2, 3)) for p in self.pools2d)

@@ -309,11 +309,27 @@ def _erf() -> type:
     return type("Erf", (Erf,), {"_run": _run})
 
 
+def _resize() -> type:
+    """onnx.reference's Resize with its float attributes as Python floats
+    (onnx 1.23 hands cubic_coeff_a over as a numpy float32, and under numpy's
+    promotion rules every cubic weight is then computed in float32: 7e-7 off
+    torch's float64 bicubic on a 4 -> 6 resize)."""
+    from onnx.reference.ops.op_resize import Resize
+
+    def _run(self: Any, X: Any, *inputs: Any, **attrs: Any) -> Any:
+        for name in ("cubic_coeff_a", "extrapolation_value"):
+            if isinstance(attrs.get(name), np.floating):
+                attrs[name] = float(attrs[name])
+        return super(type(self), self)._run(X, *inputs, **attrs)
+
+    return type("Resize", (Resize,), {"_run": _run})
+
+
 def _runner(model: Any, runtime: str) -> Any:
     if runtime == "reference":
         from onnx.reference import ReferenceEvaluator
 
-        ops = [*_sequence_lens_ops(), _conv_transpose(), _erf()]
+        ops = [*_sequence_lens_ops(), _conv_transpose(), _erf(), _resize()]
 
         class Evaluator(ReferenceEvaluator):
             """onnx.reference with our ops in the model's functions too (it
