@@ -6,8 +6,8 @@ sample's neighbour as its negative), index_add into a tensor made without a
 dtype, diag_embed, bucketize, linspace, Tensor.unfold (sliding windows),
 torch.quantile (sort, lerp by tensors, any, isnan, squeeze_), index_copy,
 index_fill, special.xlog1py, an embedding with scale_grad_by_freq,
-and torch.isfinite (a product of bools). Each translates on every target with
-its float64 rows."""
+torch.isfinite (a product of bools), searchsorted, nansum and
+masked_scatter. Each translates on every target with its float64 rows."""
 
 from __future__ import annotations
 
@@ -310,3 +310,38 @@ class _Geometry(nn.Module):
 def test_diagonals_cross_products_and_small_ops_translate(target: str, tmp_path: Path) -> None:
     torch.manual_seed(0)
     _check(target, tmp_path, _Geometry(), F.cross_entropy)
+
+
+class _Sorted(nn.Module):
+    """searchsorted (left, right, a float64 sequence), nansum and nanmean of
+    values with NaNs, and masked_scatter from a source of the batch's shape
+    and from a fixed-size one."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.fc, self.head = nn.Linear(6, 8), nn.Linear(8, 5)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        h = self.fc(x)
+        edges = torch.tensor([-1.0, -0.25, 0.5, 2.0])
+        holed = torch.where(h > 1.0, torch.nan, h)
+        table = torch.arange(96.0).reshape(12, 8) / 96.0
+        terms = [
+            torch.searchsorted(edges, h.detach().contiguous()).float() * h,
+            torch.searchsorted(edges.double(), h.detach().contiguous(), side="right").float(),
+            torch.nanmean(holed, dim=-1, keepdim=True) + torch.nansum(holed) * 0.01,
+            h.masked_scatter(h > 0, h.flip(-1) * 3.0),
+            h.masked_scatter(torch.tensor([True, False] * 4), table * h.mean()),
+        ]
+        total = h
+        for term in terms:
+            total = total + term
+        return self.head(total)
+
+
+@pytest.mark.parametrize("target", TARGETS)
+def test_searchsorted_nan_reductions_and_masked_scatter_translate(
+    target: str, tmp_path: Path
+) -> None:
+    torch.manual_seed(0)
+    _check(target, tmp_path, _Sorted(), F.cross_entropy)

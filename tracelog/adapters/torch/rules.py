@@ -746,6 +746,24 @@ ATEN.add("aten.amax.default", _reduce_rule("ReduceMax", False))
 ATEN.add("aten.amin.default", _reduce_rule("ReduceMin", False))
 
 
+@ATEN.register("aten.nansum.default")
+def _nansum(ctx: Ctx) -> Names:
+    """torch.nansum (nanmean divides it by the count of non-NaN values): NaNs
+    read as 0, then a sum over `dim` in the output's dtype; NaN positions
+    get no gradient, as torch's."""
+    x, src, out = ctx.t(0), ctx.in_type(0), ctx.out_type()
+    if src.dtype in ("float16", "bfloat16", "float32", "float64"):
+        nan = ctx.helper("IsNaN", [x], TensorType("bool", src.shape))
+        x = ctx.helper("Where", [nan, ctx.const(0.0, src.dtype), x], src)
+    if src.dtype != out.dtype:
+        x = ctx.helper("Cast", [x], TensorType(out.dtype, src.shape), to=out.dtype)
+    axes = _axes(ctx.arg(1, "dim"))
+    keep = int(bool(ctx.arg(2, "keepdim", False)))
+    if not axes:
+        return ctx.one("ReduceSum", [x], keepdims=keep)
+    return ctx.one("ReduceSum", [x, ctx.ints(axes)], keepdims=keep)
+
+
 @ATEN.register("aten.linalg_vector_norm.default")
 def _vector_norm(ctx: Ctx) -> Names:
     """torch.linalg.vector_norm (torch.norm, F.normalize, ConvNeXt V2's global

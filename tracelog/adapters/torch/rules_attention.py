@@ -1046,14 +1046,33 @@ def _diag_embed(ctx: Ctx) -> Names:
 @ATEN.register("aten.bucketize.Tensor")
 def _bucketize(ctx: Ctx) -> Names:
     """The bucket of each value: how many boundaries lie below it (right=False:
-    b < x; right=True: b <= x), counted as a sum of comparisons."""
-    xt, bt, out = ctx.in_type(0), ctx.in_type(1), ctx.out_type()
-    if len(bt.shape) != 1:
+    b < x; right=True: b <= x)."""
+    if len(ctx.in_type(1).shape) != 1:
         raise NotSupported("bucketize with boundaries of rank other than 1")
-    right = bool(ctx.arg(3, "right", False))
+    return _buckets(ctx, 0, 1, bool(ctx.arg(3, "right", False)))
+
+
+@ATEN.register("aten.searchsorted.Tensor")
+def _searchsorted(ctx: Ctx) -> Names:
+    """torch.searchsorted of values in one sorted 1-D sequence: bucketize with
+    the arguments swapped (side="right", or right=True: b <= x)."""
+    if len(ctx.in_type(0).shape) != 1:
+        raise NotSupported("searchsorted in a sorted sequence of rank other than 1")
+    if ctx.arg(5, "sorter") is not None:
+        raise NotSupported("searchsorted with a sorter")
+    side = ctx.arg(4, "side")
+    return _buckets(ctx, 1, 0, side == "right" if side else bool(ctx.arg(3, "right", False)))
+
+
+def _buckets(ctx: Ctx, values: int, bounds: int, right: bool) -> Names:
+    """How many of the 1-D `bounds` lie below each of `values` (b < x, or
+    b <= x where `right`), counted as a sum of comparisons."""
+    xt, bt, out = ctx.in_type(values), ctx.in_type(bounds), ctx.out_type()
     rank = len(xt.shape)
-    x = ctx.helper("Unsqueeze", [ctx.t(0), ctx.ints([rank])], TensorType(xt.dtype, (*xt.shape, 1)))
-    b = ctx.t(1)
+    x = ctx.helper(
+        "Unsqueeze", [ctx.t(values), ctx.ints([rank])], TensorType(xt.dtype, (*xt.shape, 1))
+    )
+    b = ctx.t(bounds)
     if bt.dtype != xt.dtype:  # torch compares in the promoted type
         common = "float64" if "float64" in (bt.dtype, xt.dtype) else xt.dtype
         if xt.dtype != common:
@@ -1067,6 +1086,46 @@ def _bucketize(ctx: Ctx) -> Names:
         "Cast", [below], TensorType(out.dtype, (*xt.shape, bt.shape[0])), to=out.dtype
     )
     return ctx.one("ReduceSum", [counts, ctx.ints([rank])], keepdims=0)
+
+
+@ATEN.register("aten.masked_scatter.default")
+def _masked_scatter(ctx: Ctx) -> Names:
+    """x.masked_scatter(mask, source): where the mask (broadcast to x) is
+    set, source's elements in order. The k-th set position reads source's
+    flat element k: its index is the running count of set positions less 1
+    (0 where none is set yet; Where drops those), a Gather whose gradient
+    scatters back into source as torch's does."""
+    xt, mt, st = ctx.in_type(0), ctx.in_type(1), ctx.in_type(2)
+    shape = xt.shape
+    mask = ctx.t(1)
+    if tuple(mt.shape) != tuple(shape):
+        mask = ctx.helper(
+            "Expand", [mask, ctx.shape_const(shape, False)], TensorType("bool", shape)
+        )
+    n: Dim = 1
+    for d in shape:
+        n = dim_mul(n, d)
+    m = 1
+    for d in st.shape:
+        m = dim_mul(m, d)
+    line = TensorType("int64", (n,))
+    flat = ctx.helper("Reshape", [mask, ctx.ints([-1])], TensorType("bool", (n,)))
+    count = ctx.helper(
+        "CumSum",
+        [ctx.helper("Cast", [flat], line, to="int64"), ctx.const(0, "int64")],
+        line,
+    )
+    index = ctx.helper(
+        "Max",
+        [ctx.helper("Sub", [count, ctx.const(1, "int64")], line), ctx.const(0, "int64")],
+        line,
+    )
+    source = ctx.helper("Reshape", [ctx.t(2), ctx.ints([-1])], TensorType(st.dtype, (m,)))
+    taken = ctx.helper("Gather", [source, index], TensorType(st.dtype, (n,)), axis=0)
+    taken = ctx.helper("Reshape", [taken, ctx.shape_const(shape)], TensorType(st.dtype, shape))
+    if st.dtype != xt.dtype:
+        taken = ctx.helper("Cast", [taken], TensorType(xt.dtype, shape), to=xt.dtype)
+    return ctx.one("Where", [mask, taken, ctx.t(0)])
 
 
 @ATEN.register("aten.linspace.default")
