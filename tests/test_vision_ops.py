@@ -56,7 +56,7 @@ class Decoder(nn.Module):
 
 class Resampling(nn.Module):
     """nn.Upsample / F.interpolate by scale and by size: nearest, nearest-exact,
-    bilinear and bicubic (up and down), align_corners both ways, 1-D linear and trilinear;
+    bilinear and bicubic (up and down, antialiased too), align_corners both ways, 1-D linear and trilinear;
     pooling as vision models use it: ceil_mode, 1-D and 3-D, adaptive pooling
     to sizes that do not divide the input."""
 
@@ -92,6 +92,10 @@ class Resampling(nn.Module):
             # cubic weights were float32 even on float64 data: verify._resize)
             F.interpolate(h, size=(9, 5), mode="bicubic", align_corners=True),
             F.interpolate(h, size=(5, 4), mode="bicubic"),
+            # antialiased (PIL's filters): two products with torch's own weights
+            F.interpolate(h, size=(4, 3), mode="bilinear", antialias=True),
+            F.interpolate(h, scale_factor=0.6, mode="bicubic", antialias=True),
+            F.interpolate(h, size=(9, 8), mode="bilinear", antialias=True, align_corners=True),
         ]
         total = sum((y * y).mean(dim=(2, 3)) for y in ups)
         total = total + sum(p(h).mean(dim=(2, 3)) for p in self.pools2d)

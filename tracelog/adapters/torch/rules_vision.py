@@ -15,7 +15,7 @@ import numpy as np
 
 from tracelog.adapters.builder import Converter, Ctx, NotSupported
 from tracelog.adapters.torch.rules import ATEN, INT64_MAX, Names, _pair
-from tracelog.ir import BATCH, TensorType, format_dim, is_symbolic, parse_dim
+from tracelog.ir import BATCH, Dim, TensorType, dim_mul, format_dim, is_symbolic, parse_dim
 
 
 # -- group norm ------------------------------------------------------------------------
@@ -287,6 +287,80 @@ def _register_upsampling() -> None:
 
 
 _register_upsampling()
+
+
+def _antialiased(ctx: Ctx) -> Names:
+    """torch's antialiased bilinear and bicubic resizing (PIL's filters: a
+    triangle or Keys' a = -0.5 kernel stretched by the downscale factor,
+    weights normalised per output). It is separable and linear in the
+    input, so it is two products with constant matrices: each axis's
+    weights, read from torch's own kernel in float64 on one-hot rows (rows
+    of all ones along the other axis, whose weights sum to 1), kept in
+    float64 and cast to the input's dtype (the float64 check reads them
+    exact). The matrices are checked against the kernel on a random input."""
+    import torch
+
+    xt, out = ctx.in_type(0), ctx.out_type()
+    (h, w), (ho, wo) = xt.shape[-2:], out.shape[-2:]
+    if not all(isinstance(d, int) for d in (h, w, ho, wo)):
+        raise NotSupported("antialiased resizing over a symbolic spatial size")
+    _, name, overload = ctx.rec.op.split(".")
+    kernel = getattr(getattr(torch.ops.aten, name), overload)
+    rest = [ctx.arg(i) for i in range(1, len(ctx.rec.args))]
+
+    def run(x: torch.Tensor) -> np.ndarray:
+        with torch.no_grad():
+            return kernel(x, *rest).numpy()
+
+    rows = torch.zeros(h, 1, h, w, dtype=torch.float64)
+    rows[torch.arange(h), 0, torch.arange(h), :] = 1.0
+    cols = torch.zeros(w, 1, h, w, dtype=torch.float64)
+    cols[torch.arange(w), 0, :, torch.arange(w)] = 1.0
+    wh = run(rows)[:, 0, :, 0].T  # [ho, h]
+    ww = run(cols)[:, 0, 0, :]  # [w, wo]
+    probe = torch.randn(2, 3, h, w, dtype=torch.float64, generator=torch.Generator().manual_seed(0))
+    if not np.allclose(wh @ probe.numpy() @ ww, run(probe), rtol=1e-12, atol=1e-12):
+        raise NotSupported("an antialiased resize that is not two weight matrices")
+    lead = tuple(xt.shape[:-2])
+    dt = xt.dtype
+
+    def weights(m: np.ndarray) -> str:
+        if dt == "float64":
+            return ctx.const(m, dt)
+        wide = ctx.const(m, "float64")
+        return ctx.helper("Cast", [wide], TensorType(dt, m.shape), to=dt)
+
+    # 2-D products only, each axis moved last and the rest flattened: TensorFlow
+    # 2.21's oneDNN batch matmul frees memory twice in the gradient of a
+    # broadcast product whose batch dims hold a 1 ([n, 1, h, w] @ [w, wo])
+    rows: Dim = 1
+    for d in lead:
+        rows = dim_mul(rows, d)
+    wide = ctx.helper(
+        "Reshape", [ctx.t(0), ctx.ints([-1, w])], TensorType(dt, (dim_mul(rows, h), w))
+    )
+    across = ctx.helper("MatMul", [wide, weights(ww)], TensorType(dt, (dim_mul(rows, h), wo)))
+    across = ctx.helper(
+        "Reshape", [across, ctx.shape_const((*lead, h, wo))], TensorType(dt, (*lead, h, wo))
+    )
+    rank = len(xt.shape)
+    swap = [*range(rank - 2), rank - 1, rank - 2]
+    turned = ctx.helper("Transpose", [across], TensorType(dt, (*lead, wo, h)), perm=swap)
+    flat = ctx.helper(
+        "Reshape", [turned, ctx.ints([-1, h])], TensorType(dt, (dim_mul(rows, wo), h))
+    )
+    down = ctx.helper(
+        "MatMul", [flat, weights(wh.T.copy())], TensorType(dt, (dim_mul(rows, wo), ho))
+    )
+    down = ctx.helper(
+        "Reshape", [down, ctx.shape_const((*lead, wo, ho))], TensorType(dt, (*lead, wo, ho))
+    )
+    return ctx.one("Transpose", [down], perm=swap)
+
+
+for _name in ("_upsample_bilinear2d_aa", "_upsample_bicubic2d_aa"):
+    for _overload in ("default", "vec"):
+        ATEN.add(f"aten.{_name}.{_overload}", _antialiased)
 
 
 # -- pooling: 3-D forms and adaptive pooling to sizes that do not divide ---------------------
