@@ -300,6 +300,7 @@ JAX.spell(
         "tracelog.Digamma": "lax.digamma({0})",
         "tracelog.Trigamma": "lax.polygamma(jnp.ones_like({0}), {0})",
         "tracelog.Erfinv": "lax.erf_inv({0})",
+        "tracelog.Ndtri": "jax.scipy.special.ndtri({0})",
         "tracelog.CumProd": "jnp.cumprod({0}, axis={axis})",
     }
 )

@@ -368,6 +368,7 @@ TORCH.spell(
         "tracelog.Digamma": "torch.digamma({0})",
         "tracelog.Trigamma": "torch.special.polygamma(1, {0})",
         "tracelog.Erfinv": "torch.special.erfinv({0})",
+        "tracelog.Ndtri": "torch.special.ndtri({0})",
         "tracelog.CumProd": "torch.cumprod({0}, {axis})",
     }
 )

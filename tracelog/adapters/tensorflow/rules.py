@@ -588,6 +588,11 @@ def _erfinv(ctx: Ctx) -> Names:
     return ctx.one("Erfinv", [ctx.t(0)], domain="tracelog")
 
 
+@TF_OPS.register("tf.Ndtri")
+def _ndtri(ctx: Ctx) -> Names:
+    return ctx.one("Ndtri", [ctx.t(0)], domain="tracelog")
+
+
 @TF_OPS.register("tf.Lgamma")
 def _lgamma(ctx: Ctx) -> Names:
     return ctx.one("Lgamma", [ctx.t(0)], domain="tracelog")

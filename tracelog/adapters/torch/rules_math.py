@@ -448,6 +448,12 @@ def _float_unary_rule(op: str) -> Converter:
 
 for _aten, _op in _FLOAT_UNARY.items():
     ATEN.update_from([f"aten.{_aten}.default", f"aten.{_aten}_.default"], _float_unary_rule(_op))
+# torch.special's functions that have no in-place form
+_SPECIAL_UNARY = {
+    "special_ndtri": "tracelog.Ndtri",
+}
+for _aten, _op in _SPECIAL_UNARY.items():
+    ATEN.add(f"aten.{_aten}.default", _float_unary_rule(_op))
 
 
 @ATEN.register("aten.polygamma.default", "aten.polygamma_.default")
