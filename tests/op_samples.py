@@ -754,6 +754,11 @@ def _math_samples() -> list[OpSample]:
         [np.tanh(x.reshape(-1)) * 0.49 + 0.5, [1e-30, 1e-6, 0.02, 0.5, 0.98, 0.9999]]
     ).astype(np.float32)
     s.append(OpSample("tracelog.Ndtri", [("p", ndtri_p)], torch=_t(torch.special.ndtri)))
+    # the far left tail (log(ndtr(x)) is -inf below -13 in float32), 0, the right tail
+    log_ndtr_x = np.concatenate(
+        [x.reshape(-1) * 4, [-40.0, -20.0, -10.0, -0.5, 0.0, 0.5, 6.0, 12.0]]
+    ).astype(np.float32)
+    s.append(OpSample("tracelog.LogNdtr", [("x", log_ndtr_x)], torch=_t(torch.special.log_ndtr)))
     ties = np.asarray([-2.5, -1.5, -0.5, 0.5, 1.5, 2.5, 0.49999997, 3.7], np.float32)
     s.append(
         OpSample("Round", [("x", np.concatenate([ties, x.reshape(-1)]))], torch=_t(torch.round))

@@ -1121,6 +1121,74 @@ _NDTRI_BODY = "\n".join(
     ]
 )
 
+_LOG_NDTR_BODY = "\n".join(
+    [
+        '<domain: "tracelog", opset_import: ["" : 21]>',
+        "LogNdtr (X) => (Y) {",
+        "  x = Cast <to = 11> (X)",
+        *_erfc_constants(),
+        *_consts(
+            "lk",
+            (0.70710678118654752440, 0.46875, 1.0, 0.5, 0.69314718055994530942, 0.0, 40.0, 16.0),
+        ),
+        # z = |x| / sqrt(2): Phi(x) = erfc(z) / 2 for x <= 0, 1 - erfc(z) / 2 beyond
+        "  ax = Abs (x)",
+        "  z = Mul (ax, lk0)",
+        "  z2 = Mul (z, z)",
+        *_recurrence("erf_r", "z2", ("a", 3), ("b", 3), 4),
+        "  erf_z = Mul (z, erf_r)",
+        "  erfc_near = Sub (lk2, erf_z)",
+        "  in_near = LessOrEqual (z, lk1)",
+        "  zt = Max (z, lk1)",
+        *_erfc_scaled("r", "zt"),
+        # x <= 0: log(erfc(z) / 2), beyond z = 0.46875 as -x^2 / 2 + log R(z) - log 2,
+        # every term negative (R <= 1): no underflow, no cancellation, down to -inf
+        "  xx = Mul (x, x)",
+        "  hxx = Mul (xx, lk3)",
+        "  lr = Log (r)",
+        "  far_lo = Sub (lr, hxx)",
+        "  near_lo = Log (erfc_near)",
+        "  lo_e = Where (in_near, near_lo, far_lo)",
+        "  lo = Sub (lo_e, lk4)",
+        # x > 0: log(1 - q), q = erfc(z) / 2, exp(-x^2 / 2) as exp(-s^2 / 2) exp(-(x - s)
+        # (x + s) / 2), s = x rounded down to 1/16 (x^2's rounding not amplified; x
+        # clamped at 40, where q underflows); log(1 - q) as log(v) q / (1 - v), v = 1 - q
+        # (Goldberg's log1p: exact where v rounds to 1)
+        "  xc = Min (ax, lk6)",
+        "  x16 = Mul (xc, lk7)",
+        "  x16f = Floor (x16)",
+        "  s = Div (x16f, lk7)",
+        "  ss = Mul (s, s)",
+        "  hss = Mul (ss, lk3)",
+        "  nhss = Neg (hss)",
+        "  e1 = Exp (nhss)",
+        "  xs = Sub (xc, s)",
+        "  xp = Add (xc, s)",
+        "  dl = Mul (xs, xp)",
+        "  hdl = Mul (dl, lk3)",
+        "  nhdl = Neg (hdl)",
+        "  e2 = Exp (nhdl)",
+        "  gauss = Mul (e1, e2)",
+        "  erfc_far = Mul (gauss, r)",
+        "  erfc_z = Where (in_near, erfc_near, erfc_far)",
+        "  q = Mul (erfc_z, lk3)",
+        "  v = Sub (lk2, q)",
+        "  lv = Log (v)",
+        "  vm = Sub (v, lk2)",
+        "  nq = Neg (q)",
+        "  at_one = Equal (vm, lk5)",
+        "  vm_used = Where (at_one, lk2, vm)",
+        "  ratio = Div (nq, vm_used)",
+        "  l1p = Mul (lv, ratio)",
+        "  hi = Where (at_one, nq, l1p)",
+        "  pos = Less (lk5, x)",
+        "  r_all = Where (pos, hi, lo)",
+        "  Y = CastLike (r_all, X)",
+        "}",
+        "",
+    ]
+)
+
 # Dense linear algebra (torch.linalg, tf.linalg, jnp.linalg): each program target
 # runs its own kernel (LU with partial pivoting, Cholesky), gradients by its
 # autodiff. ONNX has Det alone: the others' functions are written as ONNX Loops
@@ -1447,6 +1515,30 @@ define(
             "(tests/test_special_functions.py)."
         ),
         function=_NDTRI_BODY,
+    )
+)
+define(
+    OpSchema(
+        "LogNdtr",
+        ("X",),
+        ("Y",),
+        (),
+        domain=TRACELOG_DOMAIN,
+        traits=frozenset({"elementwise"}),
+        doc=(
+            "Y = log of the standard normal CDF at X (torch.special.log_ndtr, "
+            "jax.scipy.special.log_ndtr; TensorFlow has no kernel: its programs take "
+            "log(erfc(-X / sqrt(2)) / 2) in float64, an asymptotic series below -20, "
+            "log1p(-erfc(X / sqrt(2)) / 2) above 0). Its own op: log(ndtr(X)) is -inf "
+            "below -38 (float64) and -13 (float32), where this is -X^2 / 2 and more. "
+            "The ONNX function, in float64: X <= 0: log(erfc(z) / 2), z = |X| / sqrt(2), "
+            "as -X^2 / 2 + log R(z) - log 2 beyond z = 0.46875 (R = erfc(z) exp(z^2), "
+            "Cody's rational functions; every term negative, so no cancellation); X > 0: "
+            "log1p(-erfc(z) / 2) (Goldberg's log1p), exp(-X^2 / 2) split so that X^2's "
+            "rounding is not amplified; within 1e-14 of the value's size against "
+            "scipy.special.log_ndtr and mpmath (tests/test_special_functions.py)."
+        ),
+        function=_LOG_NDTR_BODY,
     )
 )
 define(

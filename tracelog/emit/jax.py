@@ -301,6 +301,12 @@ JAX.spell(
         "tracelog.Trigamma": "lax.polygamma(jnp.ones_like({0}), {0})",
         "tracelog.Erfinv": "lax.erf_inv({0})",
         "tracelog.Ndtri": "jax.scipy.special.ndtri({0})",
+        # log1p(-ndtr(-x)) above 0, where log_ndtr takes log(ndtr(x)) up to 8 (5 in float32)
+        # and loses the digits of 1 - ndtr(x); 10 terms of its asymptotic series below -20
+        "tracelog.LogNdtr": (
+            "jnp.where({0} > 0, jnp.log1p(-jax.scipy.special.ndtr(-jnp.where({0} > 0, {0}, 0))), "
+            "jax.scipy.special.log_ndtr(jnp.where({0} > 0, 0, {0}), series_order=10))"
+        ),
         "tracelog.CumProd": "jnp.cumprod({0}, axis={axis})",
     }
 )

@@ -369,6 +369,7 @@ TORCH.spell(
         "tracelog.Trigamma": "torch.special.polygamma(1, {0})",
         "tracelog.Erfinv": "torch.special.erfinv({0})",
         "tracelog.Ndtri": "torch.special.ndtri({0})",
+        "tracelog.LogNdtr": "torch.special.log_ndtr({0})",
         "tracelog.CumProd": "torch.cumprod({0}, {axis})",
     }
 )

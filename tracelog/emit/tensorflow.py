@@ -392,6 +392,7 @@ TF.spell(
         "tracelog.Trigamma": "tf.math.polygamma(tf.ones_like({0}), {0})",
         "tracelog.Erfinv": "_erfinv({0})",
         "tracelog.Ndtri": "tf.math.ndtri({0})",
+        "tracelog.LogNdtr": "_log_ndtr({0})",
         "tracelog.CumProd": "tf.math.cumprod({0}, axis={axis})",
     }
 )

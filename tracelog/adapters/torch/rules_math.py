@@ -451,6 +451,7 @@ for _aten, _op in _FLOAT_UNARY.items():
 # torch.special's functions that have no in-place form
 _SPECIAL_UNARY = {
     "special_ndtri": "tracelog.Ndtri",
+    "special_log_ndtr": "tracelog.LogNdtr",
 }
 for _aten, _op in _SPECIAL_UNARY.items():
     ATEN.add(f"aten.{_aten}.default", _float_unary_rule(_op))
