@@ -759,6 +759,18 @@ def _math_samples() -> list[OpSample]:
         [x.reshape(-1) * 4, [-40.0, -20.0, -10.0, -0.5, 0.0, 0.5, 6.0, 12.0]]
     ).astype(np.float32)
     s.append(OpSample("tracelog.LogNdtr", [("x", log_ndtr_x)], torch=_t(torch.special.log_ndtr)))
+    # both sides of the series' split at |x| = 8, 0, large |x| (I0 and I1 near float32's
+    # overflow at 88: exp(|x|) alone overflows first)
+    bessel_x = np.concatenate(
+        [x.reshape(-1) * 5, [0.0, 8.0, -8.0, 7.99, 8.01, 30.0, -45.0, 85.0]]
+    ).astype(np.float32)
+    for op, fn in (
+        ("tracelog.I0", torch.special.i0),
+        ("tracelog.I0e", torch.special.i0e),
+        ("tracelog.I1", torch.special.i1),
+        ("tracelog.I1e", torch.special.i1e),
+    ):
+        s.append(OpSample(op, [("x", bessel_x)], torch=_t(fn)))
     ties = np.asarray([-2.5, -1.5, -0.5, 0.5, 1.5, 2.5, 0.49999997, 3.7], np.float32)
     s.append(
         OpSample("Round", [("x", np.concatenate([ties, x.reshape(-1)]))], torch=_t(torch.round))

@@ -307,6 +307,10 @@ JAX.spell(
             "jnp.where({0} > 0, jnp.log1p(-jax.scipy.special.ndtr(-jnp.where({0} > 0, {0}, 0))), "
             "jax.scipy.special.log_ndtr(jnp.where({0} > 0, 0, {0}), series_order=10))"
         ),
+        "tracelog.I0": "jax.scipy.special.i0({0})",
+        "tracelog.I0e": "jax.scipy.special.i0e({0})",
+        "tracelog.I1": "jax.scipy.special.i1({0})",
+        "tracelog.I1e": "jax.scipy.special.i1e({0})",
         "tracelog.CumProd": "jnp.cumprod({0}, axis={axis})",
     }
 )

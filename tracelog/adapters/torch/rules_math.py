@@ -432,6 +432,7 @@ _FLOAT_UNARY = {
     "erfinv": "tracelog.Erfinv",
     "lgamma": "tracelog.Lgamma",
     "digamma": "tracelog.Digamma",
+    "i0": "tracelog.I0",
 }
 
 
@@ -452,6 +453,9 @@ for _aten, _op in _FLOAT_UNARY.items():
 _SPECIAL_UNARY = {
     "special_ndtri": "tracelog.Ndtri",
     "special_log_ndtr": "tracelog.LogNdtr",
+    "special_i0e": "tracelog.I0e",
+    "special_i1": "tracelog.I1",
+    "special_i1e": "tracelog.I1e",
 }
 for _aten, _op in _SPECIAL_UNARY.items():
     ATEN.add(f"aten.{_aten}.default", _float_unary_rule(_op))
