@@ -1282,7 +1282,7 @@ def _bessel_body(order: int, scaled: bool) -> str:
         "  x = Cast <to = 11> (X)",
         *_consts("cs", small),
         *_consts("cl", large),
-        *_consts("bk", (8.0, 0.25, 1.0, 16.0, 0.5, 0.0, math.inf)),
+        *_consts("bk", (8.0, 0.25, 1.0, 16.0, 0.5, 0.0)),
         "  ax = Abs (x)",
         # |x| <= 8: the series in t = |x| / 4 - 1
         "  axs = Min (ax, bk0)",
@@ -1299,7 +1299,12 @@ def _bessel_body(order: int, scaled: bool) -> str:
         "  in_small = LessOrEqual (ax, bk0)",
     ]
     if order == 0:
-        lines.append("  e = Where (in_small, fs, gl)")
+        # I0(0) = 1 exactly (the series leaves an ulp there)
+        lines += [
+            "  e0 = Where (in_small, fs, gl)",
+            "  at_zero = Equal (ax, bk5)",
+            "  e = Where (at_zero, bk2, e0)",
+        ]
     else:
         lines += [
             "  fsx = Mul (fs, axs)",
@@ -1312,10 +1317,8 @@ def _bessel_body(order: int, scaled: bool) -> str:
             "  hx = Mul (ax, bk4)",
             "  eh = Exp (hx)",
             "  m1 = Mul (e, eh)",
-            "  m2 = Mul (m1, eh)",
-            # inf where |x| is: e (0) times exp(|x|) (inf) is NaN
-            "  is_inf = Equal (ax, bk6)",
-            "  m = Where (is_inf, bk6, m2)",
+            # NaN at +-inf (0 times inf), as torch, TensorFlow, JAX and scipy give
+            "  m = Mul (m1, eh)",
         ]
     if order == 1:
         lines += [
