@@ -933,10 +933,11 @@ define(
         function=_TRIGAMMA_BODY,
     )
 )
-# -- inverse error function, normal quantile and log-CDF (issue: special functions) --
+# -- inverse error function, normal quantile and log-CDF --
 # erfinv and ndtri solve erf(y) = a (a = |x|) by Newton's method from a rough start,
 # on the residual whose digits are there: erf(y) - a where a <= 1/2 (y <= 0.477,
-# erf by Cody's x P(x^2) / Q(x^2)), and log erfc(y) - log(1 - a) beyond, 1 - a exact
+# erf by Cody's x P(x^2) / Q(x^2), within 3 ulp there as up to its 0.46875: measured),
+# and log erfc(y) - log(1 - a) beyond, 1 - a exact
 # (Sterbenz), log erfc(y) = -y^2 + log R(y) with R Cody's erfc(y) exp(y^2): no
 # underflow, no cancellation near a = 1; its slope is -2 / (sqrt(pi) R(y)).
 _SQRT_PI = 1.7724538509055160273
