@@ -26,7 +26,7 @@ class OpSample:
     n_out: int = 1
     torch: Callable[..., Any] | None = None  # torch's result from the runtime inputs
     name: str = ""
-    # the op has no ONNX function (tracelog.Erfinv): torch is the only oracle
+    # the op has no ONNX function: torch is the only oracle
     onnx: bool = True
 
     @property
@@ -743,9 +743,34 @@ def _math_samples() -> list[OpSample]:
         ("Asinh", torch.asinh, x * 3),
         ("Acosh", torch.acosh, x * x + 1),
         ("Atanh", torch.atanh, u),
-        ("tracelog.Erfinv", torch.erfinv, u),
     ):
-        s.append(OpSample(op, [("x", arr)], torch=_t(fn), onnx=op != "tracelog.Erfinv"))
+        s.append(OpSample(op, [("x", arr)], torch=_t(fn)))
+    # near +-1 and 0, where erfinv's digits come from 1 - |x| and x
+    near_one = np.asarray([0.9999, -0.99999, 0.999999, 1e-6, -0.5, 0.5], np.float32)
+    erfinv_x = np.concatenate([u.reshape(-1), near_one])
+    s.append(OpSample("tracelog.Erfinv", [("x", erfinv_x)], torch=_t(torch.erfinv)))
+    # the tails (small p: ndtri is not sqrt(2) erfinv(2p - 1) there), the middle
+    ndtri_p = np.concatenate(
+        [np.tanh(x.reshape(-1)) * 0.49 + 0.5, [1e-30, 1e-6, 0.02, 0.5, 0.98, 0.9999]]
+    ).astype(np.float32)
+    s.append(OpSample("tracelog.Ndtri", [("p", ndtri_p)], torch=_t(torch.special.ndtri)))
+    # the far left tail (log(ndtr(x)) is -inf below -13 in float32), 0, the right tail
+    log_ndtr_x = np.concatenate(
+        [x.reshape(-1) * 4, [-40.0, -20.0, -10.0, -0.5, 0.0, 0.5, 6.0, 12.0]]
+    ).astype(np.float32)
+    s.append(OpSample("tracelog.LogNdtr", [("x", log_ndtr_x)], torch=_t(torch.special.log_ndtr)))
+    # both sides of the series' split at |x| = 8, 0, large |x| (I0 and I1 near float32's
+    # overflow at 88: exp(|x|) alone overflows first)
+    bessel_x = np.concatenate(
+        [x.reshape(-1) * 5, [0.0, 8.0, -8.0, 7.99, 8.01, 30.0, -45.0, 85.0]]
+    ).astype(np.float32)
+    for op, fn in (
+        ("tracelog.I0", torch.special.i0),
+        ("tracelog.I0e", torch.special.i0e),
+        ("tracelog.I1", torch.special.i1),
+        ("tracelog.I1e", torch.special.i1e),
+    ):
+        s.append(OpSample(op, [("x", bessel_x)], torch=_t(fn)))
     ties = np.asarray([-2.5, -1.5, -0.5, 0.5, 1.5, 2.5, 0.49999997, 3.7], np.float32)
     s.append(
         OpSample("Round", [("x", np.concatenate([ties, x.reshape(-1)]))], torch=_t(torch.round))

@@ -44,7 +44,7 @@ def test_every_vocabulary_op_has_a_rule_or_is_listed_not_yet(any_target: str) ->
     ]
     assert missing == []
     # whole ops not written: only what the adapters could not record, and in ONNX the
-    # tracelog ops whose schema says why they have no function (Erfinv); forms
+    # tracelog ops whose schema says why they have no function (none now); forms
     # of an op a target cannot write ("Slice/reversed") are listed apart
     no_function = {s.qualified for s in vocabulary() if s.no_function}
     allowed = {"tracelog.Unsupported"} | (no_function if any_target == "onnx" else set())

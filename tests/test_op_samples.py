@@ -16,7 +16,7 @@ EMITTERS = ["tensorflow", "torch", "jax"]
 
 
 def reference(sample: OpSample) -> list[np.ndarray]:
-    if not sample.onnx:  # no ONNX function (tracelog.Erfinv): torch's result
+    if not sample.onnx:  # no ONNX function: torch's result
         assert sample.torch is not None, sample.id
         got = sample.torch(*[arr for _, arr in sample.inputs])
         return [np.asarray(r) for r in got] if isinstance(got, tuple) else [np.asarray(got)]

@@ -205,8 +205,9 @@ def test_unsupported_op_exits_2_and_lists_it(tmp_path: Path, capsys) -> None:
             self.fc = nn.Linear(4, 3)
 
         def forward(self, x: torch.Tensor) -> torch.Tensor:
-            # i0e (the scaled Bessel function): an aten op the table does not translate
-            return torch.special.i0e(self.fc(x)) + torch.special.i0e(x[:, :3])
+            # erfcx (the scaled complementary error function): an aten op the table
+            # does not translate
+            return torch.special.erfcx(self.fc(x)) + torch.special.erfcx(x[:, :3])
 
     model = Cumulative()
     with tracelog.Listener(model, tmp_path / "log") as listener:
@@ -217,11 +218,11 @@ def test_unsupported_op_exits_2_and_lists_it(tmp_path: Path, capsys) -> None:
     assert cli(["emit", str(tmp_path / "log"), "--target", "tensorflow"]) == 2
     err = capsys.readouterr().err
     assert err.count("\n") == 1
-    assert "aten.special_i0e.default x2 in <root>" in err
+    assert "aten.special_erfcx.default x2 in <root>" in err
     assert not (tmp_path / "log" / "program_tensorflow.py").exists()
     with pytest.raises(tracelog.UnsupportedOpError) as info:
         tracelog.emit(tmp_path / "log", target="tensorflow")
-    assert info.value.ops == [("aten.special_i0e.default", 2, [""])]
+    assert info.value.ops == [("aten.special_erfcx.default", 2, [""])]
 
 
 def test_an_op_form_a_target_cannot_write_exits_2_and_names_it(tmp_path: Path, capsys) -> None:

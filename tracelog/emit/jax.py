@@ -299,7 +299,24 @@ JAX.spell(
         "tracelog.SolveTriangular/broadcast": "_solve_triangular_broadcast({0}, {1}, {lower})",
         "tracelog.Digamma": "lax.digamma({0})",
         "tracelog.Trigamma": "lax.polygamma(jnp.ones_like({0}), {0})",
-        "tracelog.Erfinv": "lax.erf_inv({0})",
+        # lax.erf_inv is 1e-10 off near +-1 in float64 (60 float32 ulp): beyond |x| = 1/2,
+        # -ndtri((1 - |x|) / 2) / sqrt(2), 1 - |x| exact there (jax's ndtri keeps its digits)
+        "tracelog.Erfinv": (
+            "jnp.where(jnp.abs({0}) <= 0.5, lax.erf_inv(jnp.where(jnp.abs({0}) <= 0.5, {0}, 0.0)), "
+            "jnp.sign({0}) * jax.scipy.special.ndtri(jnp.minimum(1 - jnp.abs({0}), 0.5) / 2) "
+            "* -0.7071067811865476)"
+        ),
+        "tracelog.Ndtri": "jax.scipy.special.ndtri({0})",
+        # log1p(-ndtr(-x)) above 0, where log_ndtr takes log(ndtr(x)) up to 8 (5 in float32)
+        # and loses the digits of 1 - ndtr(x); 10 terms of its asymptotic series below -20
+        "tracelog.LogNdtr": (
+            "jnp.where({0} > 0, jnp.log1p(-jax.scipy.special.ndtr(-jnp.where({0} > 0, {0}, 0))), "
+            "jax.scipy.special.log_ndtr(jnp.where({0} > 0, 0, {0}), series_order=10))"
+        ),
+        "tracelog.I0": "jax.scipy.special.i0({0})",
+        "tracelog.I0e": "jax.scipy.special.i0e({0})",
+        "tracelog.I1": "jax.scipy.special.i1({0})",
+        "tracelog.I1e": "jax.scipy.special.i1e({0})",
         "tracelog.CumProd": "jnp.cumprod({0}, axis={axis})",
     }
 )

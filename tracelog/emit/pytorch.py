@@ -368,6 +368,12 @@ TORCH.spell(
         "tracelog.Digamma": "torch.digamma({0})",
         "tracelog.Trigamma": "torch.special.polygamma(1, {0})",
         "tracelog.Erfinv": "torch.special.erfinv({0})",
+        "tracelog.Ndtri": "torch.special.ndtri({0})",
+        "tracelog.LogNdtr": "torch.special.log_ndtr({0})",
+        "tracelog.I0": "torch.special.i0({0})",
+        "tracelog.I0e": "torch.special.i0e({0})",
+        "tracelog.I1": "torch.special.i1({0})",
+        "tracelog.I1e": "torch.special.i1e({0})",
         "tracelog.CumProd": "torch.cumprod({0}, {axis})",
     }
 )

@@ -390,7 +390,13 @@ TF.spell(
         "tracelog.SolveTriangular": "tf.linalg.triangular_solve({0}, {1}, lower={lower})",
         "tracelog.Digamma": "tf.math.digamma({0})",
         "tracelog.Trigamma": "tf.math.polygamma(tf.ones_like({0}), {0})",
-        "tracelog.Erfinv": "tf.math.erfinv({0})",
+        "tracelog.Erfinv": "_erfinv({0})",
+        "tracelog.Ndtri": "tf.math.ndtri({0})",
+        "tracelog.LogNdtr": "_log_ndtr({0})",
+        "tracelog.I0": "tf.math.bessel_i0({0})",
+        "tracelog.I0e": "tf.math.bessel_i0e({0})",
+        "tracelog.I1": "tf.math.bessel_i1({0})",
+        "tracelog.I1e": "tf.math.bessel_i1e({0})",
         "tracelog.CumProd": "tf.math.cumprod({0}, axis={axis})",
     }
 )

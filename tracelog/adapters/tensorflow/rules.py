@@ -588,6 +588,22 @@ def _erfinv(ctx: Ctx) -> Names:
     return ctx.one("Erfinv", [ctx.t(0)], domain="tracelog")
 
 
+@TF_OPS.register("tf.Ndtri")
+def _ndtri(ctx: Ctx) -> Names:
+    return ctx.one("Ndtri", [ctx.t(0)], domain="tracelog")
+
+
+# the modified Bessel functions of the first kind, orders 0 and 1, and their
+# exponentially scaled forms (tf.math.bessel_i0 ... bessel_i1e)
+for _tf_op, _op in (
+    ("tf.BesselI0", "I0"),
+    ("tf.BesselI0e", "I0e"),
+    ("tf.BesselI1", "I1"),
+    ("tf.BesselI1e", "I1e"),
+):
+    TF_OPS.add(_tf_op, lambda ctx, _op=_op: ctx.one(_op, [ctx.t(0)], domain="tracelog"))
+
+
 @TF_OPS.register("tf.Lgamma")
 def _lgamma(ctx: Ctx) -> Names:
     return ctx.one("Lgamma", [ctx.t(0)], domain="tracelog")

@@ -432,6 +432,7 @@ _FLOAT_UNARY = {
     "erfinv": "tracelog.Erfinv",
     "lgamma": "tracelog.Lgamma",
     "digamma": "tracelog.Digamma",
+    "i0": "tracelog.I0",
 }
 
 
@@ -448,6 +449,16 @@ def _float_unary_rule(op: str) -> Converter:
 
 for _aten, _op in _FLOAT_UNARY.items():
     ATEN.update_from([f"aten.{_aten}.default", f"aten.{_aten}_.default"], _float_unary_rule(_op))
+# torch.special's functions that have no in-place form
+_SPECIAL_UNARY = {
+    "special_ndtri": "tracelog.Ndtri",
+    "special_log_ndtr": "tracelog.LogNdtr",
+    "special_i0e": "tracelog.I0e",
+    "special_i1": "tracelog.I1",
+    "special_i1e": "tracelog.I1e",
+}
+for _aten, _op in _SPECIAL_UNARY.items():
+    ATEN.add(f"aten.{_aten}.default", _float_unary_rule(_op))
 
 
 @ATEN.register("aten.polygamma.default", "aten.polygamma_.default")
