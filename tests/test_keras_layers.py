@@ -273,6 +273,12 @@ LAYERS: dict[str, Callable[[], Any]] = {
         (5, 3), L.Conv1D(3, 1), L.SpatialDropout1D(0.3), *_flat_head()
     ),
     "SpatialDropout2D": lambda: _img(L.Conv2D(4, 1), L.SpatialDropout2D(0.3), *_head()),
+    # augmentation inside the model: a per-sample coin (uniform <= 0.5) picks the
+    # flipped image; the recorded coins replay, fresh draws have p = 0.5
+    "RandomFlip": lambda: _img(L.Conv2D(4, 1), L.RandomFlip(), *_head()),
+    "RandomFlip_horizontal_brightness": lambda: _img(
+        L.Conv2D(4, 1), L.RandomFlip("horizontal"), L.RandomBrightness(0.2, (-5, 5)), *_head()
+    ),
     # -- embeddings and attention
     "Embedding": lambda: _seq(
         (7,), L.Embedding(20, 8), L.GlobalAveragePooling1D(), L.Dense(5), dtype="int32"
@@ -752,3 +758,26 @@ def test_channels_first_layout_keeps_transposes_only_at_the_edges(layer_log) -> 
         assert len(entering) <= 1 and len(entering) + len(leaving) == len(
             report.kept
         ), report.summary()
+
+
+def test_a_coin_from_a_uniform_draw_has_its_probability() -> None:
+    """A uniform draw compared with a number is True with the probability the
+    fresh draws of an emitted program use (RandomFlip's uniform <= 0.5)."""
+    from tracelog.adapters.tensorflow.listener import _rng_dist
+
+    draw, c = ("r", 0, 0), np.float32(0.3)
+    known = {draw: ("uniform", 0.0, 1.0)}
+    probability = {
+        ("LessEqual", 0): 0.3,  # draw <= 0.3
+        ("Less", 1): 0.7,  # 0.3 < draw
+        ("Greater", 0): 0.7,  # draw > 0.3
+        ("GreaterEqual", 1): 0.3,  # 0.3 >= draw
+    }
+    for (op, side), want in probability.items():
+        inputs = (None, c) if side == 0 else (c, None)
+        refs = [draw, None] if side == 0 else [None, draw]
+        kind, p, _ = _rng_dist(op, inputs, refs, known)  # type: ignore[misc]
+        assert kind == "bernoulli" and p == pytest.approx(want), (op, side, p)
+    scaled = {draw: ("uniform", -1.0, 3.0)}  # uniform(-1, 3) <= 0.3: (0.3 + 1) / 4
+    assert _rng_dist("LessEqual", (None, c), [draw, None], scaled)[1] == pytest.approx(1.3 / 4)
+    assert _rng_dist("Less", (None, c), [draw, None], {draw: ("normal", 0.0, 1.0)}) is None

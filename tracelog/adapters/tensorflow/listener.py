@@ -91,6 +91,8 @@ def _rng_dist(
     rnd * stddev + mean); None for anything else (seeds, the keep test)."""
     if op_type in _DRAWS_AT:
         return _DRAWS_AT[op_type]
+    if op_type in _BELOW and len(inputs) == 2:
+        return _bernoulli(op_type, inputs, in_refs, known)
     if op_type not in ("Mul", "AddV2", "Add", "Sub") or len(inputs) != 2:
         return None
     drawn = [k for k, r in enumerate(in_refs) if r is not None and r in known]
@@ -109,6 +111,32 @@ def _rng_dist(
         return None  # c - draw: a reflection (not followed)
     shift = -c if op_type == "Sub" else c
     return (kind, a + shift, b) if kind == "normal" else (kind, a + shift, b + shift)
+
+
+# a uniform draw compared with a number: True with the probability that it lies
+# below (above) it; by the draw's side of the comparison
+_BELOW = {"Less": True, "LessEqual": True, "Greater": False, "GreaterEqual": False}
+
+
+def _bernoulli(
+    op_type: str,
+    inputs: tuple[Any, ...],
+    in_refs: list[Any],
+    known: dict[Ref, tuple[str, float, float]],
+) -> tuple[str, float, float] | None:
+    """A uniform draw's comparison with a number (Keras' RandomFlip:
+    uniform <= 0.5): ("bernoulli", the probability of True, 0)."""
+    drawn = [k for k, r in enumerate(in_refs) if r is not None and r in known]
+    if len(drawn) != 1 or known[in_refs[drawn[0]]][0] != "uniform":
+        return None
+    other = inputs[1 - drawn[0]]
+    if tuple(getattr(other, "shape", (1,))) not in ((), (1,)):
+        return None
+    c = float(np.asarray(other).reshape(-1)[0])
+    _, a, b = known[in_refs[drawn[0]]]
+    below = min(max((c - a) / (b - a), 0.0), 1.0) if b > a else float(c > a)
+    # draw < c, or c > draw (the draw second, the comparison turned)
+    return "bernoulli", below if _BELOW[op_type] == (drawn[0] == 0) else 1.0 - below, 0.0
 
 
 # ops that read a tensor's shape, not its values: the targets' shape is the batch's

@@ -247,8 +247,39 @@ def _softmax(ctx: Ctx) -> Names:
 def _select(ctx: Ctx) -> Names:
     cond = ctx.arg(0)
     if isinstance(cond, TArg) and cond.ref[0] == "r":
-        return _dropout(ctx)
+        try:
+            return _dropout(ctx)
+        except NotSupported:
+            drawn = ctx.b.tape.draws.get(cond.ref)
+            if drawn is None or drawn[0] != "bernoulli":
+                raise
+            return _random_select(ctx, drawn[1])
     return ctx.one("Where", [ctx.t(0), ctx.t(1), ctx.t(2)])
+
+
+def _random_select(ctx: Ctx, p: float) -> Names:
+    """SelectV2(draw, a, b) where the draw is True with probability p (Keras'
+    RandomFlip: uniform <= 0.5, one per sample): the IR Dropout's keep mask
+    of ratio 1 - p (the listener's mask() replays the recorded one) picks
+    between a and b."""
+    keep, out = ctx.in_type(0), ctx.out_type()
+    shape = tuple(
+        1 if k == 1 and o != 1 else o for k, o in zip(keep.shape, out.shape, strict=False)
+    )
+    if len(keep.shape) != len(out.shape):
+        raise NotSupported("a random select whose draw has another rank than its values")
+    ones = ctx.helper(
+        "Expand",
+        [ctx.const(1.0, out.dtype), ctx.dynamic_shape(list(shape))],
+        TensorType(out.dtype, shape),
+    )
+    y, mask = ctx.node(
+        "Dropout",
+        [ones, ctx.const(1.0 - p, out.dtype), ctx.const(True, "bool")],
+        outs=[TensorType(out.dtype, shape), TensorType("bool", shape)],
+    )
+    ctx.b.random_recs[y] = ctx.rec.index
+    return ctx.one("Where", [mask, ctx.t(1), ctx.t(2)])
 
 
 def _dropout(ctx: Ctx) -> Names:
