@@ -345,3 +345,38 @@ def test_searchsorted_nan_reductions_and_masked_scatter_translate(
 ) -> None:
     torch.manual_seed(0)
     _check(target, tmp_path, _Sorted(), F.cross_entropy)
+
+
+class _Scattered(nn.Module):
+    """scatter_reduce with sum, amax, amin and mean, with and without the
+    input's own values (include_self), into rows a batch-sized repeat of one
+    index row picks (arange(n).repeat(B, 1): its leading dim added, the batch's
+    count computed from the data), and a parameter row repeated per sample."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.fc, self.head = nn.Linear(6, 8), nn.Linear(8, 5)
+        self.row = nn.Parameter(torch.randn(1, 8))
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        h = self.fc(x)
+        n = h.shape[0]
+        index = torch.arange(8).repeat(n, 1) % 3
+        start = torch.full((n, 4), 0.5)
+        terms = [
+            start.scatter_reduce(1, index, h, reduce, include_self=include).repeat(1, 2)
+            for reduce in ("sum", "amax", "amin", "mean")
+            for include in (True, False)
+        ]
+        total = h + self.row.repeat(n, 1)
+        for term in terms:
+            total = total + term
+        return self.head(total)
+
+
+@pytest.mark.parametrize("target", TARGETS)
+def test_scatter_reduce_without_self_and_batch_repeats_translate(
+    target: str, tmp_path: Path
+) -> None:
+    torch.manual_seed(0)
+    _check(target, tmp_path, _Scattered(), F.cross_entropy)

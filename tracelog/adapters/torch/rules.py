@@ -975,12 +975,28 @@ def _expand(ctx: Ctx) -> Names:
 
 @ATEN.register("aten.repeat.default")
 def _repeat(ctx: Ctx) -> Names:
+    """Tile. More counts than dims: x is first unsqueezed at the front, as
+    torch reads it (an index row repeated per sample: arange(n).repeat(B, 1)).
+    A count that makes a batch-sized dim from a dim of 1 is that dim's size,
+    computed from the data, so that every batch size runs the graph."""
     reps = [int(r) for r in ctx.arg(1)]
-    x = ctx.t(0)
-    rank = len(ctx.in_type(0).shape)
-    if len(reps) > rank:
-        raise NotSupported("repeat that adds leading dims")
-    return ctx.one("Tile", [x, ctx.ints(reps)])
+    x, xt, out = ctx.t(0), ctx.in_type(0), ctx.out_type()
+    lead = len(reps) - len(xt.shape)
+    if lead < 0:
+        raise NotSupported("repeat with fewer counts than dims")
+    shape = (1,) * lead + tuple(xt.shape)
+    if lead:
+        x = ctx.helper("Unsqueeze", [x, ctx.ints(list(range(lead)))], TensorType(xt.dtype, shape))
+    follows = [is_symbolic(o) and not is_symbolic(i) for i, o in zip(shape, out.shape, strict=True)]
+    if not any(follows):
+        return ctx.one("Tile", [x, ctx.ints(reps)])
+    parts = []
+    for r, i, o, follow in zip(reps, shape, out.shape, follows, strict=True):
+        if follow and i != 1:
+            raise NotSupported("repeat of a dim larger than 1 a batch-sized number of times")
+        parts.append(ctx.b_dim(o) if follow else ctx.ints([r]))
+    counts = ctx.helper("Concat", parts, TensorType("int64", (len(reps),)), axis=0)
+    return ctx.one("Tile", [x, counts])
 
 
 @ATEN.register("aten.cat.default")

@@ -681,9 +681,9 @@ def _scatter_reduction(ctx: Ctx) -> str:
         return "add"
     if name == "scatter_reduce":
         reduce = str(ctx.arg(4, "reduce"))
-        if not ctx.arg(5, "include_self", True):
-            raise NotSupported("scatter_reduce with include_self=False")
-        found = {"sum": "add", "prod": "mul", "amax": "max", "amin": "min"}.get(reduce)
+        found = {"sum": "add", "prod": "mul", "amax": "max", "amin": "min", "mean": "add"}.get(
+            reduce
+        )
         if found is None:
             raise NotSupported(f"scatter_reduce with reduce={reduce!r}")
         return found
@@ -754,7 +754,51 @@ def _scatter(ctx: Ctx) -> Names:
         )
     else:
         base = ctx.t(0)
+    if ctx.rec.op.startswith("aten.scatter_reduce"):
+        return _scatter_reduced(ctx, base, idx, upd, dim, reduction)
     return ctx.one("ScatterElements", [base, idx, upd], axis=dim, **attrs)
+
+
+# the value a reduction starts from where include_self=False leaves x out
+_REDUCE_START = {"add": 0.0, "mul": 1.0, "max": -math.inf, "min": math.inf}
+
+
+def _scatter_reduced(ctx: Ctx, x: str, idx: str, upd: str, dim: int, reduction: str) -> Names:
+    """scatter_reduce: with include_self=False the positions written start
+    from the reduction's identity instead of x's value (x stays where nothing
+    is written); "mean" is the sum over the values written there (and x's,
+    with include_self) divided by their count, torch's. The count per
+    position is a scatter-add of ones."""
+    xt, dt = ctx.in_type(0), ctx.out_type().dtype
+    include = bool(ctx.arg(5, "include_self", True))
+    mean = str(ctx.arg(4, "reduce")) == "mean"
+    if include and not mean:
+        return ctx.one("ScatterElements", [x, idx, upd], axis=dim, reduction=reduction)
+    if dt not in ("float16", "bfloat16", "float32", "float64"):
+        raise NotSupported(f"scatter_reduce of {dt} with include_self=False or mean")
+    ct = TensorType("int64", xt.shape)
+    zeros = ctx.helper(
+        "ConstantOfShape", [ctx.shape_const(list(xt.shape), allow_minus_one=False)], ct, value=0
+    )
+    ones = ctx.helper(
+        "Expand",
+        [ctx.const(1, "int64"), ctx.helper("Shape", [idx], TensorType("int64", (len(xt.shape),)))],
+        TensorType("int64", ctx.in_type(2).shape),
+    )
+    counts = ctx.helper("ScatterElements", [zeros, idx, ones], ct, axis=dim, reduction="add")
+    written = ctx.helper("Greater", [counts, ctx.const(0, "int64")], TensorType("bool", xt.shape))
+    if not include:
+        start = ctx.const(_REDUCE_START[reduction], dt)
+        x = ctx.helper("Where", [written, start, x], TensorType(dt, xt.shape))
+    if not mean:
+        return ctx.one("ScatterElements", [x, idx, upd], axis=dim, reduction=reduction)
+    total = ctx.helper(
+        "ScatterElements", [x, idx, upd], TensorType(dt, xt.shape), axis=dim, reduction="add"
+    )
+    if include:
+        counts = ctx.helper("Add", [counts, ctx.const(1, "int64")], ct)
+    counts = ctx.helper("Max", [counts, ctx.const(1, "int64")], ct)
+    return ctx.one("Div", [total, ctx.helper("Cast", [counts], TensorType(dt, xt.shape), to=dt)])
 
 
 # -- scans and triangles ---------------------------------------------------------------------------
