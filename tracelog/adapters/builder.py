@@ -179,11 +179,13 @@ class Builder:
         """A random draw that the record being built reads as a value (Keras'
         GaussianNoise): a RandomNormalLike / RandomUniformLike node, its values
         fed back from the sample (the listener's mask() of the reading record
-        gives them), one per draw and reading record."""
+        gives them), one per draw: the first record reading it replays it."""
         rec = self._current
         if rec is None:
             raise NotSupported("a random draw read outside a record")
-        found = self.names.get(("draw", targ.ref, rec.index))
+        # one node per draw: every record reading it reads the same values (the
+        # first reader's mask() replays them; a program's fresh run draws once)
+        found = self.names.get(("draw", targ.ref))
         if found is not None:
             return found
         if targ.dtype not in ("float16", "bfloat16", "float32", "float64"):
@@ -200,6 +202,17 @@ class Builder:
             if any(is_symbolic(d) for d in dims)
             else ctx.ints([int(d) for d in dims])
         )
+        if dist == "bernoulli":  # a coin as 0.0 / 1.0: a Dropout keep mask of ratio 1 - p
+            ones = ctx.helper("ConstantOfShape", [shape], targ.type, value=1.0)
+            kept, mask = ctx.node(
+                "Dropout",
+                [ones, ctx.const(1.0 - a, targ.dtype), ctx.const(True, "bool")],
+                outs=[targ.type, TensorType("bool", targ.type.shape)],
+            )
+            self.random_recs[kept] = rec.index
+            y = ctx.helper("Cast", [mask], targ.type, to=targ.dtype)
+            self.names[("draw", targ.ref)] = y
+            return y
         like = ctx.helper("ConstantOfShape", [shape], targ.type, value=0.0)
         op, attrs = (
             ("RandomNormalLike", {"mean": a, "scale": b})
@@ -208,7 +221,7 @@ class Builder:
         )
         y = ctx.helper(op, [like], targ.type, **attrs)
         self.random_recs[y] = rec.index
-        self.names[("draw", targ.ref, rec.index)] = y
+        self.names[("draw", targ.ref)] = y
         return y
 
     def _batch_scalar(self, targ: TArg) -> str:

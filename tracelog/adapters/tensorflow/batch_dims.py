@@ -32,14 +32,40 @@ def exact_batch_dims(tape: Tape, source: dict[Ref, Any]) -> Tape | None:
     batch = tape.batch_size
     if batch is None or batch < 2:
         return None
-    return replay_tape(tape, _Replay(batch, source))
+    found = replay_tape(tape, _Replay(batch, source))
+    if found is None and any(r.op == "tf.Fill" for r in tape.recs):
+        # again with the Fills to constant dims that lead with the batch size
+        # following it (_batch_fill): tried second, as such a dim may be a
+        # sequence's length that equals the batch size by chance
+        found = replay_tape(tape, _Replay(batch, source, follow_fills=True))
+    return found
+
+
+def _set_attrs(op_type: str, attrs: tuple[Any, ...]) -> tuple[Any, ...]:
+    """The callback's flat (name, value, ...) attrs as execute takes them: it
+    reports an empty list attr (Squeeze's squeeze_dims) as None, and an unset
+    one of another type too (ConvLSTM's Conv2D use_cudnn_on_gpu), which is
+    left out so that its default applies."""
+    from tensorflow.python.framework import op_def_registry
+
+    op_def = op_def_registry.get(op_type)
+    kinds = {a.name: a.type for a in op_def.attr} if op_def is not None else {}
+    out: list[Any] = []
+    for name, value in zip(attrs[0::2], attrs[1::2], strict=True):
+        if value is None:
+            key = name.decode() if isinstance(name, bytes) else str(name)
+            if not str(kinds.get(key, "list")).startswith("list"):
+                continue
+            value = []
+        out += [name, value]
+    return tuple(out)
 
 
 class _Replay:
     """The tape's ops executed again, eagerly, on data grown from B to B + 1
     rows: each ref's grown value, and how to rerun a record and check it."""
 
-    def __init__(self, batch: int, source: dict[Ref, Any]) -> None:
+    def __init__(self, batch: int, source: dict[Ref, Any], follow_fills: bool = False) -> None:
         import tensorflow as tf
         from tensorflow.python.eager import context, execute
 
@@ -50,6 +76,7 @@ class _Replay:
         self.other = batch + 1
         self.source = source
         self.values: dict[Ref, Any] = {}
+        self.follow_fills = follow_fills
 
     def grown(self, t: Any) -> Any:
         """B -> B + 1 rows, the first row repeated."""
@@ -78,6 +105,19 @@ class _Replay:
         if follow_ints and kind == "c" and t.dtype.is_integer and len(t.shape) <= 1:
             return self._batch_followed(t, follow_ints)
         return t
+
+    def _batch_fill(self, rec: Any) -> bool:
+        """A Fill to constant dims that lead with the batch size: a fill of the
+        batch's rows whose size the eager code read from the data's shape
+        (Keras' zero initial state of ConvLSTM, ``ops.zeros((B, ...))``), so
+        its first dim follows the batch; only in the second replay
+        (exact_batch_dims), after one where no Fill did failed."""
+        if not self.follow_fills or rec.op != "tf.Fill" or not rec.args:
+            return False
+        if rec.args[0].ref[0] != "c":
+            return False
+        dims = np.asarray(self.source[rec.args[0].ref]).reshape(-1)
+        return dims.size > 0 and int(dims[0]) == self.batch
 
     def _batch_followed(self, t: Any, mode: int) -> Any:
         """An integer constant with every entry equal to B replaced by B + 1
@@ -116,12 +156,15 @@ class _Replay:
         if not isinstance(rec.func, tuple):  # a layer recorded whole replays itself
             return self._run_whole(rec)
         op_type, attrs = rec.func
-        # the callback reports an empty list attr (Squeeze's squeeze_dims) as None
-        attrs = tuple([] if v is None else v for v in attrs)
+        attrs = _set_attrs(op_type, attrs)
         # integer constants: as recorded, B -> B + 1 everywhere, k * B -> k * (B + 1),
         # then in one entry only (Conv2DBackpropInput's input_sizes [B, H, W, C]
         # where C happens to equal B)
-        for follow_ints in (0, 1, 2, *(-1 - i for i in range(8))) if rec.tainted else (0,):
+        if rec.tainted:
+            choices: tuple[int, ...] = (0, 1, 2, *(-1 - i for i in range(8)))
+        else:
+            choices = (-1, 0) if self._batch_fill(rec) else (0,)  # -1: the first dim alone
+        for follow_ints in choices:
             try:
                 inputs = [self.value_of(a, follow_ints) for a in rec.args]
                 outs = self.execute(op_type, len(rec.outs), inputs, attrs, self.ctx)

@@ -124,12 +124,40 @@ def _pack(ctx: Ctx) -> Names:
     return ctx.one("Concat", parts, axis=ax)
 
 
+@TF_OPS.register("tf.Unpack")
+def _unpack(ctx: Ctx) -> Names:
+    """tf.unstack (ConvLSTM's steps): num slices along `axis`, each without
+    it: a Split into parts of one, each Squeezed there."""
+    xt = ctx.in_type(0)
+    rank = len(xt.shape)
+    ax = int(attr(ctx, "axis", 0)) % rank  # type: ignore[call-overload]
+    n = len(ctx.rec.outs)
+    if n == 0:
+        return []
+    part = list(xt.shape)
+    part[ax] = 1
+    parts = ctx.node(
+        "Split",
+        [ctx.t(0)],
+        outs=[TensorType(xt.dtype, tuple(part))] * n,
+        axis=ax,
+        num_outputs=n,
+    )
+    return [
+        ctx.helper("Squeeze", [p, ctx.ints([ax])], ctx.out_type(k)) for k, p in enumerate(parts)
+    ]
+
+
 @TF_OPS.register("tf.Fill")
 def _fill(ctx: Ctx) -> Names:
+    out = ctx.out_type()
+    if any(is_symbolic(d) for d in out.shape) and const_array(ctx, 0) is not None:
+        # constant dims the batch-dim replay found to lead with the batch size
+        # (batch_dims._batch_fill): the shape computed from the data at run time
+        return ctx.one("Expand", [ctx.t(1), ctx.dynamic_shape(list(out.shape))])
     folded = _folded(ctx, lambda dims, v: np.full([int(d) for d in dims], v), 2)
     if folded is not None:
         return folded
-    out = ctx.out_type()
     if not any(is_symbolic(d) for d in out.shape):
         # dims computed from static sizes (tf.eye(tf.shape(x)[1], ...), as
         # keras.ops.trace builds its mask): the recorded shape, so that no

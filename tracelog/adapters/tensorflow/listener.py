@@ -93,6 +93,8 @@ def _rng_dist(
         return _DRAWS_AT[op_type]
     if op_type in _BELOW and len(inputs) == 2:
         return _bernoulli(op_type, inputs, in_refs, known)
+    if op_type == "Cast" and in_refs and in_refs[0] in known:
+        return known[in_refs[0]]  # a coin made 0.0 / 1.0 (AlphaDropout's keep mask)
     if op_type not in ("Mul", "AddV2", "Add", "Sub") or len(inputs) != 2:
         return None
     drawn = [k for k, r in enumerate(in_refs) if r is not None and r in known]
@@ -275,7 +277,9 @@ class _Window(WindowBase):
             return to_numpy(self.rng[cond.ref]).astype(bool)  # a dropout's keep test
         # a draw the record reads as a value (tape.draws): the values drawn
         drawn = next(a for a in rec.args if isinstance(a, TArg) and a.ref in self.tape.draws)
-        return to_numpy(self.rng[drawn.ref])
+        values = to_numpy(self.rng[drawn.ref])
+        # a coin (0.0 / 1.0) is replayed as a Dropout keep mask: booleans
+        return values.astype(bool) if self.tape.draws[drawn.ref][0] == "bernoulli" else values
 
     # -- ops --------------------------------------------------------------------------
     def on_op(self, op_type: Any, inputs: tuple, attrs: tuple, outputs: tuple, graph: Any) -> None:
@@ -306,7 +310,9 @@ class _Window(WindowBase):
         only_rng = not any(
             r in self.model_refs or (r is not None and r[0] in "ipbt") for r in in_refs
         )
-        if op_type in _RANDOM or (from_rng and only_rng):
+        if op_type in _RANDOM or (
+            from_rng and only_rng and not self._reads_draw(op_type, inputs, in_refs)
+        ):
             # the dropout mask's randomness: seed arithmetic, uniform draws, the
             # keep test; an op that mixes it with data (SelectV2) is recorded
             self._rng_op(op_type, inputs, in_refs, outputs)
@@ -336,6 +342,14 @@ class _Window(WindowBase):
         )
         if from_model:
             self.model_refs.update(("o", index, k) for k in range(len(outputs)))
+
+    def _reads_draw(self, op_type: str, inputs: tuple, in_refs: list[Any]) -> bool:
+        """An op of draws alone whose result no distribution follows, reading a
+        draw of a known one (AlphaDropout's 1 - keep): recorded as an op that
+        reads the draw as a value, so that the graph draws it."""
+        if not self.rng_dist or not any(r in self.rng_dist for r in in_refs if r is not None):
+            return False
+        return _rng_dist(op_type, inputs, in_refs, self.rng_dist) is None
 
     def _rng_op(self, op_type: str, inputs: tuple, in_refs: list[Any], outputs: tuple) -> None:
         """An op of the draws' own arithmetic: its results are rng refs, kept

@@ -64,6 +64,8 @@ def _widened_attrs(op_type: str, attrs: tuple[Any, ...]) -> tuple[Any, ...]:
             value = widen(value)
         elif kinds.get(key) == "list(type)" and isinstance(value, (list, tuple)):
             value = [widen(v) for v in value]
+        if value is None and not str(kinds.get(key, "")).startswith("list"):
+            continue  # unset (ConvLSTM's Conv2D use_cudnn_on_gpu): its default applies
         out += [name, [] if value is None else value]
     return tuple(out)
 
