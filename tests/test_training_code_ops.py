@@ -380,3 +380,64 @@ def test_scatter_reduce_without_self_and_batch_repeats_translate(
 ) -> None:
     torch.manual_seed(0)
     _check(target, tmp_path, _Scattered(), F.cross_entropy)
+
+
+class _Reversed(torch.autograd.Function):
+    """A gradient reversal (domain-adversarial training): identity forward,
+    negated backward."""
+
+    @staticmethod
+    def forward(ctx: Any, x: torch.Tensor) -> torch.Tensor:
+        return x.view_as(x)
+
+    @staticmethod
+    def backward(ctx: Any, grad: torch.Tensor) -> torch.Tensor:
+        return -grad
+
+
+class _Squared(torch.autograd.Function):
+    """x * x with its own backward, which is the derivative of its forward."""
+
+    @staticmethod
+    def forward(ctx: Any, x: torch.Tensor) -> torch.Tensor:
+        ctx.save_for_backward(x)
+        return x * x
+
+    @staticmethod
+    def backward(ctx: Any, grad: torch.Tensor) -> torch.Tensor:
+        (x,) = ctx.saved_tensors
+        return 2 * x * grad
+
+
+class _Custom(nn.Module):
+    def __init__(self, function: Any) -> None:
+        super().__init__()
+        self.fc, self.head = nn.Linear(6, 8), nn.Linear(8, 5)
+        self.function = function
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        h = self.fc(x)
+        return self.head(self.function.apply(h) * 2 + h)
+
+
+@pytest.mark.parametrize("target", ["torch", "onnx"])
+def test_a_custom_backward_that_is_not_the_forwards_derivative_fails_the_check(
+    target: str, tmp_path: Path, caplog: pytest.LogCaptureFixture
+) -> None:
+    """The reference and the programs differentiate the recorded forward; a
+    custom Function's own backward (here a gradient reversal) trained with
+    another gradient, which the sample marks and every check fails on, naming
+    the parameters. A custom backward that is the derivative passes."""
+    torch.manual_seed(0)
+    with caplog.at_level("WARNING", logger="tracelog"):
+        with TorchListener(_Custom(_Reversed), tmp_path / "reversed", strict=True) as listener:
+            x, y = torch.randn(8, 6), torch.arange(8) % 5
+            with listener.batch():
+                F.cross_entropy(listener.model(x), y).backward()
+    assert "_Reversed" in caplog.text and "fc.weight" in caplog.text
+    report = tracelog.check(tmp_path / "reversed", target)
+    assert not report.ok
+    failed = {c.name for c in report.comparisons if not c.ok}
+    assert "grad fc.weight (the source's, by a custom autograd backward)" in failed, failed
+    assert "grad fc.bias (the source's, by a custom autograd backward)" in failed, failed
+    _check(target, tmp_path / "squared", _Custom(_Squared), F.cross_entropy)

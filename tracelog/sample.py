@@ -69,6 +69,15 @@ def buffer_key(name: str) -> str:
     return "buffer/" + name
 
 
+def custom_backward_key(name: str) -> str:
+    """A parameter whose gradient in training came through a custom
+    ``autograd.Function``'s own backward, which is not the derivative of the
+    recorded ops (the float64 reference, and every program, differentiate
+    those): [the source's gradient's distance from the reference's, the
+    reference's largest value], float64. Every parity check fails on it."""
+    return "custom_backward/" + name
+
+
 def reference_key(key: str) -> str:
     """The float64 reference of a sample entry (``ref64/loss``, ``ref64/grad/w``):
     the batch replayed through the source framework's own kernels in float64."""

@@ -51,7 +51,13 @@ from tracelog.adapters.tape import (
 from tracelog.ir import Graph, batch_dim
 from tracelog.log import COMPLETE, CheckpointPolicy, LogWriter, TraceLog, claim_log_dir
 from tracelog.registry import Table
-from tracelog.sample import build_sample, sample_info
+from tracelog.sample import (
+    build_sample,
+    custom_backward_key,
+    grad_key,
+    reference_key,
+    sample_info,
+)
 
 logger = logging.getLogger("tracelog")
 
@@ -883,6 +889,8 @@ class ListenerBase(ABC):
             updates={name: self._buffer_now(name) for name, _ref in w.tape.buffer_updates},
             reference=reference,
         )
+        if reference is not None:
+            self._sample.update(_custom_backwards(self._custom_functions(w), self._sample))
         self.log.sample_info = sample_info(
             epoch=w.epoch,
             batch=w.batch,
@@ -893,6 +901,11 @@ class ListenerBase(ABC):
             grads_from=self._grads_from(w),
             reference=reference_note,
         )
+
+    def _custom_functions(self, w: Any) -> list[str]:
+        """The custom autograd Functions the batch's forward ran (their own
+        backward is not recorded); none where the adapter has no such thing."""
+        return []
 
     def _to_array(self, t: Any) -> np.ndarray:
         """A tensor as an array the sample owns."""
@@ -929,6 +942,40 @@ class ListenerBase(ABC):
     def _grads_from(self, w: Any) -> str:
         """How the sample's gradients were taken, for trace.json."""
         raise NotImplementedError
+
+
+# a float32 gradient further than this share of its largest value from the
+# float64 reference is not rounding (the source's own error is 1e-6 .. 1e-4 of it)
+_NOT_ROUNDING = 1e-2
+
+
+def _custom_backwards(functions: list[str], sample: dict[str, np.ndarray]) -> dict[str, Any]:
+    """The sample's marks (custom_backward_key) of the gradients that differ
+    from the float64 reference by more than rounding where the forward ran
+    custom autograd Functions: their own backward (a gradient reversal, a
+    straight-through estimator) is not the derivative of the ops recorded,
+    which the reference and every program differentiate. Warns once."""
+    if not functions:
+        return {}
+    marks: dict[str, Any] = {}
+    for key, grad in sample.items():
+        ref = sample.get(reference_key(key))
+        if not key.startswith(grad_key("")) or ref is None or grad.dtype.kind != "f":
+            continue
+        want = np.asarray(ref, dtype=np.float64)
+        scale = float(np.abs(want[np.isfinite(want)]).max(initial=0.0))
+        off = float(np.abs(np.asarray(grad, dtype=np.float64) - want).max(initial=0.0))
+        if scale > 0 and off > _NOT_ROUNDING * scale:
+            marks[custom_backward_key(key[len(grad_key("")) :])] = np.array([off, scale])
+    if marks:
+        logger.warning(
+            "tracelog: the gradients of %s came through the backward of custom autograd "
+            "Function(s) %s, which is not the derivative of their recorded forward: the "
+            "emitted programs differentiate the forward, and every parity check fails on them",
+            ", ".join(k.split("/", 1)[1] for k in sorted(marks)),
+            ", ".join(functions),
+        )
+    return marks
 
 
 def _flush_at_exit(ref: weakref.ref[ListenerBase]) -> None:

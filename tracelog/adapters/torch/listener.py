@@ -1224,7 +1224,10 @@ class TorchListener(GuardedCounting, ListenerBase):
                 ref = w.refs.get(id(buf))
                 if ref is not None and ref != ("b", prefix + name):
                     tape.buffer_updates.append((prefix + name, ref))
-        _function_bodies(w)
+        w.custom_functions = _function_bodies(w)
+
+    def _custom_functions(self, w: _Window) -> list[str]:
+        return getattr(w, "custom_functions", [])
 
     def _trainable(self) -> dict[str, bool]:
         return {n: p.requires_grad for n, p in self.model.named_parameters()}
@@ -1389,13 +1392,15 @@ def _is_metric(module: torch.nn.Module) -> bool:
     )
 
 
-def _function_bodies(w: _Window) -> None:
+def _function_bodies(w: _Window) -> list[str]:
     """Records that ran with grad off but made a tensor that requires grad now
     are a custom autograd Function's (its forward runs without grad, its
     outputs get its backward: DDP's _DDPSink clone, a fused op): they and the
     no-grad records feeding them, its body, are differentiated as recorded
     (as before grad mode was recorded). An in-place write under no_grad into
-    a tensor autograd tracks keeps its own rule (builder.stopped)."""
+    a tensor autograd tracks keeps its own rule (builder.stopped). Returns the
+    names of the user's Functions among them (torch's own, as DDP's, left out):
+    their backward is their own, which the sample checks (base._custom_backwards)."""
     recs = w.tape.recs
     todo = [
         rec.index
@@ -1404,6 +1409,12 @@ def _function_bodies(w: _Window) -> None:
         and written_in_place(rec) is None
         and any(isinstance(t, torch.Tensor) and t.requires_grad for t in w.rec_out[rec.index])
     ]
+    names: set[str] = set()
+    for index in todo:
+        for t in w.rec_out[index]:
+            cls = getattr(getattr(t, "grad_fn", None), "_forward_cls", None)
+            if cls is not None and not str(cls.__module__).startswith("torch"):
+                names.add(cls.__qualname__)
     while todo:
         rec = recs[todo.pop()]
         if rec.grad:
@@ -1413,6 +1424,7 @@ def _function_bodies(w: _Window) -> None:
             if a.ref[0] == "o" and not recs[a.ref[1]].grad:
                 if written_in_place(recs[a.ref[1]]) is None:
                     todo.append(a.ref[1])
+    return sorted(names)
 
 
 def _is_post(w: _Window, ref: Ref) -> bool:

@@ -508,7 +508,10 @@ def _unread(sample: dict[str, np.ndarray], trainable: list[str]) -> list[Row]:
     """A failing row for each parameter the source differentiated (a nonzero
     gradient in the sample) that this program does not train: its graphs hold
     it as a constant of the recorded batch, or dropped it. Comparing only the
-    parameters the graphs read would pass such a translation."""
+    parameters the graphs read would pass such a translation. And one for each
+    gradient the sample marks as a custom autograd Function's own backward
+    (tracelog.sample.custom_backward_key): the reference differentiates the
+    recorded forward as the program does, so no other row sees it."""
     rows: list[Row] = []
     for key in sorted(sample):
         name = key[len(grad_key("")) :]
@@ -518,6 +521,13 @@ def _unread(sample: dict[str, np.ndarray], trainable: list[str]) -> list[Row]:
         if np.any(grad != 0):
             row = f"grad {name} (the source's; no graph trains it)"
             rows.append((row, float(np.abs(grad).max()), float("nan"), False, None, None))
+    # gradients that came through a custom autograd Function's own backward in
+    # training, off the recorded ops' derivative (the sample marks them)
+    for key in sorted(sample):
+        if key.startswith("custom_backward/"):
+            off, scale = (float(v) for v in np.asarray(sample[key]).reshape(-1)[:2])
+            row = f"grad {key.split('/', 1)[1]} (the source's, by a custom autograd backward)"
+            rows.append((row, off, off / max(scale, 1e-300), False, None, None))
     return rows
 
 
