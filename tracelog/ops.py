@@ -1386,6 +1386,30 @@ CumProd <axis> (X) => (Y) {
 
 define(
     OpSchema(
+        "CTCLoss",
+        ("log_probs", "targets", "input_lengths", "target_lengths"),
+        ("loss",),
+        ("blank", "zero_infinity"),
+        domain=TRACELOG_DOMAIN,
+        defaults=(("blank", 0), ("zero_infinity", 0)),
+        doc=(
+            "The connectionist temporal classification loss of each sample, unreduced "
+            "(torch.nn.functional.ctc_loss with reduction='none'): loss[n] = -log of the "
+            "summed probability of every alignment of targets[n] (its first "
+            "target_lengths[n] labels) to the first input_lengths[n] steps of log_probs "
+            "[T, N, C] (log-probabilities, time-major), label `blank` between and around "
+            "the labels. targets is [N, S] padded, or 1-D: the samples' labels "
+            "concatenated. An impossible alignment gives inf, or 0 and no gradient where "
+            "zero_infinity = 1. A mean over the batch divides each loss by its target "
+            "length as ordinary ops after the op. No ONNX function: the alpha recursion "
+            "is a loop over time (each target writes it in log space)."
+        ),
+        no_function="no ONNX function yet (CTC's alpha recursion needs a Loop over time)",
+    )
+)
+
+define(
+    OpSchema(
         "Unsupported",
         ("inputs*",),
         ("outputs*",),
