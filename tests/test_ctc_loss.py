@@ -101,3 +101,27 @@ def test_onnx_refuses_ctc_loss_by_name(tmp_path: Path) -> None:
     _record("mean", tmp_path)
     with pytest.raises(tracelog.UnsupportedOpError, match="tracelog.CTCLoss"):
         tracelog.check(tmp_path, "onnx")
+
+
+@pytest.mark.parametrize("target", ["torch", "tensorflow", "jax"])
+def test_unbatched_ctc_loss_translates(target: str, tmp_path: Path) -> None:
+    """log_probs [T, C] with 1-D targets and 0-d lengths: torch gives them a batch
+    of 1 before aten._ctc_loss, whose lengths stay 0-d."""
+    framework = targets.get(target).framework
+    pytest.importorskip(framework, reason=f"the {target} target needs {framework} installed")
+    torch.manual_seed(0)
+    model = nn.Linear(FEATURES, CLASSES)
+    with tracelog.Listener(model, tmp_path, strict=True) as listener:
+        for steps in (T, 7):  # the rows are the steps
+            with listener.batch():
+                log_probs = model(torch.randn(steps, FEATURES)).log_softmax(-1)
+                labels = torch.tensor([3, 3, 5])
+                F.ctc_loss(log_probs, labels, torch.tensor(steps), torch.tensor(3)).backward()
+            model.zero_grad()
+    log = tracelog.load(tmp_path)
+    assert log.unrecorded == 0, log.failures
+    report = tracelog.check(tmp_path, target)
+    assert report.ok, report.table()
+    translated = [c for c in report.comparisons if c.name.endswith(" [float64]")]
+    assert "grad weight [float64]" in {c.name for c in translated}, report.table()
+    assert all(c.ok for c in translated), report.table()

@@ -1399,7 +1399,7 @@ define(
             "target_lengths[n] labels) to the first input_lengths[n] steps of log_probs "
             "[T, N, C] (log-probabilities, time-major), label `blank` between and around "
             "the labels. targets is [N, S] padded, or 1-D: the samples' labels "
-            "concatenated. An impossible alignment gives inf, or 0 and no gradient where "
+            "concatenated; the lengths are [N] (0-d for N = 1: torch's unbatched call). An impossible alignment gives inf, or 0 and no gradient where "
             "zero_infinity = 1. A mean over the batch divides each loss by its target "
             "length as ordinary ops after the op. No ONNX function: the alpha recursion "
             "is a loop over time (each target writes it in log space)."

@@ -479,7 +479,7 @@ class _MetaReplay:
             raise ValueError("CTC loss of unbatched log-probabilities")
         n = log_probs.shape[1]
         lengths = [a for a in args[2:4] if isinstance(a, torch.Tensor)]
-        if any(tuple(t.shape) != (n,) for t in lengths) or (
+        if any(t.dim() > 1 or t.numel() != n for t in lengths) or (
             targets.dim() == 2 and targets.shape[0] != n
         ):
             raise ValueError("CTC targets or lengths that do not fit the batch")

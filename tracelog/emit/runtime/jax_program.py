@@ -705,8 +705,9 @@ def _ctc_loss(
     its offset); inf for an impossible alignment, or 0 with no gradient where
     zero_infinity."""
     t_max, n, c = log_probs.shape
-    lengths = jnp.asarray(target_lengths).astype(jnp.int64)
-    steps = jnp.asarray(input_lengths).astype(jnp.int64)
+    # (a 0-d length: an unbatched call, its log_probs and targets given a batch of 1)
+    lengths = jnp.reshape(jnp.asarray(target_lengths), (-1,)).astype(jnp.int64)
+    steps = jnp.reshape(jnp.asarray(input_lengths), (-1,)).astype(jnp.int64)
     targets = jnp.asarray(targets).astype(jnp.int64)
     if targets.ndim == 1:  # concatenated: sample k's labels start after those before it
         width = targets.shape[0]

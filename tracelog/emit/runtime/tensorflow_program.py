@@ -783,8 +783,9 @@ def _ctc_loss(
     log_probs = tf.convert_to_tensor(log_probs)
     dtype = log_probs.dtype
     n, c = tf.shape(log_probs)[1], tf.shape(log_probs)[2]
-    lengths = tf.cast(target_lengths, tf.int64)
-    steps = tf.cast(input_lengths, tf.int64)
+    # (a 0-d length: an unbatched call, its log_probs and targets given a batch of 1)
+    lengths = tf.reshape(tf.cast(target_lengths, tf.int64), [-1])
+    steps = tf.reshape(tf.cast(input_lengths, tf.int64), [-1])
     targets = tf.cast(targets, tf.int64)
     if targets.shape.rank == 1:  # concatenated: sample k's labels start after those before it
         width = tf.shape(targets, out_type=tf.int64)[0]
