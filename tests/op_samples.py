@@ -1201,7 +1201,7 @@ SAMPLES += _recurrent_samples()
 
 
 def _ctc_samples() -> list[OpSample]:
-    """tracelog.CTCLoss (no ONNX function: torch's F.ctc_loss is the oracle): padded
+    """tracelog.CTCLoss against its ONNX function and torch's F.ctc_loss: padded
     targets with a repeated label, an empty target and short inputs, blank 0; the
     same concatenated with a nonzero blank; an impossible alignment zeroed."""
     import torch.nn.functional as F
@@ -1225,7 +1225,6 @@ def _ctc_samples() -> list[OpSample]:
             [("x", lp), ("y", padded), ("il", steps), ("tl", lengths)],
             {"blank": 0, "zero_infinity": 0},
             torch=ctc(0, False),
-            onnx=False,
         )
     ]
     moved = np.where(padded == 1, 0, padded)  # labels for blank 1
@@ -1236,7 +1235,6 @@ def _ctc_samples() -> list[OpSample]:
             [("x", lp), ("y", flat), ("il", steps), ("tl", lengths)],
             {"blank": 1, "zero_infinity": 0},
             torch=ctc(1, False),
-            onnx=False,
             name="CTCLoss-concatenated-blank1",
         )
     )
@@ -1247,7 +1245,6 @@ def _ctc_samples() -> list[OpSample]:
             [("x", lp), ("y", padded), ("il", short), ("tl", lengths)],
             {"blank": 0, "zero_infinity": 1},
             torch=ctc(0, True),
-            onnx=False,
             name="CTCLoss-zero-infinity",
         )
     )

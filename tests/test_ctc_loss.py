@@ -6,7 +6,8 @@ batches of different sizes with lengths varied per sample, padded and
 concatenated targets, lengths as tensors and as int lists, blank 0 and not,
 an impossible alignment zeroed: each program target runs its own alpha
 recursion (torch its F.ctc_loss) and passes with its float64 rows, gradients
-included; ONNX refuses the op by name (no function yet)."""
+included; ONNX runs the op's function (a Loop over the steps) in float64 on
+onnx.reference and in float32 on onnxruntime."""
 
 from __future__ import annotations
 
@@ -83,7 +84,7 @@ def _record(case: str, log_dir: Path) -> tracelog.TraceLog:
 
 
 @pytest.mark.parametrize("case", list(CASES))
-@pytest.mark.parametrize("target", ["torch", "tensorflow", "jax"])
+@pytest.mark.parametrize("target", ["torch", "tensorflow", "jax", "onnx"])
 def test_ctc_loss_translates(target: str, case: str, tmp_path: Path) -> None:
     framework = targets.get(target).framework
     pytest.importorskip(framework, reason=f"the {target} target needs {framework} installed")
@@ -92,18 +93,13 @@ def test_ctc_loss_translates(target: str, case: str, tmp_path: Path) -> None:
     assert report.ok, report.table()
     translated = [c for c in report.comparisons if c.name.endswith(" [float64]")]
     names = {c.name for c in translated}
-    assert {"prediction [float64]", "loss [float64]", "grad head.weight [float64]"} <= names, names
+    assert {"prediction [float64]", "loss [float64]"} <= names, names
+    if target != "onnx":  # a program: the gradients by the target's autodiff
+        assert "grad head.weight [float64]" in names, names
     assert all(c.ok for c in translated), report.table()
 
 
-def test_onnx_refuses_ctc_loss_by_name(tmp_path: Path) -> None:
-    pytest.importorskip("onnx", reason="the onnx target needs onnx installed")
-    _record("mean", tmp_path)
-    with pytest.raises(tracelog.UnsupportedOpError, match="tracelog.CTCLoss"):
-        tracelog.check(tmp_path, "onnx")
-
-
-@pytest.mark.parametrize("target", ["torch", "tensorflow", "jax"])
+@pytest.mark.parametrize("target", ["torch", "tensorflow", "jax", "onnx"])
 def test_unbatched_ctc_loss_translates(target: str, tmp_path: Path) -> None:
     """log_probs [T, C] with 1-D targets and 0-d lengths: torch gives them a batch
     of 1 before aten._ctc_loss, whose lengths stay 0-d."""
@@ -123,5 +119,6 @@ def test_unbatched_ctc_loss_translates(target: str, tmp_path: Path) -> None:
     report = tracelog.check(tmp_path, target)
     assert report.ok, report.table()
     translated = [c for c in report.comparisons if c.name.endswith(" [float64]")]
-    assert "grad weight [float64]" in {c.name for c in translated}, report.table()
+    if target != "onnx":
+        assert "grad weight [float64]" in {c.name for c in translated}, report.table()
     assert all(c.ok for c in translated), report.table()
