@@ -1223,3 +1223,57 @@ def _recurrent_samples() -> list[OpSample]:
 
 
 SAMPLES += _recurrent_samples()
+
+
+def _ctc_samples() -> list[OpSample]:
+    """tracelog.CTCLoss against its ONNX function and torch's F.ctc_loss: padded
+    targets with a repeated label, an empty target and short inputs, blank 0; the
+    same concatenated with a nonzero blank; an impossible alignment zeroed."""
+    import torch.nn.functional as F
+
+    t, n, c = 8, 4, 5
+    logits = np.random.default_rng(7).standard_normal((t, n, c))
+    lp = (logits - np.log(np.exp(logits).sum(-1, keepdims=True))).astype(np.float32)
+    padded = np.asarray([[1, 1, 2], [3, 4, 0], [2, 0, 0], [4, 2, 3]], np.int64)
+    steps, lengths = _i(8, 6, 3, 7), _i(3, 2, 0, 3)
+
+    def ctc(blank: int, zero_infinity: bool) -> Callable[..., Any]:
+        return _t(
+            lambda x, y, il, tl: F.ctc_loss(
+                x, y, il, tl, blank=blank, reduction="none", zero_infinity=zero_infinity
+            )
+        )
+
+    s = [
+        OpSample(
+            "tracelog.CTCLoss",
+            [("x", lp), ("y", padded), ("il", steps), ("tl", lengths)],
+            {"blank": 0, "zero_infinity": 0},
+            torch=ctc(0, False),
+        )
+    ]
+    moved = np.where(padded == 1, 0, padded)  # labels for blank 1
+    flat = np.concatenate([moved[k, : lengths[k]] for k in range(n)])
+    s.append(
+        OpSample(
+            "tracelog.CTCLoss",
+            [("x", lp), ("y", flat), ("il", steps), ("tl", lengths)],
+            {"blank": 1, "zero_infinity": 0},
+            torch=ctc(1, False),
+            name="CTCLoss-concatenated-blank1",
+        )
+    )
+    short = _i(8, 6, 3, 2)  # 2 steps for 3 labels: impossible
+    s.append(
+        OpSample(
+            "tracelog.CTCLoss",
+            [("x", lp), ("y", padded), ("il", short), ("tl", lengths)],
+            {"blank": 0, "zero_infinity": 1},
+            torch=ctc(0, True),
+            name="CTCLoss-zero-infinity",
+        )
+    )
+    return s
+
+
+SAMPLES += _ctc_samples()

@@ -1865,6 +1865,193 @@ CumProd <axis> (X) => (Y) {
     )
 )
 
+
+def _ctc_lse(tag: str, xs: list[str], out: str) -> str:
+    """ONNX lines giving ``out`` = log(sum(exp(xs))) as torch's CTC kernel sums it:
+    shifted by the largest (0 where all are -inf), the terms in order; -inf
+    where all are."""
+    lines = [f"  {tag}_top0 = Max ({', '.join(xs)})"]
+    lines += [
+        f"  {tag}_inf = IsInf ({tag}_top0)",
+        f"  {tag}_shift = Where ({tag}_inf, ct_zf, {tag}_top0)",
+    ]
+    terms = []
+    for k, x in enumerate(xs):
+        lines += [f"  {tag}_d{k} = Sub ({x}, {tag}_shift)", f"  {tag}_e{k} = Exp ({tag}_d{k})"]
+        terms.append(f"{tag}_e{k}")
+    acc = terms[0]
+    for k, t in enumerate(terms[1:]):
+        lines.append(f"  {tag}_s{k} = Add ({acc}, {t})")
+        acc = f"{tag}_s{k}"
+    lines += [
+        f"  {tag}_some = Greater ({acc}, ct_zf)",
+        f"  {tag}_safe = Where ({tag}_some, {acc}, ct_onef)",
+        f"  {tag}_log = Log ({tag}_safe)",
+        f"  {tag}_sum = Add ({tag}_shift, {tag}_log)",
+        f"  {out} = Where ({tag}_some, {tag}_sum, ct_ninf)",
+    ]
+    return "\n".join(lines)
+
+
+_CTC_BODY = (
+    """
+<domain: "tracelog", opset_import: ["" : 21]>
+CTCLoss <blank, zero_infinity> (log_probs, targets, input_lengths, target_lengths) => (loss) {
+  ct_blank = Constant <value_int: int = @blank> ()
+  ct_zi_i = Constant <value_int: int = @zero_infinity> ()
+  ct_zi = Cast <to: int = 9> (ct_zi_i)
+  ct_m1 = Constant <value_ints: ints = [-1]> ()
+  ct_zero = Constant <value_int: int = 0> ()
+  ct_one = Constant <value_int: int = 1> ()
+  ct_two = Constant <value_int: int = 2> ()
+  ct_true = Cast <to: int = 9> (ct_one)
+  ct_ax0 = Constant <value_ints: ints = [0]> ()
+  ct_ax1 = Constant <value_ints: ints = [1]> ()
+  ct_ax2 = Constant <value_ints: ints = [2]> ()
+  ct_end1 = Constant <value_ints: ints = [-1]> ()
+  ct_end2 = Constant <value_ints: ints = [-2]> ()
+  ct_ones1 = Constant <value_ints: ints = [1]> ()
+  ct_ninf_f = Constant <value_float: float = -inf> ()
+  ct_ninf = CastLike (ct_ninf_f, log_probs)
+  ct_zero_f = Constant <value_float: float = 0.0> ()
+  ct_zf = CastLike (ct_zero_f, log_probs)
+  ct_one_f = Constant <value_float: float = 1.0> ()
+  ct_onef = CastLike (ct_one_f, log_probs)
+  ct_tl_r = Reshape (target_lengths, ct_m1)
+  ct_tl = Cast <to: int = 7> (ct_tl_r)
+  ct_il_r = Reshape (input_lengths, ct_m1)
+  ct_il = Cast <to: int = 7> (ct_il_r)
+  ct_tg = Cast <to: int = 7> (targets)
+  ct_tg_shape = Shape (ct_tg)
+  ct_tg_rank = Size (ct_tg_shape)
+  ct_flat = Equal (ct_tg_rank, ct_one)
+  ct_padded = If (ct_flat) <then_branch: graph = ct_cat () => (ct_cat_out) {
+    ct_w = Size (ct_tg)
+    ct_cs = CumSum (ct_tl, ct_zero)
+    ct_start = Sub (ct_cs, ct_tl)
+    ct_r = Range (ct_zero, ct_w, ct_one)
+    ct_start_c = Unsqueeze (ct_start, ct_ax1)
+    ct_r_r = Unsqueeze (ct_r, ct_ax0)
+    ct_at = Add (ct_start_c, ct_r_r)
+    ct_wm1 = Sub (ct_w, ct_one)
+    ct_wm1c = Max (ct_wm1, ct_zero)
+    ct_at_c = Clip (ct_at, ct_zero, ct_wm1c)
+    ct_cat_out = Gather <axis: int = 0> (ct_tg, ct_at_c)
+  }, else_branch: graph = ct_pad () => (ct_pad_out) {
+    ct_pad_out = Identity (ct_tg)
+  }>
+  ct_lp_shape = Shape (log_probs)
+  ct_t = Gather <axis: int = 0> (ct_lp_shape, ct_zero)
+  ct_n = Gather <axis: int = 0> (ct_lp_shape, ct_one)
+  ct_c = Gather <axis: int = 0> (ct_lp_shape, ct_two)
+  ct_cm1 = Sub (ct_c, ct_one)
+  ct_labels = Clip (ct_padded, ct_zero, ct_cm1)
+  ct_lab0 = Mul (ct_labels, ct_zero)
+  ct_blanks = Add (ct_lab0, ct_blank)
+  ct_lab_u = Unsqueeze (ct_labels, ct_ax2)
+  ct_bl_u = Unsqueeze (ct_blanks, ct_ax2)
+  ct_pair = Concat <axis: int = 2> (ct_bl_u, ct_lab_u)
+  ct_n_1 = Unsqueeze (ct_n, ct_ax0)
+  ct_ext_shape = Concat <axis: int = 0> (ct_n_1, ct_m1)
+  ct_ext0 = Reshape (ct_pair, ct_ext_shape)
+  ct_col_shape = Concat <axis: int = 0> (ct_n_1, ct_ones1)
+  ct_col = Expand (ct_blank, ct_col_shape)
+  ct_ext = Concat <axis: int = 1> (ct_ext0, ct_col)
+  ct_ext_cut = Slice (ct_ext, ct_ax0, ct_end2, ct_ax1)
+  ct_two_back = Concat <axis: int = 1> (ct_col, ct_col, ct_ext_cut)
+  ct_is_blank = Equal (ct_ext, ct_blank)
+  ct_not_blank = Not (ct_is_blank)
+  ct_same = Equal (ct_ext, ct_two_back)
+  ct_differs = Not (ct_same)
+  ct_skip = And (ct_not_blank, ct_differs)
+  ct_t_1 = Unsqueeze (ct_t, ct_ax0)
+  ct_ext_sh = Shape (ct_ext)
+  ct_idx_shape = Concat <axis: int = 0> (ct_t_1, ct_ext_sh)
+  ct_ext_b = Expand (ct_ext, ct_idx_shape)
+  ct_picked = GatherElements <axis: int = 2> (log_probs, ct_ext_b)
+  ct_width = Gather <axis: int = 0> (ct_ext_sh, ct_one)
+  ct_pos = Range (ct_zero, ct_width, ct_one)
+  ct_pos_r = Unsqueeze (ct_pos, ct_ax0)
+  ct_has = Greater (ct_tl, ct_zero)
+  ct_has_i = Cast <to: int = 7> (ct_has)
+  ct_lim = Add (ct_has_i, ct_one)
+  ct_lim_c = Unsqueeze (ct_lim, ct_ax1)
+  ct_open = Less (ct_pos_r, ct_lim_c)
+  ct_p0 = Gather <axis: int = 0> (ct_picked, ct_zero)
+  ct_first = Where (ct_open, ct_p0, ct_ninf)
+  ct_ninf_col = Expand (ct_ninf, ct_col_shape)
+  ct_tm1 = Sub (ct_t, ct_one)
+  ct_alpha = Loop (ct_tm1, ct_true, ct_first) <body: graph = ct_step (int64 ct_k, bool ct_cc, ct_a) => (bool ct_cc_out, ct_a_out) {
+    ct_cc_out = Identity (ct_cc)
+    ct_now = Add (ct_k, ct_one)
+    ct_lp_t = Gather <axis: int = 0> (ct_picked, ct_now)
+    ct_a1 = Slice (ct_a, ct_ax0, ct_end1, ct_ax1)
+    ct_one_back = Concat <axis: int = 1> (ct_ninf_col, ct_a1)
+    ct_a2 = Slice (ct_a, ct_ax0, ct_end2, ct_ax1)
+    ct_two0 = Concat <axis: int = 1> (ct_ninf_col, ct_ninf_col, ct_a2)
+    ct_two_a = Where (ct_skip, ct_two0, ct_ninf)
+"""
+    + _ctc_lse("ct_l3", ["ct_a", "ct_one_back", "ct_two_a"], "ct_lse")
+    + """
+    ct_moved = Add (ct_lse, ct_lp_t)
+    ct_live = Less (ct_now, ct_il)
+    ct_live_c = Unsqueeze (ct_live, ct_ax1)
+    ct_a_out = Where (ct_live_c, ct_moved, ct_a)
+  }>
+  ct_end = Mul (ct_tl, ct_two)
+  ct_end_c = Unsqueeze (ct_end, ct_ax1)
+  ct_last = GatherElements <axis: int = 1> (ct_alpha, ct_end_c)
+  ct_endm1 = Sub (ct_end, ct_one)
+  ct_endm1c = Max (ct_endm1, ct_zero)
+  ct_endm1_c = Unsqueeze (ct_endm1c, ct_ax1)
+  ct_before0 = GatherElements <axis: int = 1> (ct_alpha, ct_endm1_c)
+  ct_has_c = Unsqueeze (ct_has, ct_ax1)
+  ct_before = Where (ct_has_c, ct_before0, ct_ninf)
+"""
+    + _ctc_lse("ct_l2", ["ct_last", "ct_before"], "ct_ll")
+    + """
+  ct_nll_c = Neg (ct_ll)
+  ct_nll = Squeeze (ct_nll_c, ct_ax1)
+  ct_isinf = IsInf (ct_nll)
+  ct_kill = And (ct_isinf, ct_zi)
+  loss = Where (ct_kill, ct_zf, ct_nll)
+}
+"""
+)
+
+
+def _ctc_attrs(attrs: Mapping[str, object]) -> dict[str, object]:
+    """CTCLoss's function reads both attributes: 0 where the node leaves one out."""
+    return {"blank": 0, "zero_infinity": 0}
+
+
+define(
+    OpSchema(
+        "CTCLoss",
+        ("log_probs", "targets", "input_lengths", "target_lengths"),
+        ("loss",),
+        ("blank", "zero_infinity"),
+        domain=TRACELOG_DOMAIN,
+        defaults=(("blank", 0), ("zero_infinity", 0)),
+        doc=(
+            "The connectionist temporal classification loss of each sample, unreduced "
+            "(torch.nn.functional.ctc_loss with reduction='none'): loss[n] = -log of the "
+            "summed probability of every alignment of targets[n] (its first "
+            "target_lengths[n] labels) to the first input_lengths[n] steps of log_probs "
+            "[T, N, C] (log-probabilities, time-major), label `blank` between and around "
+            "the labels. targets is [N, S] padded, or 1-D: the samples' labels "
+            "concatenated; the lengths are [N] (0-d for N = 1: torch's unbatched call). An impossible alignment gives inf, or 0 and no gradient where "
+            "zero_infinity = 1. A mean over the batch divides each loss by its target "
+            "length as ordinary ops after the op. The ONNX function runs the alpha "
+            "recursion in log space as torch's kernel sums it, a Loop over the steps "
+            "(a sample's alpha kept past its input length), 1-D targets read from each "
+            "sample's offset (an If on their rank)."
+        ),
+        derived=_ctc_attrs,
+        function=_CTC_BODY,
+    )
+)
+
 define(
     OpSchema(
         "Unsupported",

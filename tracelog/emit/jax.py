@@ -320,3 +320,7 @@ JAX.spell(
         "tracelog.CumProd": "jnp.cumprod({0}, axis={axis})",
     }
 )
+
+
+# -- CTC loss: the runtime's alpha recursion in log space, a lax.scan over time
+JAX.spell({"tracelog.CTCLoss": "_ctc_loss({0}, {1}, {2}, {3}, {blank}, {zero_infinity})"})

@@ -377,3 +377,14 @@ TORCH.spell(
         "tracelog.CumProd": "torch.cumprod({0}, {axis})",
     }
 )
+
+
+# -- CTC loss: torch's own kernel, unreduced (the reduction is the graph's ops after it)
+TORCH.spell(
+    {
+        "tracelog.CTCLoss": (
+            "F.ctc_loss({0}, {1}, {2}, {3}, blank={blank}, reduction='none', "
+            "zero_infinity={zero_infinity})"
+        ),
+    }
+)

@@ -966,6 +966,18 @@ def _attention(c: RuleCtx) -> dict[str, Any]:
     }
 
 
+# -- CTC loss: every target's runtime writes the alpha recursion (_ctc_loss), but torch's
+# own F.ctc_loss
+@OPS.op("tracelog.CTCLoss")
+def _ctc_loss(c: RuleCtx) -> dict[str, Any]:
+    if c.rank(0) != 3 or c.rank(1) not in (1, 2):
+        raise NotImplementedError("CTCLoss of unbatched log-probabilities")
+    return {
+        "blank": int(c.attr("blank", 0)),
+        "zero_infinity": bool(int(c.attr("zero_infinity", 0))),
+    }
+
+
 def dtype_name(dtype: str) -> str:
     """A dtype name that may be spelled as an attribute (tf.float32)."""
     if dtype not in DTYPES:

@@ -400,3 +400,8 @@ TF.spell(
         "tracelog.CumProd": "tf.math.cumprod({0}, axis={axis})",
     }
 )
+
+
+# -- CTC loss: the runtime's alpha recursion in log space (tf.nn.ctc_loss takes a
+# log_softmax of its own, and its gradient of an impossible alignment is not zero_infinity's)
+TF.spell({"tracelog.CTCLoss": "_ctc_loss({0}, {1}, {2}, {3}, {blank}, {zero_infinity})"})

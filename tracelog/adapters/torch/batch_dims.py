@@ -45,6 +45,10 @@ _PACK = "aten._pack_padded_sequence.default"
 _PAD = "aten._pad_packed_sequence.default"
 _PACKED_CALLS = {"aten.lstm.data", "aten.gru.data", "aten.rnn_tanh.data", "aten.rnn_relu.data"}
 _PACKED_OPS = {_PACK, _PAD, *_PACKED_CALLS}
+# CTC's loss has no meta kernel where the lengths are tensors: its per-sample losses
+# are the batch of log_probs [T, N, C] (dim 1); its log-alpha, sized by the target
+# lengths' values, is for aten's backward (no rule reads it) and keeps its recorded size
+_CTC = {"aten._ctc_loss.Tensor", "aten._ctc_loss.default"}
 
 # A meta kernel's outputs are a function of its tensors' metadata and its other
 # arguments: (op, argument key) -> each output's (shape, stride, dtype), or
@@ -404,6 +408,8 @@ class _MetaReplay:
     def _call(self, rec: Any, args: list[Any], kwargs: dict[str, Any]) -> list[torch.Tensor]:
         if rec.op in _PACKED_OPS:
             return self._packed(rec, args)
+        if rec.op in _CTC:
+            return self._ctc(rec, args)
         # a view replays as a reshape: the tape holds values, not layouts (the
         # contiguous copy that torch made before an _unsafe_view is an alias
         # there), so a view the source ran may not be one of the replay's metas
@@ -463,6 +469,25 @@ class _MetaReplay:
         ):
             raise ValueError("the state does not fit the packed batch and the layer")
         return [args[0].new_empty((rows, dirs * hidden)), *[s.new_empty(s.shape) for s in states]]
+
+    def _ctc(self, rec: Any, args: list[Any]) -> list[torch.Tensor]:
+        """aten._ctc_loss on meta tensors: the losses [N] for log_probs [T, N, C],
+        where the targets and tensor lengths fit N; log-alpha as recorded
+        but for its batch."""
+        log_probs, targets = args[0], args[1]
+        if log_probs.dim() != 3:
+            raise ValueError("CTC loss of unbatched log-probabilities")
+        n = log_probs.shape[1]
+        lengths = [a for a in args[2:4] if isinstance(a, torch.Tensor)]
+        if any(t.dim() > 1 or t.numel() != n for t in lengths) or (
+            targets.dim() == 2 and targets.shape[0] != n
+        ):
+            raise ValueError("CTC targets or lengths that do not fit the batch")
+        alpha = self._recorded(rec.outs[1].shape)
+        return [
+            log_probs.new_empty((n,)),
+            log_probs.new_empty((n, *alpha[1:])),
+        ]
 
     def _packing(self, batch_sizes: Any) -> Any:
         """The pack_padded_sequence record whose batch sizes these are (a layer's

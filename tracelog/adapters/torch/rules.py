@@ -1743,6 +1743,7 @@ def _view_write(ctx: Ctx) -> Names:
 # the op families in modules of their own register into ATEN when imported
 from tracelog.adapters.torch import (  # noqa: E402, F401
     rules_attention,
+    rules_ctc,
     rules_embedding,
     rules_linalg,
     rules_math,

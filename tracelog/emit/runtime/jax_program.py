@@ -4,6 +4,7 @@ and the helpers op spellings call (inlined only when used)."""
 
 from __future__ import annotations
 
+import functools
 import re
 from collections.abc import Callable
 from typing import TYPE_CHECKING, Any
@@ -674,6 +675,72 @@ def _rnn(
     lens: jax.Array | None = None,
 ) -> tuple[jax.Array, ...]:
     return _recurrent(activation, x, w, r, b, [h0], direction, lens)
+
+
+# -- CTC loss ---------------------------------------------------------------------------
+def _ctc_logsumexp(*xs: jax.Array) -> jax.Array:
+    """log(sum(exp(xs))) as torch's CTC kernel sums it (shifted by the largest, 0
+    where all are -inf, the terms in order); -inf where all are, with no
+    gradient there (not NaN: the log's and the shift's are masked)."""
+    top = functools.reduce(jnp.maximum, xs)
+    shift = lax.stop_gradient(jnp.where(jnp.isfinite(top), top, jnp.zeros_like(top)))
+    total = functools.reduce(lambda a, b: a + b, [jnp.exp(x - shift) for x in xs])
+    some = total > 0
+    summed = shift + jnp.log(jnp.where(some, total, jnp.ones_like(total)))
+    return jnp.where(some, summed, jnp.full_like(total, -jnp.inf))
+
+
+def _ctc_loss(
+    log_probs: jax.Array,
+    targets: jax.Array,
+    input_lengths: jax.Array,
+    target_lengths: jax.Array,
+    blank: int,
+    zero_infinity: bool,
+) -> jax.Array:
+    """tracelog.CTCLoss: each sample's -log p(target | log_probs [T, N, C]), by the
+    alpha recursion in log space over the targets with blanks around them (a
+    lax.scan over time; a sample's alpha stays put past its input length).
+    targets [N, S] padded or 1-D concatenated (each sample's labels read from
+    its offset); inf for an impossible alignment, or 0 with no gradient where
+    zero_infinity."""
+    t_max, n, c = log_probs.shape
+    # (a 0-d length: an unbatched call, its log_probs and targets given a batch of 1)
+    lengths = jnp.reshape(jnp.asarray(target_lengths), (-1,)).astype(jnp.int64)
+    steps = jnp.reshape(jnp.asarray(input_lengths), (-1,)).astype(jnp.int64)
+    targets = jnp.asarray(targets).astype(jnp.int64)
+    if targets.ndim == 1:  # concatenated: sample k's labels start after those before it
+        width = targets.shape[0]
+        start = jnp.cumsum(lengths) - lengths
+        at = start[:, None] + jnp.arange(width, dtype=jnp.int64)[None, :]
+        targets = jnp.take(targets, jnp.clip(at, 0, max(width - 1, 0)), axis=0)
+    width = targets.shape[1]
+    labels = jnp.clip(targets, 0, c - 1)  # past a sample's length: never read
+    ext = jnp.full((n, 2 * width + 1), blank, jnp.int64).at[:, 1::2].set(labels)
+    two_back = jnp.concatenate([jnp.full((n, 2), blank, jnp.int64), ext[:, :-2]], axis=1)
+    skip = (ext != blank) & (ext != two_back)
+    picked = jnp.take_along_axis(log_probs, jnp.broadcast_to(ext[None], (t_max, *ext.shape)), 2)
+    ninf = jnp.full((n, 1), -jnp.inf, log_probs.dtype)
+    pos = jnp.arange(2 * width + 1)[None, :]
+    first = jnp.where(pos < 1 + (lengths > 0)[:, None], picked[0], -jnp.inf)
+
+    def step(alpha: jax.Array, row: tuple[jax.Array, jax.Array]) -> tuple[jax.Array, None]:
+        lp, t = row
+        one_back = jnp.concatenate([ninf, alpha[:, :-1]], axis=1)
+        two = jnp.concatenate([ninf, ninf, alpha[:, :-2]], axis=1)
+        two = jnp.where(skip, two, -jnp.inf)
+        moved = _ctc_logsumexp(alpha, one_back, two) + lp
+        return jnp.where((t < steps)[:, None], moved, alpha), None
+
+    alpha, _ = lax.scan(step, first, (picked[1:], jnp.arange(1, t_max, dtype=jnp.int64)))
+    end = 2 * lengths
+    last = jnp.take_along_axis(alpha, end[:, None], 1)[:, 0]
+    before = jnp.take_along_axis(alpha, jnp.maximum(end - 1, 0)[:, None], 1)[:, 0]
+    before = jnp.where(lengths > 0, before, -jnp.inf)
+    loss = -_ctc_logsumexp(last, before)
+    if zero_infinity:
+        loss = jnp.where(jnp.isinf(loss), jnp.zeros_like(loss), loss)
+    return loss
 
 
 INLINED = (

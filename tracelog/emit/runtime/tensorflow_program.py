@@ -4,6 +4,7 @@ call (inlined only when used)."""
 
 from __future__ import annotations
 
+import functools
 import re
 from collections.abc import Callable
 from typing import TYPE_CHECKING, Any
@@ -789,6 +790,85 @@ def _rnn(
     lens: tf.Tensor | None = None,
 ) -> tuple[tf.Tensor, ...]:
     return _recurrent(activation, x, w, r, b, [h0], direction, lens)
+
+
+# -- CTC loss ---------------------------------------------------------------------------
+def _ctc_logsumexp(*xs: tf.Tensor) -> tf.Tensor:
+    """log(sum(exp(xs))) as torch's CTC kernel sums it (shifted by the largest, 0
+    where all are -inf, the terms in order); -inf where all are, with no
+    gradient there (not NaN: the log's and the shift's are masked)."""
+    top = functools.reduce(tf.math.maximum, xs)
+    shift = tf.stop_gradient(tf.where(tf.math.is_finite(top), top, tf.zeros_like(top)))
+    total = functools.reduce(lambda a, b: a + b, [tf.math.exp(x - shift) for x in xs])
+    some = total > 0
+    summed = shift + tf.math.log(tf.where(some, total, tf.ones_like(total)))
+    return tf.where(some, summed, tf.fill(tf.shape(total), tf.constant(-np.inf, total.dtype)))
+
+
+def _ctc_loss(
+    log_probs: tf.Tensor,
+    targets: tf.Tensor,
+    input_lengths: tf.Tensor,
+    target_lengths: tf.Tensor,
+    blank: int,
+    zero_infinity: bool,
+) -> tf.Tensor:
+    """tracelog.CTCLoss: each sample's -log p(target | log_probs [T, N, C]), by the
+    alpha recursion in log space over the targets with blanks around them (a
+    tf.scan over time; a sample's alpha stays put past its input length).
+    targets [N, S] padded or 1-D concatenated (each sample's labels read from
+    its offset); inf for an impossible alignment, or 0 with no gradient where
+    zero_infinity. tf.nn.ctc_loss is not it: it takes a log_softmax of its own,
+    and its gradient at an impossible alignment is not zero_infinity's."""
+    log_probs = tf.convert_to_tensor(log_probs)
+    dtype = log_probs.dtype
+    n, c = tf.shape(log_probs)[1], tf.shape(log_probs)[2]
+    # (a 0-d length: an unbatched call, its log_probs and targets given a batch of 1)
+    lengths = tf.reshape(tf.cast(target_lengths, tf.int64), [-1])
+    steps = tf.reshape(tf.cast(input_lengths, tf.int64), [-1])
+    targets = tf.cast(targets, tf.int64)
+    if targets.shape.rank == 1:  # concatenated: sample k's labels start after those before it
+        width = tf.shape(targets, out_type=tf.int64)[0]
+        start = tf.math.cumsum(lengths) - lengths
+        at = start[:, None] + tf.range(width)[None, :]
+        targets = tf.gather(targets, tf.clip_by_value(at, 0, tf.maximum(width - 1, 0)))
+    labels = tf.clip_by_value(targets, 0, tf.cast(c, tf.int64) - 1)  # past a length: not read
+    width = tf.shape(labels)[1]
+    blanks = tf.fill([n, width], tf.constant(blank, tf.int64))
+    ext = tf.reshape(tf.stack([blanks, labels], axis=2), [n, 2 * width])
+    ext = tf.concat([ext, tf.fill([n, 1], tf.constant(blank, tf.int64))], axis=1)
+    two_back = tf.concat([tf.fill([n, 2], tf.constant(blank, tf.int64)), ext[:, :-2]], axis=1)
+    skip = tf.math.logical_and(ext != blank, ext != two_back)
+    picked = tf.gather(
+        log_probs,
+        tf.broadcast_to(ext[None], [tf.shape(log_probs)[0], n, 2 * width + 1]),
+        axis=2,
+        batch_dims=2,
+    )
+    ninf = tf.fill([n, 1], tf.constant(-np.inf, dtype))
+    pos = tf.range(2 * width + 1, dtype=tf.int64)[None, :]
+    opened = pos < 1 + tf.cast(lengths > 0, tf.int64)[:, None]
+    first = tf.where(opened, picked[0], tf.constant(-np.inf, dtype))
+
+    def step(alpha: tf.Tensor, row: tuple[tf.Tensor, tf.Tensor]) -> tf.Tensor:
+        lp, t = row
+        one_back = tf.concat([ninf, alpha[:, :-1]], axis=1)
+        two = tf.concat([ninf, ninf, alpha[:, :-2]], axis=1)
+        two = tf.where(skip, two, tf.constant(-np.inf, dtype))
+        moved = _ctc_logsumexp(alpha, one_back, two) + lp
+        return tf.where((t < steps)[:, None], moved, alpha)
+
+    times = tf.range(1, tf.shape(log_probs, out_type=tf.int64)[0])
+    alpha = tf.scan(step, (picked[1:], times), initializer=first)
+    alpha = tf.concat([first[None], alpha], axis=0)[-1]
+    end = 2 * lengths
+    last = tf.gather(alpha, end[:, None], axis=1, batch_dims=1)[:, 0]
+    before = tf.gather(alpha, tf.maximum(end - 1, 0)[:, None], axis=1, batch_dims=1)[:, 0]
+    before = tf.where(lengths > 0, before, tf.constant(-np.inf, dtype))
+    loss = -_ctc_logsumexp(last, before)
+    if zero_infinity:
+        loss = tf.where(tf.math.is_inf(loss), tf.zeros_like(loss), loss)
+    return loss
 
 
 INLINED = ("_as_param", "_as_const", "_bfloat16", "module_attr")
