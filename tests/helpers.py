@@ -121,3 +121,27 @@ def validate_against_schema(doc: Any, schema_file: Path) -> None:
     schema = json.loads(schema_file.read_text())
     jsonschema.Draft202012Validator.check_schema(schema)
     jsonschema.Draft202012Validator(schema).validate(doc)
+
+
+def record_keras_lambda(fn: Callable[[Any], Any], log_dir: Path, width: int) -> tracelog.TraceLog:
+    """A Keras model with `fn` in a Lambda between two Dense layers (the first
+    `width` wide), trained with a GradientTape on a batch of 6 and a short one
+    of 4, recorded strictly; the closed log."""
+    import keras
+    import numpy as np
+    import tensorflow as tf
+
+    keras.utils.set_random_seed(0)
+    layers = keras.layers
+    model = keras.Sequential(
+        [keras.Input((6,)), layers.Dense(width), layers.Lambda(fn), layers.Dense(5)]
+    )
+    loss = keras.losses.SparseCategoricalCrossentropy(from_logits=True)
+    rng = np.random.default_rng(0)
+    x, y = rng.standard_normal((10, 6)).astype("float32"), rng.integers(0, 5, 10)
+    listener = tracelog.Listener(model, log_dir, strict=True)
+    for i in (0, 6):  # a batch of 6, then a short one of 4
+        with listener.batch(), tf.GradientTape() as tape:
+            value = loss(y[i : i + 6], model(x[i : i + 6], training=True))
+        tape.gradient(value, model.trainable_variables)
+    return listener.close()

@@ -18,6 +18,8 @@ import pytest
 
 torch = pytest.importorskip("torch", reason="the PyTorch adapter needs torch")
 
+from helpers import record_keras_lambda  # noqa: E402
+
 import tracelog  # noqa: E402
 from tracelog.adapters.torch import TorchListener  # noqa: E402
 from tracelog.emit import targets  # noqa: E402
@@ -134,24 +136,11 @@ def test_keras_linalg_translates(tmp_path: Path) -> None:
     """The same ops from TensorFlow (MatrixInverse, MatrixSolve, MatrixDeterminant,
     LogMatrixDeterminant, Cholesky, MatrixTriangularSolve) record as the same IR
     and translate; JAX's run of these ops is the torch source's above."""
-    tf = pytest.importorskip("tensorflow", reason="the Keras adapter needs TensorFlow")
-    keras = pytest.importorskip("keras")
+    pytest.importorskip("tensorflow", reason="the Keras adapter needs TensorFlow")
+    pytest.importorskip("keras")
     from tracelog.verify import verify
 
-    keras.utils.set_random_seed(0)
-    layers = keras.layers
-    model = keras.Sequential(
-        [keras.Input((6,)), layers.Dense(16), layers.Lambda(_keras_linalg), layers.Dense(5)]
-    )
-    loss = keras.losses.SparseCategoricalCrossentropy(from_logits=True)
-    rng = np.random.default_rng(0)
-    x, y = rng.standard_normal((10, 6)).astype("float32"), rng.integers(0, 5, 10)
-    listener = tracelog.Listener(model, tmp_path, strict=True)
-    for i in (0, 6):  # a batch of 6, then a short one of 4
-        with listener.batch(), tf.GradientTape() as tape:
-            value = loss(y[i : i + 6], model(x[i : i + 6], training=True))
-        tape.gradient(value, model.trainable_variables)
-    log = listener.close()
+    log = record_keras_lambda(_keras_linalg, tmp_path, 16)
     assert log.unrecorded == 0, log.failures
     assert [e.usage.batches for e in log.entries.values()] == [2, 2]
     ops = set().union(*(g.op_histogram() for g in log.graphs.values()))

@@ -17,6 +17,8 @@ import pytest
 torch = pytest.importorskip("torch", reason="the PyTorch adapter needs torch")
 special = pytest.importorskip("scipy.special", reason="scipy is the reference")
 
+from helpers import record_keras_lambda  # noqa: E402
+
 import tracelog  # noqa: E402
 from tracelog.emit import targets  # noqa: E402
 from tracelog.ir import Graph, Node, Output, TensorType, Value  # noqa: E402
@@ -245,23 +247,10 @@ def _keras_special(h):
 def test_keras_special_functions_translate(tmp_path: Path) -> None:
     """TensorFlow's Erfinv, Ndtri and BesselI0/I0e/I1/I1e record as the same
     IR and translate."""
-    tf = pytest.importorskip("tensorflow", reason="the Keras adapter needs TensorFlow")
-    keras = pytest.importorskip("keras")
+    pytest.importorskip("tensorflow", reason="the Keras adapter needs TensorFlow")
+    pytest.importorskip("keras")
 
-    keras.utils.set_random_seed(0)
-    layers = keras.layers
-    model = keras.Sequential(
-        [keras.Input((6,)), layers.Dense(8), layers.Lambda(_keras_special), layers.Dense(5)]
-    )
-    loss = keras.losses.SparseCategoricalCrossentropy(from_logits=True)
-    rng = np.random.default_rng(0)
-    x, y = rng.standard_normal((10, 6)).astype("float32"), rng.integers(0, 5, 10)
-    listener = tracelog.Listener(model, tmp_path, strict=True)
-    for i in (0, 6):  # a batch of 6, then a short one of 4
-        with listener.batch(), tf.GradientTape() as tape:
-            value = loss(y[i : i + 6], model(x[i : i + 6], training=True))
-        tape.gradient(value, model.trainable_variables)
-    log = listener.close()
+    log = record_keras_lambda(_keras_special, tmp_path, 8)
     assert log.unrecorded == 0, log.failures
     ops = set().union(*(g.op_histogram() for g in log.graphs.values()))
     wanted = {"tracelog.Erfinv", "tracelog.Ndtri", "tracelog.I0", "tracelog.I0e"}
