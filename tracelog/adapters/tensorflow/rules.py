@@ -626,13 +626,17 @@ def _ndtri(ctx: Ctx) -> Names:
 
 # the modified Bessel functions of the first kind, orders 0 and 1, and their
 # exponentially scaled forms (tf.math.bessel_i0 ... bessel_i1e)
+def _tracelog_unary(op: str, ctx: Ctx) -> Names:
+    return ctx.one(op, [ctx.t(0)], domain="tracelog")
+
+
 for _tf_op, _op in (
     ("tf.BesselI0", "I0"),
     ("tf.BesselI0e", "I0e"),
     ("tf.BesselI1", "I1"),
     ("tf.BesselI1e", "I1e"),
 ):
-    TF_OPS.add(_tf_op, lambda ctx, _op=_op: ctx.one(_op, [ctx.t(0)], domain="tracelog"))
+    TF_OPS.add(_tf_op, partial(_tracelog_unary, _op))
 
 
 @TF_OPS.register("tf.Lgamma")

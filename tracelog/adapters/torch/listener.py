@@ -229,6 +229,8 @@ class _Window(WindowBase):
     listener: TorchListener
     merged_targets = True
     grad_enabled = staticmethod(torch.is_grad_enabled)
+    # the user's custom autograd Functions its forward ran (_function_bodies)
+    custom_functions: list[str]
 
     def __init__(self, listener: TorchListener, phase: str, epoch: int, batch: int) -> None:
         super().__init__(listener, phase, epoch, batch)

@@ -1149,7 +1149,7 @@ def _masked_scatter(ctx: Ctx) -> Names:
     n: Dim = 1
     for d in shape:
         n = dim_mul(n, d)
-    m = 1
+    m: Dim = 1
     for d in st.shape:
         m = dim_mul(m, d)
     line = TensorType("int64", (n,))

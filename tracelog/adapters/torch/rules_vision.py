@@ -301,9 +301,10 @@ def _antialiased(ctx: Ctx) -> Names:
     import torch
 
     xt, out = ctx.in_type(0), ctx.out_type()
-    (h, w), (ho, wo) = xt.shape[-2:], out.shape[-2:]
-    if not all(isinstance(d, int) for d in (h, w, ho, wo)):
+    sizes = (*xt.shape[-2:], *out.shape[-2:])
+    if not all(isinstance(d, int) for d in sizes):
         raise NotSupported("antialiased resizing over a symbolic spatial size")
+    h, w, ho, wo = (int(d) for d in sizes)
     _, name, overload = ctx.rec.op.split(".")
     kernel = getattr(getattr(torch.ops.aten, name), overload)
     rest = [ctx.arg(i) for i in range(1, len(ctx.rec.args))]
@@ -312,12 +313,12 @@ def _antialiased(ctx: Ctx) -> Names:
         with torch.no_grad():
             return kernel(x, *rest).numpy()
 
-    rows = torch.zeros(h, 1, h, w, dtype=torch.float64)
-    rows[torch.arange(h), 0, torch.arange(h), :] = 1.0
-    cols = torch.zeros(w, 1, h, w, dtype=torch.float64)
-    cols[torch.arange(w), 0, :, torch.arange(w)] = 1.0
-    wh = run(rows)[:, 0, :, 0].T  # [ho, h]
-    ww = run(cols)[:, 0, 0, :]  # [w, wo]
+    one_row = torch.zeros(h, 1, h, w, dtype=torch.float64)
+    one_row[torch.arange(h), 0, torch.arange(h), :] = 1.0
+    one_col = torch.zeros(w, 1, h, w, dtype=torch.float64)
+    one_col[torch.arange(w), 0, :, torch.arange(w)] = 1.0
+    wh = run(one_row)[:, 0, :, 0].T  # [ho, h]
+    ww = run(one_col)[:, 0, 0, :]  # [w, wo]
     probe = torch.randn(2, 3, h, w, dtype=torch.float64, generator=torch.Generator().manual_seed(0))
     if not np.allclose(wh @ probe.numpy() @ ww, run(probe), rtol=1e-12, atol=1e-12):
         raise NotSupported("an antialiased resize that is not two weight matrices")
