@@ -977,8 +977,8 @@ def _expand(ctx: Ctx) -> Names:
 def _repeat(ctx: Ctx) -> Names:
     """Tile. More counts than dims: x is first unsqueezed at the front, as
     torch reads it (an index row repeated per sample: arange(n).repeat(B, 1)).
-    A count that makes a batch-sized dim from a dim of 1 is that dim's size,
-    computed from the data, so that every batch size runs the graph."""
+    A count that makes a batch-sized dim is that dim's size over the input
+    dim's, computed from the data, so that every batch size runs the graph."""
     reps = [int(r) for r in ctx.arg(1)]
     x, xt, out = ctx.t(0), ctx.in_type(0), ctx.out_type()
     lead = len(reps) - len(xt.shape)
@@ -992,9 +992,15 @@ def _repeat(ctx: Ctx) -> Names:
         return ctx.one("Tile", [x, ctx.ints(reps)])
     parts = []
     for r, i, o, follow in zip(reps, shape, out.shape, follows, strict=True):
-        if follow and i != 1:
-            raise NotSupported("repeat of a dim larger than 1 a batch-sized number of times")
-        parts.append(ctx.b_dim(o) if follow else ctx.ints([r]))
+        if not follow:
+            parts.append(ctx.ints([r]))
+        elif i == 1:
+            parts.append(ctx.b_dim(o))
+        else:  # instance norm's weight.repeat(B): the count is the out dim over the in dim
+            poly = parse_dim(o)
+            if any(c % int(i) for c in poly.values()):
+                raise NotSupported(f"repeat of {i} to {o}: not a whole number of times")
+            parts.append(ctx.b_dim(format_dim({m: c // int(i) for m, c in poly.items()})))
     counts = ctx.helper("Concat", parts, TensorType("int64", (len(reps),)), axis=0)
     return ctx.one("Tile", [x, counts])
 
