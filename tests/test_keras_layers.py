@@ -795,3 +795,6 @@ def test_a_coin_from_a_uniform_draw_has_its_probability() -> None:
     scaled = {draw: ("uniform", -1.0, 3.0)}  # uniform(-1, 3) <= 0.3: (0.3 + 1) / 4
     assert _rng_dist("LessEqual", (None, c), [draw, None], scaled)[1] == pytest.approx(1.3 / 4)
     assert _rng_dist("Less", (None, c), [draw, None], {draw: ("normal", 0.0, 1.0)}) is None
+    coin = {draw: ("bernoulli", 0.3, 0.0)}  # a coin scaled or shifted is no coin
+    assert _rng_dist("Mul", (None, c), [draw, None], coin) is None
+    assert _rng_dist("Cast", (None,), [draw], coin) == ("bernoulli", 0.3, 0.0)

@@ -105,6 +105,8 @@ def _rng_dist(
         return None
     c = float(np.asarray(other).reshape(-1)[0])
     kind, a, b = known[in_refs[drawn[0]]]
+    if kind == "bernoulli":
+        return None  # c * coin is no coin: recorded as an op reading it (_reads_draw)
     if op_type == "Mul":
         if kind == "normal":
             return kind, a * c, b * abs(c)
