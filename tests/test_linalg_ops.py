@@ -137,7 +137,7 @@ def test_keras_linalg_translates(tmp_path: Path) -> None:
     LogMatrixDeterminant, Cholesky, MatrixTriangularSolve) record as the same IR
     and translate; JAX's run of these ops is the torch source's above."""
     pytest.importorskip("tensorflow", reason="the Keras adapter needs TensorFlow")
-    pytest.importorskip("keras")
+    pytest.importorskip("keras", reason="the Keras adapter needs Keras 3")
     from tracelog.verify import verify
 
     log = record_keras_lambda(_keras_linalg, tmp_path, 16)

@@ -645,8 +645,10 @@ def test_solves_broadcast_batch_dims_as_torch_does() -> None:
             np.broadcast_to(a, (*batch, *a.shape[-2:])), np.broadcast_to(b, (*batch, *b.shape[-2:]))
         )
 
-    tf_program = pytest.importorskip("tracelog.emit.runtime.tensorflow_program")
-    jax_program = pytest.importorskip("tracelog.emit.runtime.jax_program")
+    tf_program = pytest.importorskip(
+        "tracelog.emit.runtime.tensorflow_program", reason="its runtime needs TensorFlow"
+    )
+    jax_program = pytest.importorskip("tracelog.emit.runtime.jax_program", reason="needs JAX")
     import jax
 
     jax.config.update("jax_enable_x64", True)  # as a JAX program sets it
