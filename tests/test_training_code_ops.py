@@ -6,8 +6,10 @@ sample's neighbour as its negative), index_add into a tensor made without a
 dtype, diag_embed, bucketize, linspace, Tensor.unfold (sliding windows),
 torch.quantile (sort, lerp by tensors, any, isnan, squeeze_), index_copy,
 index_fill, special.xlog1py, an embedding with scale_grad_by_freq,
-torch.isfinite (a product of bools), searchsorted, nansum and
-masked_scatter. Each translates on every target with its float64 rows."""
+torch.isfinite (a product of bools), searchsorted, nansum,
+masked_scatter, aminmax, renorm, ldexp, tril/triu_indices, pdist and RReLU
+in training. Each translates on every target with its float64 rows.
+"""
 
 from __future__ import annotations
 
@@ -380,6 +382,49 @@ def test_scatter_reduce_without_self_and_batch_repeats_translate(
 ) -> None:
     torch.manual_seed(0)
     _check(target, tmp_path, _Scattered(), F.cross_entropy)
+
+
+class _Spread(nn.Module):
+    """aminmax, renorm (some rows over the limit, some under), ldexp,
+    tril_indices and triu_indices, pdist over a fixed number of rows (the
+    batch is its width), and quantile at a level float32 does not hold
+    exactly (its q is a float constant: 0.3, not 0.30000001, in float64),
+    and RReLU in training (its slopes drawn per element, fed back from the
+    sample)."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.fc, self.head = nn.Linear(6, 8), nn.Linear(8, 5)
+        self.rrelu = nn.RReLU()
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        h = self.fc(x)
+        n = h.shape[0]
+        low, high = torch.aminmax(h, dim=-1, keepdim=True)
+        square = h[:, :4, None] * h[:, None, 4:]  # [n, 4, 4]
+        rows, cols = torch.tril_indices(4, 4, -1)
+        upper = torch.triu_indices(4, 4, 1)
+        terms = [
+            low * high + torch.aminmax(h).max,
+            torch.renorm(h, 2, 0, 1.5) + torch.renorm(h, 1, 1, 2.0),
+            torch.ldexp(h, torch.arange(8) % 3 - 1),
+            (square[:, rows, cols] - square[:, upper[0], upper[1]]).repeat(1, 2)[:, :8] * 0.1,
+            torch.pdist(h.T[:6].contiguous())[:8] + torch.pdist(h.T[2:], p=1)[:8] * 0.1,
+            torch.quantile(h, 0.3, dim=-1, keepdim=True).expand(n, 8),
+            self.rrelu(h) + F.rrelu(h * 2, 0.05, 0.5, training=True),  # slopes drawn
+        ]
+        total = h
+        for term in terms:
+            total = total + term
+        return self.head(total)
+
+
+@pytest.mark.parametrize("target", TARGETS)
+def test_aminmax_renorm_ldexp_triangle_indices_pdist_quantile_and_rrelu_translate(
+    target: str, tmp_path: Path
+) -> None:
+    torch.manual_seed(0)
+    _check(target, tmp_path, _Spread(), F.cross_entropy)
 
 
 class _Reversed(torch.autograd.Function):

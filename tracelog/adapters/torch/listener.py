@@ -53,6 +53,7 @@ from .guards import Calls, FastWindow, input_key, on_backward
 from .recurrent import InnerOps, RecurrentScopes, wrap_pad_packed
 from .reference import forward64
 from .rules import ATEN, DRAW_OPS, RESTRIDE, VIEW_WRITE, WHOLE_VIEWS
+from .rules_math import RRELU, rrelu_draws
 from .tensors import (
     _DTYPES,
     TORCH_DTYPES,
@@ -419,6 +420,8 @@ class _Window(WindowBase):
         index = self.record(name, region, nargs, nkwargs, outs, n_returned, tainted, func, mutated)
         if name in DRAW_OPS:
             self.draws[index] = outs[0].detach().clone()
+        elif name == RRELU and rrelu_draws(args, kwargs):
+            self.draws[index] = args[1].detach().clone()  # the slopes it drew (its noise)
         self.track_views(name, info, args, outs, region, index)
         if region == "post" and name == "aten.ones_like.default":
             self.note_seed(args, kwargs, nargs)

@@ -26,6 +26,7 @@ import torch
 from tracelog.adapters.tape import Ref, Tape, TArg
 
 from .rules import VIEW_WRITE, WHOLE_VIEWS, inverse_order
+from .rules_math import RRELU
 from .rules_recurrent import MASK_OP
 from .tensors import OUT_OF_PLACE_VIEWS, TORCH_DTYPES, flatten_tensors
 
@@ -154,6 +155,10 @@ class _Replay:
             outs = [self._view_write(rec)]
         elif rec.op == MASK_OP:
             outs = [self.drawn[rec.index][0].detach() != 0]  # read by the call before it
+        elif rec.op == RRELU and rec.index in self.drawn:
+            # RReLU in training: the slopes the batch drew (its noise), where x <= 0
+            x, slopes = self.sub(rec.args[0]), _up(self.drawn[rec.index][0])
+            outs = [torch.where(x > 0, x, x * slopes), slopes]
         elif rec.op in _RECURRENT:
             outs = self._recurrent(rec)
         elif rec.func is None:
@@ -313,7 +318,10 @@ def forward64(
     drawn = {
         rec.index: [draws[rec.index]] if rec.index in draws else rec_out[rec.index]
         for rec in tape.recs
-        if rec.op in _DRAWS or rec.op in _RANDOM or rec.op == MASK_OP
+        if rec.op in _DRAWS
+        or rec.op in _RANDOM
+        or rec.op == MASK_OP
+        or (rec.op == RRELU and rec.index in draws)
     }
     replay = _Replay(sources, drawn, tape.recs, tape.batch_size)
     with torch.enable_grad():

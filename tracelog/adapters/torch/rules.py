@@ -779,25 +779,39 @@ def _vector_norm(ctx: Ctx) -> Names:
 
 
 def norm_along(
-    ctx: Ctx, x: str, wide: TensorType, order: float, axes: Sequence[int], keep: int
+    ctx: Ctx,
+    x: str,
+    wide: TensorType,
+    order: float,
+    axes: Sequence[int],
+    keep: int,
+    typed: TensorType | None = None,
 ) -> str:
     """The vector norm of order `order` of x (of type `wide`) over `axes` (none:
-    all), as the record's output; see _vector_norm."""
-    out = ctx.out_type()
+    all), as the record's output; see _vector_norm. With `typed`: a helper of
+    that type instead (a norm the record goes on to use)."""
+    out = typed or ctx.out_type()
     dt = out.dtype
+
+    def result(op: str, inputs: Sequence[str], **attrs: Any) -> str:
+        """The norm's last node: the record's output, or a helper of type `typed`."""
+        if typed is None:
+            return ctx.one(op, inputs, **attrs)[0]
+        return ctx.helper(op, inputs, typed, **attrs)
+
     reduced = [ctx.ints(list(axes))] if axes else []
     bools = TensorType("bool", wide.shape)
     if order in (math.inf, -math.inf):
         a = ctx.helper("Abs", [x], wide)
-        return ctx.one("ReduceMax" if order > 0 else "ReduceMin", [a, *reduced], keepdims=keep)[0]
+        return result("ReduceMax" if order > 0 else "ReduceMin", [a, *reduced], keepdims=keep)
     if order == 1:
         a = ctx.helper("Abs", [x], wide)
-        return ctx.one("ReduceSum", [a, *reduced], keepdims=keep)[0]
+        return result("ReduceSum", [a, *reduced], keepdims=keep)
     if order == 0:  # how many are nonzero (no gradient, as torch's)
         zero = ctx.helper("Equal", [x, ctx.const(0.0, dt)], bools)
         nonzero = ctx.helper("Not", [zero], bools)
         counted = ctx.helper("Cast", [nonzero], wide, to=dt)
-        return ctx.one("ReduceSum", [counted, *reduced], keepdims=keep)[0]
+        return result("ReduceSum", [counted, *reduced], keepdims=keep)
     if order == 2:
         powers = ctx.helper("Mul", [x, x], wide)
         inverse = None
@@ -807,7 +821,7 @@ def norm_along(
     total = ctx.helper("ReduceSum", [powers, *reduced], out, keepdims=keep)
     if order < 0:
         assert inverse is not None
-        return ctx.one("Pow", [total, inverse])[0]
+        return result("Pow", [total, inverse])
     # torch's gradient of a zero norm is 0 (norm_backward masks it); the root's
     # is inf there, so the root is taken of 1 where the sum is 0 and its result
     # replaced: no inf * 0 reaches the gradient
@@ -818,7 +832,7 @@ def norm_along(
         if inverse is None
         else ctx.helper("Pow", [safe, inverse], out)
     )
-    return ctx.one("Where", [zero, ctx.const(0.0, dt), root])[0]
+    return result("Where", [zero, ctx.const(0.0, dt), root])
 
 
 @ATEN.register("aten._cdist_forward.default")
@@ -1181,7 +1195,11 @@ def _fill_rule(value_arg: int | None, fill: float) -> Converter:
             raise NotSupported("a fill value given as a tensor")
         if any(map(is_symbolic, out.shape)):
             return ctx.one("ConstantOfShape", [ctx.dynamic_shape(list(out.shape))], value=value)
-        data = np.full([int(d) for d in out.shape], value, dtype=np.dtype(out.dtype))
+        dtype = np.dtype(out.dtype)
+        # a float fill as given (torch.quantile's q = 0.3, not float32's 0.30000001):
+        # the constant keeps its exact value for the float64 check (Builder.new_const)
+        wide = np.float64 if dtype.kind == "f" and isinstance(value, float) else dtype
+        data = np.full([int(d) for d in out.shape], value, dtype=wide)
         return [ctx.const(data, out.dtype)]
 
     return rule
@@ -1323,21 +1341,27 @@ def _random_draw(ctx: Ctx) -> Names:
     a, b = 0.0, 1.0  # rand: [0, 1); randn: mean 0, std 1
     if first is not None and second is not None:  # uniform_(from, to), normal_(mean, std)
         a, b = float(ctx.arg(*first)), float(ctx.arg(*second))
+    if op == "RandomExponentialLike":
+        return [random_like(ctx, out, op, record=True, domain=TRACELOG_DOMAIN)]
+    attrs = {"low": a, "high": b} if op == "RandomUniformLike" else {"mean": a, "scale": b}
+    return [random_like(ctx, out, op, record=True, **attrs)]
+
+
+def random_like(ctx: Ctx, ty: TensorType, op: str, record: bool = False, **attrs: Any) -> str:
+    """A draw node of type `ty` (the record's output with `record`, else a
+    helper) whose values the sample takes from the record's draw (the
+    listener's mask()); a fresh run draws them."""
     # the draw's shape and dtype as a tensor of zeros (a symbolic dim from the data)
-    dims = list(out.shape)
+    dims = list(ty.shape)
     shape = (
         ctx.dynamic_shape(dims)
         if any(is_symbolic(d) for d in dims)
         else ctx.ints([int(d) for d in dims])
     )
-    like = ctx.helper("ConstantOfShape", [shape], out, value=0.0)
-    if op == "RandomExponentialLike":
-        y = ctx.one(op, [like], domain=TRACELOG_DOMAIN)[0]
-    else:
-        attrs = {"low": a, "high": b} if op == "RandomUniformLike" else {"mean": a, "scale": b}
-        y = ctx.one(op, [like], **attrs)[0]
+    like = ctx.helper("ConstantOfShape", [shape], ty, value=0.0)
+    y = ctx.one(op, [like], **attrs)[0] if record else ctx.helper(op, [like], ty, **attrs)
     ctx.b.random_recs[y] = ctx.rec.index
-    return [y]
+    return y
 
 
 @ATEN.register("aten.native_dropout.default")

@@ -38,8 +38,11 @@ from tracelog.adapters.torch.rules import (
     _vector_norm,
     argmax_of,
     dim_sub,
+    norm_along,
+    random_like,
 )
 from tracelog.ir import TensorType, is_symbolic
+from tracelog.ops import TRACELOG_DOMAIN
 
 _INT64_MAX = 2**63 - 1
 
@@ -1024,14 +1027,33 @@ def _block_diag(ctx: Ctx) -> Names:
 
 
 # -- small element-wise and layout ops of training code ------------------------------------------
-@ATEN.register("aten.rrelu_with_noise.default")
-def _rrelu_eval(ctx: Ctx) -> Names:
-    # RReLU in eval mode: a leaky ReLU of slope (lower + upper) / 2; in training its
-    # slopes are drawn per element (not followed)
-    if bool(ctx.arg(4, "training", False)):
-        raise NotSupported("RReLU in training: its negative slopes are drawn per element")
+RRELU = "aten.rrelu_with_noise.default"
+
+
+def rrelu_draws(args: Any, kwargs: Any) -> bool:
+    """Whether an RReLU call draws its slopes (training): the listener keeps
+    its noise tensor, the slopes it drew, as a draw."""
+    training = args[4] if len(args) > 4 else (kwargs or {}).get("training", False)
+    return bool(training)
+
+
+@ATEN.register(RRELU)
+def _rrelu(ctx: Ctx) -> Names:
+    # RReLU (aten/src/ATen/native/Activation.cpp, rrelu_with_noise_out_cpu): in eval
+    # a leaky ReLU of slope (lower + upper) / 2; in training x where x > 0, else x
+    # times a slope drawn uniformly in [lower, upper] per element (the noise tensor
+    # holds them, 1 where x > 0): a draw node, fed the batch's slopes from the
+    # sample, its gradient the slope as torch's backward takes it
     lower, upper = float(ctx.arg(2, "lower", 1 / 8)), float(ctx.arg(3, "upper", 1 / 3))
-    return ctx.one("LeakyRelu", [ctx.t(0)], alpha=(lower + upper) / 2)
+    if not bool(ctx.arg(4, "training", False)):
+        return ctx.one("LeakyRelu", [ctx.t(0)], alpha=(lower + upper) / 2)
+    xt = ctx.in_type(0)
+    if xt.dtype not in ("float16", "bfloat16", "float32", "float64"):
+        raise NotSupported(f"RReLU of dtype {xt.dtype}")
+    slopes = random_like(ctx, xt, "RandomUniformLike", low=lower, high=upper)
+    x = ctx.t(0)
+    positive = ctx.helper("Greater", [x, ctx.const(0.0, xt.dtype)], TensorType("bool", xt.shape))
+    return ctx.one("Where", [positive, x, ctx.helper("Mul", [x, slopes], xt)])
 
 
 @ATEN.register("aten.frac.default", "aten.frac_.default")
@@ -1118,3 +1140,95 @@ def _rot90(ctx: Ctx) -> Names:
     perm = list(range(rank))
     perm[d0], perm[d1] = d1, d0
     return ctx.one("Transpose", [y], perm=perm)
+
+
+# -- reductions and distances of training code, from their aten definitions ------------
+@ATEN.register("aten.aminmax.default")
+def _aminmax(ctx: Ctx) -> Names:
+    # torch.aminmax: amin and amax over `dim` (None: every axis), each with
+    # amin/amax's gradient
+    axes = _axes(ctx.arg(1, "dim"))
+    keep = int(bool(ctx.arg(2, "keepdim", False)))
+    x = ctx.t(0)
+    reduced = [ctx.ints(axes)] if axes else []
+    low = ctx.one("ReduceMin", [x, *reduced], keepdims=keep)[0]
+    high = ctx.helper("ReduceMax", [x, *reduced], ctx.out_type(1), keepdims=keep)
+    return [low, high]
+
+
+@ATEN.register("aten.renorm.default", "aten.renorm_.default")
+def _renorm(ctx: Ctx) -> Names:
+    # torch.renorm (aten/src/ATen/native/ReduceOps.cpp, renorm_scale_factor): each
+    # slice along `dim` whose p-norm exceeds maxnorm is scaled by
+    # maxnorm / (norm + 1e-7), the others kept; the gradient is that product's
+    # (torch's renorm_backward differentiates the factor too)
+    xt = ctx.in_type(0)
+    rank = len(xt.shape)
+    p, dim, maxnorm = float(ctx.arg(1, "p")), int(ctx.arg(2, "dim")) % rank, ctx.arg(3, "maxnorm")
+    dt = xt.dtype
+    kept = TensorType(dt, tuple(d if a == dim else 1 for a, d in enumerate(xt.shape)))
+    others = [a for a in range(rank) if a != dim]
+    norm = norm_along(ctx, ctx.t(0), xt, p, others, 1, typed=kept)
+    limit = ctx.const(float(maxnorm), dt)
+    over = ctx.helper("Greater", [norm, limit], TensorType("bool", kept.shape))
+    padded = ctx.helper("Add", [norm, ctx.const(1e-7, dt)], kept)
+    factor = ctx.helper(
+        "Where", [over, ctx.helper("Div", [limit, padded], kept), ctx.const(1.0, dt)], kept
+    )
+    return ctx.one("Mul", [ctx.t(0), factor])
+
+
+@ATEN.register("aten.ldexp.Tensor", "aten.ldexp_.default")
+def _ldexp(ctx: Ctx) -> Names:
+    # torch.ldexp: x * 2 ** e (exact for an integer exponent in range)
+    out = ctx.out_type()
+    dt = out.dtype
+    x = _operand(ctx, 0, "self", dt)
+    power_t = TensorType(dt, ctx.in_type(1).shape)
+    power = ctx.helper("Pow", [ctx.const(2.0, dt), _operand(ctx, 1, "other", dt)], power_t)
+    if ctx.in_type(1).dtype in ("float16", "bfloat16", "float32", "float64"):
+        return ctx.one("Mul", [x, power])
+    # torch's backward multiplies by pow(2, other) in the exponent's integer dtype,
+    # which is 0 for a negative exponent: the value is x * 2 ** e, the gradient
+    # that integer power (StopGradient splits the two, as in _embedding_scaled)
+    negative = ctx.helper(
+        "Less", [ctx.t(1), ctx.const(0, ctx.in_type(1).dtype)], TensorType("bool", power_t.shape)
+    )
+    slope = ctx.helper("Where", [negative, ctx.const(0.0, dt), power], power_t)
+    value = ctx.helper(
+        "StopGradient", [ctx.helper("Mul", [x, power], out)], out, domain=TRACELOG_DOMAIN
+    )
+    frozen = ctx.helper("StopGradient", [x], ctx.in_type(0), domain=TRACELOG_DOMAIN)
+    moving = ctx.helper("Mul", [ctx.helper("Sub", [x, frozen], ctx.in_type(0)), slope], out)
+    return ctx.one("Add", [value, moving])
+
+
+def _indices_rule(pick: Any) -> Converter:
+    def rule(ctx: Ctx) -> Names:
+        # torch.tril_indices / triu_indices(row, col, offset): a constant [2, n]
+        rows, cols = int(ctx.arg(0, "row")), int(ctx.arg(1, "col"))
+        offset = int(ctx.arg(2, "offset", 0))
+        found = np.stack(pick(rows, offset, cols)).astype(np.int64)
+        return [ctx.const(found, ctx.out_type().dtype)]
+
+    return rule
+
+
+ATEN.add("aten.tril_indices.default", _indices_rule(np.tril_indices))
+ATEN.add("aten.triu_indices.default", _indices_rule(np.triu_indices))
+
+
+@ATEN.register("aten._pdist_forward.default")
+def _pdist(ctx: Ctx) -> Names:
+    # torch.pdist of x [n, m]: the p-norm of x[i] - x[j] for each i < j, in row-major
+    # order (np.triu_indices(n, 1)), taken from the differences as cdist's
+    xt = ctx.in_type(0)
+    n = xt.shape[0]
+    if is_symbolic(n):
+        raise NotSupported("pdist over a batch-sized number of rows (n(n - 1) / 2 pairs)")
+    first, second = np.triu_indices(int(n), 1)
+    pairs = TensorType(xt.dtype, (len(first), xt.shape[1]))
+    a = ctx.helper("Gather", [ctx.t(0), ctx.ints(first.tolist())], pairs, axis=0)
+    b = ctx.helper("Gather", [ctx.t(0), ctx.ints(second.tolist())], pairs, axis=0)
+    diff = ctx.helper("Sub", [a, b], pairs)
+    return [norm_along(ctx, diff, pairs, float(ctx.arg(1, "p", 2.0)), [1], 0)]
