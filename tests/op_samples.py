@@ -956,6 +956,33 @@ def _attention_samples() -> list[OpSample]:
             torch=_t(lambda a, i: torch.gather(a, 1, i)),
         )
     )
+    # selections by the data: rows along axis 0, columns along axis 1, the nonzeros
+    keep_rows, keep_cols = np.array([True, False, True]), np.array([False, True, True, False])
+    s.append(
+        OpSample(
+            "Compress",
+            [("x", data), ("m", keep_rows)],
+            {"axis": 0},
+            torch=_t(lambda a, m: a[m]),
+            name="Compress/rows",
+        )
+    )
+    s.append(
+        OpSample(
+            "Compress",
+            [("x", data), ("m", keep_cols)],
+            {"axis": 1},
+            torch=_t(lambda a, m: a[:, m]),
+            name="Compress/columns",
+        )
+    )
+    s.append(
+        OpSample(
+            "NonZero",
+            [("x", np.where(data > 0, data, 0.0).astype(np.float32))],
+            torch=_t(lambda a: torch.nonzero(a).T),
+        )
+    )
     # unique targets for the plain scatter (which of two writes wins is unspecified)
     unique, upd = _i(2, 0, 1, 2, 0, 2, 0, 1).reshape(2, 4), _r(2, 4, seed=5)
     s.append(

@@ -39,7 +39,7 @@ DTYPES = frozenset(
         "bool",
     )
 )
-_SYMBOL = r"(?:batch|seq[2-9]?)"
+_SYMBOL = r"(?:batch|seq[2-9]?|count[2-9]?)"
 _TERM = rf"(?:{_SYMBOL}(?:\*{_SYMBOL})*(?:\*[1-9][0-9]*)?|[1-9][0-9]*)"
 _DIM = re.compile(rf"-?{_TERM}(?:[+-]{_TERM})*")
 
@@ -67,9 +67,12 @@ def is_symbolic(d: object) -> bool:
 
 
 def symbol_key(symbol: str) -> tuple[int, int]:
-    """The order of symbols in a dim's text: batch, then seq, seq2, ..."""
+    """The order of symbols in a dim's text: batch, then seq, seq2, ..., then
+    count, count2, ... (how many elements a mask of the data selects)."""
     if symbol == BATCH:
         return (0, 0)
+    if symbol.startswith("count"):
+        return (2, int(symbol[5:] or 1))
     return (1, int(symbol[3:] or 1))
 
 

@@ -95,6 +95,8 @@ TRAITS = {
     "channels_first": "reads input 0 as channels-first and can run channels-last",
     # draws a random mask each run: the recorded sample keeps the mask, in node order
     "random": "draws a random mask; the sample keeps it so a replay reproduces the batch",
+    # an output's size is the data's (a boolean selection): no static shape to trace
+    "data_dependent": "an output's size depends on the input values, not their shapes",
 }
 
 OPS: dict[tuple[str, str], OpSchema] = {}
@@ -2104,6 +2106,11 @@ _onnx("Mod", "A B", "C", "fmod=0", traits="elementwise")
 _onnx("Trilu", "input k?", "output", "upper=1")
 _onnx("CumSum", "x axis", "y", "exclusive=0 reverse=0")
 _onnx("GatherElements", "data indices", "output", "axis=0")
+# sizes that depend on the data: the slices a 1-D boolean condition selects along
+# an axis (x[mask], masked_select), the indices of the nonzero elements as [rank, n]
+# (torch.nonzero is its transpose); a jit that traces static shapes cannot run them
+_onnx("Compress", "input condition", "output", "axis", traits="data_dependent")
+_onnx("NonZero", "X", "Y", traits="data_dependent")
 # the k largest (smallest) along an axis, in order, equal elements lower index first
 # (torch.sort, argsort, topk: ViT-MAE's random masking sorts its noise)
 _onnx("TopK", "X K", "Values Indices", "axis=-1 largest=1 sorted=1")

@@ -809,7 +809,10 @@ class Ctx:
                 source, axis = next(iter(tape.inputs.values())), 0
             else:
                 ref, axis = tape.symbols[symbol]
-                source = tape.inputs[ref[1]] if ref[0] == "i" else tape.targets[ref[1]]
+                if ref[0] == "o":  # a count of the data's selection: that record's output
+                    source = tape.recs[ref[1]].outs[ref[2]]
+                else:
+                    source = tape.inputs[ref[1]] if ref[0] == "i" else tape.targets[ref[1]]
             name = self.b.name_of(source)
             sizes[symbol] = self.helper(
                 "Shape", [name], TensorType("int64", (1,)), start=axis, end=axis + 1

@@ -22,7 +22,7 @@ built from its own ops.
 
 from __future__ import annotations
 
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 
 from tracelog.adapters.tape import Ref, Tape, TArg, concrete_shape, map_targs
 from tracelog.ir import BATCH, Dim, dim_value, format_dim
@@ -37,6 +37,9 @@ Fixed = dict[Ref, set[int]]
 Replay = Callable[[dict[str, int], Sources, Fixed], Shapes | None]
 
 SYMBOLS = ("seq", "seq2", "seq3")  # at most three sizes beside the batch
+# and at most four counts of the data's selections (x[mask]: the adapter's candidates)
+COUNTS = ("count", "count2", "count3", "count4")
+Candidates = Sequence[tuple[int, list[tuple[Ref, int]]]]
 _DATA = ("i", "t", "o")  # refs whose dims may follow a symbol
 
 
@@ -66,10 +69,13 @@ def _shapes_of(tape: Tape) -> dict[Ref, TArg]:
     return found
 
 
-def with_symbols(tape: Tape, batch_tape: Tape, replay: Replay) -> Tape:
+def with_symbols(tape: Tape, batch_tape: Tape, replay: Replay, selections: Candidates = ()) -> Tape:
     """`batch_tape` (the tape with exact batch dims) with the dims that follow
     a candidate size written over its symbols; `batch_tape` itself when no
-    candidate is a symbol."""
+    candidate is a symbol. `selections`: counts the data decides (how many
+    elements x[mask] selects: the places are record outputs), tried as
+    symbols count, count2, ... after the sequence sizes; a count with no
+    symbol stays a number, and the adapter's rule refuses its record."""
     batch = tape.batch_size
     assert batch is not None
     base = {ref: concrete_shape(a.shape, batch) for ref, a in _shapes_of(tape).items()}
@@ -78,10 +84,14 @@ def with_symbols(tape: Tape, batch_tape: Tape, replay: Replay) -> Tape:
     accepted: Sources = {}
     runs: dict[str, tuple[Shapes, Shapes]] = {}  # symbol -> (alone, with the batch)
     fitted: dict[Ref, tuple[Dim, ...]] | None = None
-    for size, places in candidates(tape):
-        if len(accepted) == len(SYMBOLS):
-            break
-        symbol = SYMBOLS[len(accepted)]
+    named: list[tuple[tuple[str, ...], tuple[int, list[tuple[Ref, int]]]]]
+    named = [(SYMBOLS, c) for c in candidates(tape)]
+    named += [(COUNTS, (size, places)) for size, places in selections]
+    for names, (size, places) in named:
+        taken = sum(1 for s in accepted if s in names)
+        if taken == len(names):
+            continue
+        symbol = names[taken]
         trial = {**accepted, symbol: (size, places)}
         alone = replay({symbol: size + 1}, trial, {})
         if alone is None:

@@ -32,6 +32,11 @@ TARGET = Target(
     "np.asarray({value}, dtype=np.{dtype})",
     (to_channels_first,),
     const_exprs={"bfloat16": "np.asarray({value}, dtype=jnp.bfloat16)"},
+    data_dependent=(
+        "# A graph selects by the data (a boolean mask, nonzero): its sizes are not static,\n"
+        "# so jax.jit cannot trace it; the check and the step run op by op.\n"
+        "STATIC_SHAPES = False"
+    ),
 )
 
 JAX.spell(
@@ -232,6 +237,8 @@ JAX.spell(
         "Trilu": "jnp.{tri}({0}, {k})",
         "CumSum": "jnp.cumsum({0}, axis={axis}, dtype={0}.dtype)",
         "GatherElements": "jnp.take_along_axis({0}, {1}, axis={axis})",
+        "Compress": "jnp.compress({1}, {0}, axis={axis})",
+        "NonZero": "jnp.stack(jnp.nonzero({0})).astype(jnp.int64)",
         "TopK": "_topk({0}, {k}, {axis}, {largest})",
     }
 )

@@ -56,7 +56,7 @@ from tracelog.emit.shaped import (
 from tracelog.errors import LogError, UnsupportedOpError
 from tracelog.ir import Graph, Node, Value
 from tracelog.log import GraphEntry, TraceLog
-from tracelog.ops import is_random
+from tracelog.ops import is_random, traits_of
 from tracelog.passes.modules import ModuleCall, module_calls, relative
 from tracelog.sample import target_key
 
@@ -78,6 +78,9 @@ class Target:
     )
     # a dtype whose constants the target writes otherwise (JAX: numpy has no bfloat16)
     const_exprs: Mapping[str, str] = field(default_factory=dict)
+    # the statement a program gets where a graph's sizes depend on the data (an op
+    # of trait data_dependent: x[mask]); JAX's turns its jit off
+    data_dependent: str = ""
 
     @cached_property
     def pieces(self) -> list[Inlinable]:
@@ -633,6 +636,10 @@ def build_program(
         trace,
     )
     tail = [_predict_table(log, fnames), *([] if standalone else target.keys_called(step)), step]
+    if target.data_dependent and any(
+        "data_dependent" in traits_of(n) for g in lowered.values() for n in g.nodes
+    ):
+        tail.insert(0, target.data_dependent)
     tail += [weights.functions[n] for n in weights.inlined]
     prelude = [*runtime.statements, *weights.statements]
     entry = ENTRY_POINT if standalone else entry_point(target)

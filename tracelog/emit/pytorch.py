@@ -302,6 +302,8 @@ TORCH.spell(
         # torch.cumsum widens small integers to int64; ONNX CumSum keeps the dtype
         "CumSum": "torch.cumsum({0}, {axis}, dtype={0}.dtype)",
         "GatherElements": "torch.gather({0}, {axis}, {1})",
+        "Compress": "{0}[{lead}{1}]",
+        "NonZero": "torch.nonzero({0}).T",
         "TopK": "_topk({0}, {k}, {axis}, {largest})",
         "ScatterElements": "torch.scatter({0}, {axis}, {1}, {2})",
         "ScatterElements/add": "torch.scatter_add({0}, {axis}, {1}, {2})",

@@ -878,6 +878,14 @@ def _topk(c: RuleCtx) -> dict[str, Any]:
     return {"k": k, "axis": axis, "largest": bool(int(c.attr("largest", 1)))}
 
 
+@OPS.op("Compress")
+def _compress(c: RuleCtx) -> dict[str, Any]:
+    if c.attr("axis") is None:
+        raise NotImplementedError("Compress of the flattened input (no axis)")
+    axis = int(c.attr("axis")) % c.rank()
+    return {"axis": axis, "lead": ":, " * axis}
+
+
 @OPS.op("GatherElements")
 def _gather_elements(c: RuleCtx) -> dict[str, Any]:
     return {"axis": int(c.attr("axis", 0)) % c.rank()}

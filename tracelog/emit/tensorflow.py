@@ -296,6 +296,8 @@ TF.spell(
         "Mod": "tf.math.floormod({0}, {1})",  # the divisor's sign, as ONNX Mod (fmod=0)
         "CumSum": "tf.math.cumsum({0}, axis={axis})",
         "GatherElements": "tf.experimental.numpy.take_along_axis({0}, {1}, axis={axis})",
+        "Compress": "tf.boolean_mask({0}, {1}, axis={axis})",
+        "NonZero": "tf.transpose(tf.where(tf.cast({0}, tf.bool)))",
         "TopK": "_topk({0}, {k}, {axis}, {largest})",
     }
 )

@@ -49,6 +49,12 @@ _PACKED_OPS = {_PACK, _PAD, *_PACKED_CALLS}
 # are the batch of log_probs [T, N, C] (dim 1); its log-alpha, sized by the target
 # lengths' values, is for aten's backward (no rule reads it) and keeps its recorded size
 _CTC = {"aten._ctc_loss.Tensor", "aten._ctc_loss.default"}
+# ops whose output's size is the data's (how many elements a mask selects): each
+# distinct mask's count is a symbol of its own ("count", ...; selections()), and the
+# replay sizes those outputs at the symbol's size (never from a memo: the size is
+# the symbol's, not the arguments')
+_INDEX = "aten.index.Tensor"
+_SELECTS = {_INDEX, "aten.masked_select.default", "aten.nonzero.default"}
 
 # A meta kernel's outputs are a function of its tensors' metadata and its other
 # arguments: (op, argument key) -> each output's (shape, stride, dtype), or
@@ -76,7 +82,12 @@ def exact_batch_dims(tape: Tape, *, memo: Memo | None = None) -> Tape | None:
             return None
         batch_tape = map_targs(tape, replay.resym)
         try:
-            return with_symbols(tape, batch_tape, functools.partial(_replay_sizes, tape, memo))
+            return with_symbols(
+                tape,
+                batch_tape,
+                functools.partial(_replay_sizes, tape, memo),
+                selections(tape),
+            )
         except Exception:  # a replay this module did not foresee: the batch dims stand
             return batch_tape
 
@@ -95,6 +106,41 @@ def _replay_sizes(
     if not _replay_all(tape, replay):
         return None
     return {ref: tuple(int(d) for d in t.shape) for ref, t in replay.metas.items()}
+
+
+def selection_axis(rec: Any) -> int | None:
+    """The axis of rec's output whose size counts what a mask selects: x[mask]'s
+    place of the mask (one boolean index, the others None), 0 for
+    masked_select and nonzero; None for a record that selects nothing so."""
+    if rec.op == _INDEX:
+        indices = rec.args[1] if len(rec.args) > 1 else ()
+        masks = [k for k, t in enumerate(indices) if isinstance(t, TArg) and t.dtype == "bool"]
+        if len(masks) != 1 or any(t is not None for k, t in enumerate(indices) if k != masks[0]):
+            return None
+        return masks[0]
+    return 0 if rec.op in _SELECTS else None
+
+
+def selections(tape: Tape) -> list[tuple[int, list[tuple[Ref, int]]]]:
+    """The counts of the data's selections, candidates for symbols of their own
+    (symbols.with_symbols): per mask (x[m] and y[m] select alike; nonzero(m)
+    counts the same elements), its recorded count and the output axes it sizes."""
+    found: dict[Any, tuple[int, list[tuple[Ref, int]]]] = {}
+    for rec in tape.recs:
+        axis = selection_axis(rec) if rec.op in _SELECTS else None
+        if axis is None:
+            continue
+        if rec.op == _INDEX:
+            mask = rec.args[1][axis]
+        else:  # nonzero(m) counts m's nonzeros; masked_select(x, m) m's
+            mask = rec.args[0] if rec.op == "aten.nonzero.default" else rec.args[1]
+        if not isinstance(mask, TArg):
+            continue
+        # masked_select broadcasts its mask: the count is the mask's only at its shape
+        key = (mask.ref, rec.outs[0].shape if rec.op == "aten.masked_select.default" else None)
+        count = concrete_shape(rec.outs[0].shape, tape.batch_size or 0)[axis]
+        found.setdefault(key, (count, []))[1].append((("o", rec.index, 0), axis))
+    return list(found.values())
 
 
 # which reading of each int that may follow a symbol a replay takes, by position
@@ -284,7 +330,7 @@ class _MetaReplay:
         """A target flattened with the batch ([B*T] labels): its factor k at the
         replay's sizes, T followed where k is a sequence symbol's size."""
         for symbol, (size, _places) in self.sources.items():
-            if symbol in self.sizes and k % size == 0:
+            if symbol in self.sizes and size >= 2 and k % size == 0:
                 return k // size * self.sizes[symbol]
         return k
 
@@ -347,7 +393,11 @@ class _MetaReplay:
     def _lone(self, x: int) -> list[int]:
         """The readings of a lone int of a record not derived from the data:
         a size the replay changes (arange(B) for a batch index, arange(T))."""
-        return [size for symbol, size in self.sizes.items() if x >= 2 and x == self._base[symbol]]
+        return [
+            size
+            for symbol, size in self.sizes.items()
+            if x >= 2 and x == self._base[symbol]  # (a count of 0 or 1 reads no int)
+        ]
 
     def _multiple(self, x: int) -> list[int]:
         """x read as k times a product of symbol sizes, at the replay's sizes:
@@ -365,8 +415,15 @@ class _MetaReplay:
             for n in range(len(symbols), 0, -1):
                 for group in itertools.combinations(symbols, n):
                     size = math.prod(base[s] for s in group)
-                    new = x // size * math.prod(self.sizes[s] for s in group)
-                    if x % size == 0 and new not in readings:
+                    if size < 2:  # a count of 0 or 1 divides nothing or everything:
+                        if x != size:  # only an int equal to it reads it (expand(n, C))
+                            continue
+                        new = math.prod(self.sizes[s] for s in group)
+                    elif x % size:
+                        continue
+                    else:
+                        new = x // size * math.prod(self.sizes[s] for s in group)
+                    if new not in readings:
                         readings.append(new)
         self._multiples[x] = readings
         return readings
@@ -381,7 +438,13 @@ class _MetaReplay:
             return []
         if rec.op in _RANDOM_INPLACE:
             return [plan.args[0]]
-        if self.memo is None or rec.mutated or plan.key is _NO_KEY or rec.op in _PACKED_OPS:
+        if (
+            self.memo is None
+            or rec.mutated
+            or plan.key is _NO_KEY
+            or rec.op in _PACKED_OPS
+            or rec.op in _SELECTS
+        ):
             args, kwargs = plan.filled(values, infer)
             return self._call(rec, args, kwargs) + [args[i] for i in rec.mutated]
         # the plan's key and the slots' values (and -1's place) say the arguments
@@ -410,6 +473,10 @@ class _MetaReplay:
             return self._packed(rec, args)
         if rec.op in _CTC:
             return self._ctc(rec, args)
+        if rec.op in _SELECTS:
+            axis = selection_axis(rec)
+            if axis is not None:
+                return [self._selected(rec, args, axis)]
         # a view replays as a reshape: the tape holds values, not layouts (the
         # contiguous copy that torch made before an _unsafe_view is an alias
         # there), so a view the source ran may not be one of the replay's metas
@@ -489,6 +556,25 @@ class _MetaReplay:
             log_probs.new_empty((n, *alpha[1:])),
         ]
 
+    def _selected(self, rec: Any, args: list[Any], axis: int) -> torch.Tensor:
+        """A selection by the data on meta tensors (no meta kernel can size it):
+        its count the replay's size of the count's symbol, else as recorded."""
+        place = (("o", rec.index, 0), axis)
+        count = self._recorded(rec.outs[0].shape)[axis]
+        for symbol, (_size, places) in self.sources.items():
+            if place in places and symbol in self.sizes:
+                count = self.sizes[symbol]
+        x = args[0]
+        if rec.op == "aten.nonzero.default":
+            return torch.empty((count, x.dim()), dtype=torch.int64, device="meta")
+        if rec.op == "aten.masked_select.default":
+            torch.broadcast_shapes(x.shape, args[1].shape)  # raises where they do not fit
+            return x.new_empty((count,))
+        mask = args[1][axis]
+        if tuple(mask.shape) != tuple(x.shape[axis : axis + mask.dim()]):
+            raise ValueError("a boolean index that does not fit the indexed dims")
+        return x.new_empty((*x.shape[:axis], count, *x.shape[axis + mask.dim() :]))
+
     def _packing(self, batch_sizes: Any) -> Any:
         """The pack_padded_sequence record whose batch sizes these are (a layer's
         output keeps its input's)."""
@@ -565,6 +651,7 @@ class _MetaReplay:
             or rec.mutated
             or rec.op in _RANDOM_INPLACE
             or rec.op in _PACKED_OPS
+            or rec.op in _SELECTS
         ):
             return None
         source = rec.args[0].shape if rec.op in _VIEWS and isinstance(rec.args[0], TArg) else None

@@ -389,10 +389,16 @@ class _Window(WindowBase):
             return  # before the forward: preprocessing, not part of either graph
         if region == "post":
             tensors = _tensors_in((args, kwargs))
-            if not self.from_model(tensors) and not self.reduces_targets(tensors, _flat(out)):
+            if (
+                not self.from_model(tensors)
+                and not self.reduces_targets(tensors, _flat(out))
+                and not _selects(func, args)
+            ):
                 # Data preparation after the forward (y[idx], y.long()): not part of
                 # the loss graph. Its outputs stay unknown, so the loss meets them as
-                # targets (batch-sized) or constants.
+                # targets (batch-sized) or constants. A selection by a mask (y[keep])
+                # is recorded: its size is the data's count, which the selected
+                # predictions share (a count equal to the batch size is no batch).
                 return
         # a method, not a closure: a recursive closure is a reference cycle, and
         # it would keep the window (its tape, its tensors) alive until the
@@ -1366,6 +1372,19 @@ class TorchListener(GuardedCounting, ListenerBase):
 
 _PLAIN = (bool, int, float, str, torch.dtype, torch.device, torch.layout, torch.memory_format)
 _PLAIN_TYPES = frozenset(_PLAIN)  # exactly these types (a subclass goes through isinstance)
+
+
+_SELECTIONS = frozenset([torch.ops.aten.masked_select.default, torch.ops.aten.nonzero.default])
+
+
+def _selects(func: Any, args: tuple[Any, ...]) -> bool:
+    """A selection whose size is the data's: x[mask] (a boolean index),
+    masked_select, nonzero (called for post-forward ops on targets only)."""
+    if func in _SELECTIONS:
+        return True
+    if func is not torch.ops.aten.index.Tensor or len(args) < 2:
+        return False
+    return any(isinstance(i, torch.Tensor) and i.dtype == torch.bool for i in args[1])
 
 
 def _flat(out: Any) -> list[torch.Tensor]:

@@ -519,9 +519,79 @@ def _index(ctx: Ctx) -> Names:
     if all(i is None for i in indices):
         return [ctx.t(0)]
     if any(i is not None and i.dtype in ("bool", "uint8") for i in indices):
-        raise NotSupported("indexing with a boolean mask: the output's size depends on the data")
+        return _selected(ctx, indices)
     merged = _merged_index(ctx, indices)
     return ctx.one("Gather", [merged.x, merged.linear], axis=merged.first)
+
+
+def _counted(ctx: Ctx, axis: int) -> None:
+    """The output's size along `axis` is the data's count of selected elements:
+    it must follow a count symbol (symbols.py: the batch-dim replay sized the
+    selection at other counts); a count it could not follow (below 2, or a
+    replay that failed) would hold this batch's number in every batch's graph."""
+    d = ctx.out_type().shape[axis]
+    if not (is_symbolic(d) and any(s.startswith("count") for m in parse_dim(d) for s in m)):
+        raise NotSupported(
+            "a boolean selection whose count the batch-dim replay could not follow "
+            f"(counted {d}): its size depends on the data"
+        )
+
+
+def _selected(ctx: Ctx, indices: list[Any]) -> Names:
+    """x[mask] (a mask over dims j..j+m of x, the other indices None): those
+    dims merged into one (row-major, as torch reads the mask) and compressed
+    by the flattened mask along it; the count is a symbol (_counted)."""
+    masks = [d for d, i in enumerate(indices) if i is not None]
+    if len(masks) != 1 or indices[masks[0]].dtype != "bool":
+        raise NotSupported("a boolean mask beside other indices, or a uint8 mask")
+    j, mask = masks[0], indices[masks[0]]
+    _counted(ctx, j)
+    xt, m = ctx.in_type(0), len(mask.shape)
+    x, flat_mask = ctx.t(0), ctx.b.name_of(mask)
+    if m != 1:
+        merged: Dim = 1
+        for size in xt.shape[j : j + m]:
+            merged = dim_mul(merged, size)
+        flat = [*xt.shape[:j], merged, *xt.shape[j + m :]]
+        x = ctx.helper("Reshape", [x, ctx.shape_const(flat)], TensorType(xt.dtype, tuple(flat)))
+        flat_mask = ctx.helper(
+            "Reshape", [flat_mask, ctx.ints([-1])], TensorType("bool", (merged,))
+        )
+    return ctx.one("Compress", [x, flat_mask], axis=j)
+
+
+@ATEN.register("aten.masked_select.default")
+def _masked_select(ctx: Ctx) -> Names:
+    """torch.masked_select(x, mask): x and mask broadcast, flattened, and the
+    elements where the mask holds, in row-major order (1-D, a count symbol)."""
+    _counted(ctx, 0)
+    xt, mt = ctx.in_type(0), ctx.in_type(1)
+    shape = tuple(_broadcast(ctx, [xt.shape, mt.shape]))
+    x, mask = ctx.t(0), ctx.t(1)
+    if tuple(xt.shape) != shape:
+        x = ctx.helper(
+            "Expand", [x, ctx.shape_const(list(shape), False)], TensorType(xt.dtype, shape)
+        )
+    if tuple(mt.shape) != shape:
+        mask = ctx.helper(
+            "Expand", [mask, ctx.shape_const(list(shape), False)], TensorType("bool", shape)
+        )
+    merged: Dim = 1
+    for size in shape:
+        merged = dim_mul(merged, size)
+    flat_x = ctx.helper("Reshape", [x, ctx.ints([-1])], TensorType(xt.dtype, (merged,)))
+    flat_mask = ctx.helper("Reshape", [mask, ctx.ints([-1])], TensorType("bool", (merged,)))
+    return ctx.one("Compress", [flat_x, flat_mask], axis=0)
+
+
+@ATEN.register("aten.nonzero.default")
+def _nonzero(ctx: Ctx) -> Names:
+    """torch.nonzero(x): the indices of x's nonzero elements, [count, rank] in
+    row-major order (ONNX NonZero gives them as [rank, count])."""
+    _counted(ctx, 0)
+    xt, out = ctx.in_type(0), ctx.out_type()
+    found = ctx.helper("NonZero", [ctx.t(0)], TensorType("int64", (len(xt.shape), out.shape[0])))
+    return ctx.one("Transpose", [found], perm=[1, 0])
 
 
 class _Merged(NamedTuple):
