@@ -600,14 +600,16 @@ def _fixed_classify_batch(g: torch.Generator, i: int) -> Batch:
 # Tried first on 2026-11-28 (evening), on all four targets: each passed after the
 # fixes they brought (ConvBERT: im2col; Nystromformer, XLNet: eye; BiT: batch
 # norm without running statistics; CvT: views in the batch-dim replay).
-# DeBERTa's loss is named (its default picks the labelled rows by
-# (labels >= 0).nonzero(), a data-dependent shape); CvtStage indexes its
+# DeBERTa's loss is named in two cases, and its default (the labelled rows
+# picked by (labels >= 0).nonzero(): a count symbol) in a third; CvtStage indexes its
 # drop-path rates by stage, so stage k needs a depth above k. EfficientFormer
 # is gone from this transformers (5.24).
 EXTRA_CASES += [
     _text("deberta", "DebertaConfig", "DebertaForSequenceClassification", num_labels=3,
           problem_type="single_label_classification",
           relative_attention=True, pos_att_type=["c2p", "p2c"], **_SMALL),
+    _text("deberta_labelled", "DebertaConfig", "DebertaForSequenceClassification",
+          num_labels=3, relative_attention=True, pos_att_type=["c2p", "p2c"], **_SMALL),
     _text("deberta_v2", "DebertaV2Config", "DebertaV2ForSequenceClassification", num_labels=3,
           problem_type="single_label_classification",
           relative_attention=True, pos_att_type=["p2c", "c2p"], position_buckets=8,

@@ -143,6 +143,19 @@ def selections(tape: Tape) -> list[tuple[int, list[tuple[Ref, int]]]]:
     return list(found.values())
 
 
+def _following_selections(recs: list[Any]) -> set[int]:
+    """The indices of the records downstream of a selection by the data."""
+    counted: set[Any] = set()
+    found: set[int] = set()
+    for rec in recs:
+        selects = rec.op in _SELECTS and selection_axis(rec) is not None
+        if selects or any(a.ref in counted for a in rec.tensor_args()):
+            if not selects:
+                found.add(rec.index)
+            counted.update(o.ref for o in rec.outs)
+    return found
+
+
 # which reading of each int that may follow a symbol a replay takes, by position
 # (0: kept; k: the k-th reading); None: the first reading of every one
 Choice = dict[int, int] | None
@@ -307,8 +320,21 @@ class _MetaReplay:
         self._tainted = False  # of the record being planned
         # each symbol's size in the recording, and each int's readings as a multiple
         self._base = {BATCH: batch, **{s: n for s, (n, _) in self.sources.items()}}
-        self._multiples: dict[int, list[int]] = {}
+        self._multiples: dict[tuple[int, bool], list[int]] = {}
+        # the count symbols this replay sizes, and the records that follow a selection
+        # (read from self.recs once they are set: _following)
+        self._counts = {s for s in self.sizes if s.startswith("count")}
+        self._after_selection = False
+        self._follow: set[int] | None = None
         self._concrete: dict[tuple[int | str, ...], tuple[int, ...]] = {}
+
+    @property
+    def _following(self) -> set[int]:
+        """The records that read a selection's output, or a record's that does
+        (empty where this replay sizes no count)."""
+        if self._follow is None:
+            self._follow = _following_selections(self.recs) if self._counts else set()
+        return self._follow
 
     def meta_of(self, a: TArg) -> torch.Tensor:
         t = self.metas.get(a.ref)
@@ -343,6 +369,7 @@ class _MetaReplay:
         (arange's end, a slice of a position table). Slots are numbered in
         the order of the arguments, then the keyword arguments."""
         self._tainted = rec.tainted
+        self._after_selection = rec.index in self._following
         slots: list[tuple[int, list[int]]] = []
         args = [
             self._end(a, slots) if k == 1 and rec.op == _ARANGE_STEP else self._sub(a, slots)
@@ -393,24 +420,28 @@ class _MetaReplay:
     def _lone(self, x: int) -> list[int]:
         """The readings of a lone int of a record not derived from the data:
         a size the replay changes (arange(B) for a batch index, arange(T))."""
+        # (a count follows only from a selection: no record outside the data reads it)
         return [
             size
             for symbol, size in self.sizes.items()
-            if x >= 2 and x == self._base[symbol]  # (a count of 0 or 1 reads no int)
+            if x >= 2 and x == self._base[symbol] and symbol not in self._counts
         ]
 
     def _multiple(self, x: int) -> list[int]:
         """x read as k times a product of symbol sizes, at the replay's sizes:
         one reading per group of symbols that divides it, most symbols first
         (remembered: a model's size lists repeat)."""
-        readings = self._multiples.get(x)
+        after = self._after_selection
+        readings = self._multiples.get((x, after))
         if readings is not None:
             return readings
         if self.strict:
             readings = [x // self.batch * self.other] if x % self.batch == 0 else []
         else:
             base = self._base
-            symbols = list(self.sizes)
+            # a count is read only by records that follow a selection (an int equal
+            # to it elsewhere, heads = batch = count, is not it)
+            symbols = [s for s in self.sizes if after or s not in self._counts]
             readings = []
             for n in range(len(symbols), 0, -1):
                 for group in itertools.combinations(symbols, n):
@@ -425,7 +456,7 @@ class _MetaReplay:
                         new = x // size * math.prod(self.sizes[s] for s in group)
                     if new not in readings:
                         readings.append(new)
-        self._multiples[x] = readings
+        self._multiples[(x, after)] = readings
         return readings
 
     def run_with(
