@@ -164,3 +164,36 @@ def test_the_jax_program_selects_op_by_op(tmp_path: Path) -> None:
     assert "jnp.compress(" in text and "\nSTATIC_SHAPES = False" in text
     torch_text = Path(tracelog.emit(tmp_path, target="torch")).read_text()
     assert "STATIC_SHAPES" not in torch_text
+
+
+class _Rewritten(nn.Module):
+    """x[mask] = f(x[mask]) and x[mask] += g(x[mask]): a value per selected
+    element, over a mask of one dim and of two."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.fc = nn.Linear(6, 8)
+        self.head = nn.Linear(8, 5)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        h = self.fc(x)
+        out = h.clone()
+        keep = h > 0
+        out[keep] = torch.sqrt(h[keep]) * 2
+        extra = torch.zeros_like(h)
+        big = h > 0.5
+        extra[big] += h[big] ** 2
+        pairs = h.reshape(h.shape[0], 2, 4).clone()
+        lead = pairs[..., 0] > 0
+        pairs[lead] = pairs[lead].flip(-1) * 3
+        return self.head(out + extra + pairs.reshape(h.shape[0], 8))
+
+
+@pytest.mark.parametrize("target", TARGETS)
+def test_writes_of_a_value_per_selected_element_translate(target: str, tmp_path: Path) -> None:
+    torch.manual_seed(0)
+    batches = [(torch.randn(8, 6), torch.arange(8) % 5) for _ in range(3)]
+    log = _record(tmp_path, _Rewritten(), F.cross_entropy, batches, "exact")
+    _one_pair(log, 3)
+    assert {"count", "count2", "count3"} <= _counted_dims(log)
+    _check(target, tmp_path)

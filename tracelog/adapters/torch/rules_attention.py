@@ -36,7 +36,7 @@ from tracelog.adapters.torch.rules import (
     _where,
 )
 from tracelog.adapters.torch.tensors import TORCH_DTYPES, dtype_name
-from tracelog.ir import BATCH, Dim, TensorType, dim_mul, is_symbolic, parse_dim
+from tracelog.ir import BATCH, Dim, TensorType, dim_mul, format_dim, is_symbolic, parse_dim
 from tracelog.ops import TRACELOG_DOMAIN
 
 _NEG_INF = float("-inf")
@@ -646,6 +646,73 @@ def _merged_index(ctx: Ctx, indices: list[Any]) -> _Merged:
     return _Merged(x, shape, flat, first, linear, lin_shape, perm)
 
 
+def _put_per_element(
+    ctx: Ctx,
+    mask: str,
+    mt: TensorType,
+    d: int,
+    values: str,
+    v_shape: tuple[Dim, ...],
+    accumulate: bool,
+) -> Names:
+    """x[mask] = v (or +=) with a value per selected element, v shaped as
+    x[mask] ([*x.shape[:d], count, *rest], count a symbol: _counted): each
+    position of the flattened mask reads v's row at the running count of
+    selected elements up to it (a cumulative sum), v led by one row of zeros
+    (the count may be 0, and positions before the first selected one read
+    it); Where keeps x elsewhere. The gradients are index_put's: v's rows
+    from the selected positions, x's from the others."""
+    xt, out = ctx.in_type(0), ctx.out_type()
+    rank, mrank = len(xt.shape), len(mt.shape)
+    count: Dim = v_shape[d] if len(v_shape) == rank - mrank + 1 else 0
+    if not is_symbolic(count) or not any(
+        s.startswith("count") for m in parse_dim(count) for s in m
+    ):
+        raise NotSupported(
+            "index_put of a value per selected element whose count the batch-dim "
+            "replay could not follow: their count depends on the data"
+        )
+    merged: Dim = 1
+    for size in mt.shape:
+        merged = dim_mul(merged, size)
+    flat = ctx.helper("Reshape", [mask, ctx.ints([-1])], TensorType("bool", (merged,)))
+    ints = TensorType("int64", (merged,))
+    counts = ctx.helper(
+        "CumSum", [ctx.helper("Cast", [flat], ints, to="int64"), ctx.const(0, "int64")], ints
+    )
+    # the row of zeros: v's shape with 1 at d (computed: v's dims are symbolic)
+    parts = [ctx.ints([1])]
+    if d:
+        parts.insert(0, ctx.helper("Shape", [values], TensorType("int64", (d,)), start=0, end=d))
+    if d + 1 < len(v_shape):
+        after = TensorType("int64", (len(v_shape) - d - 1,))
+        parts.append(ctx.helper("Shape", [values], after, start=d + 1))
+    row_shape = (
+        parts[0]
+        if len(parts) == 1
+        else ctx.helper("Concat", parts, TensorType("int64", (len(v_shape),)), axis=0)
+    )
+    before, after_d = v_shape[:d], v_shape[d + 1 :]
+    zeros = ctx.helper(
+        "ConstantOfShape", [row_shape], TensorType(out.dtype, (*before, 1, *after_d)), value=0.0
+    )
+    grown = parse_dim(count)
+    grown[()] = grown.get((), 0) + 1
+    padded_t = TensorType(out.dtype, (*before, format_dim(grown), *after_d))
+    padded = ctx.helper("Concat", [zeros, values], padded_t, axis=d)
+    spread_t = TensorType(out.dtype, (*before, merged, *after_d))
+    spread = ctx.helper("Gather", [padded, counts], spread_t, axis=d)
+    spread = ctx.helper("Reshape", [spread, ctx.shape_const(list(xt.shape))], out)
+    axes = [*range(d), *range(d + mrank, rank)]
+    full = mask
+    if axes:
+        shape = [1] * d + list(mt.shape) + [1] * (rank - d - mrank)
+        full = ctx.helper("Unsqueeze", [mask, ctx.ints(axes)], TensorType("bool", tuple(shape)))
+    if accumulate:
+        spread = ctx.helper("Add", [ctx.t(0), spread], out)
+    return ctx.one("Where", [full, spread, ctx.t(0)])
+
+
 @ATEN.register("aten.index_put.default", "aten.index_put_.default")
 def _index_put(ctx: Ctx) -> Names:
     """x[indices] = values (accumulate: +=). Integer index tensors: the
@@ -654,8 +721,8 @@ def _index_put(ctx: Ctx) -> Names:
     shape and its index dims flattened; with accumulate, duplicate indices
     add up; without, which write wins is undefined in torch and on every
     target (and so are the written values' gradients). A boolean mask with
-    one value: Where (x[x < 0] = 0). A mask with a value per selected element
-    depends on the data's count of them: not supported."""
+    one value: Where (x[x < 0] = 0); with a value per selected element (their
+    count a symbol): _put_per_element."""
     out = ctx.out_type()
     indices = list(ctx.arg(1, "indices"))
     accumulate = bool(ctx.arg(3, "accumulate", False))
@@ -709,7 +776,8 @@ def _masked_put(
     """x[mask] = v (or +=) where v is the same for every selected element (one
     value, or a row over the dims after the mask's: Wav2Vec2's
     hidden[mask] = masked_spec_embed): Where over the mask, unsqueezed to
-    x's rank at the dims it covers, v right-aligned with those after it."""
+    x's rank at the dims it covers, v right-aligned with those after it. A
+    value per selected element: _put_per_element."""
     xt = ctx.in_type(0)
     positions = [d for d, i in enumerate(indices) if i is not None]
     if len(positions) != 1:
@@ -719,10 +787,7 @@ def _masked_put(
     rank, mrank = len(xt.shape), len(mt.shape)
     rest = rank - d - mrank  # x[mask] is [count, *x.shape[d + mrank:]], after x.shape[:d]
     head, tail = v_shape[: max(len(v_shape) - rest, 0)], v_shape[max(len(v_shape) - rest, 0) :]
-    if any(not isinstance(k, int) or k != 1 for k in head):
-        raise NotSupported(
-            "index_put of a value per selected element: their count depends on the data"
-        )
+    per_element = any(not isinstance(k, int) or k != 1 for k in head)
     covered = xt.shape[d : d + mrank]
     if len(covered) != mrank or any(
         not _same_dim(ctx, a, b) for a, b in zip(mt.shape, covered, strict=True)
@@ -731,6 +796,8 @@ def _masked_put(
     mask = ctx.b.name_of(mt)
     if mt.dtype != "bool":
         mask = ctx.helper("Cast", [mask], TensorType("bool", mt.shape), to="bool")
+    if per_element:
+        return _put_per_element(ctx, mask, mt, d, values, v_shape, accumulate)
     axes = [*range(d), *range(d + mrank, rank)]
     if axes:
         full = [1] * d + list(mt.shape) + [1] * (rank - d - mrank)
