@@ -197,3 +197,31 @@ def test_writes_of_a_value_per_selected_element_translate(target: str, tmp_path:
     _one_pair(log, 3)
     assert {"count", "count2", "count3"} <= _counted_dims(log)
     _check(target, tmp_path)
+
+
+def test_batches_of_other_counts_share_a_fingerprint(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    # the fingerprint reads a selection's count as it reads the batch size: exact
+    # mode builds the graphs (and replays the tape) once, not once per count
+    import tracelog.adapters.torch.listener as listener
+
+    built = []
+    replay = listener.exact_batch_dims
+
+    def counting(*args: Any, **kwargs: Any) -> Any:
+        built.append(1)
+        return replay(*args, **kwargs)
+
+    monkeypatch.setattr(listener, "exact_batch_dims", counting)
+    torch.manual_seed(0)
+    batches = []
+    # counts 6, 7, 4, 6, 7 of 8 (not 5: a count equal to the classes marks their dim
+    # too, and a batch of another count is then another fingerprint, rightly)
+    for unlabelled in (2, 1, 4, 2, 1):
+        y = torch.arange(8) % 5
+        y[:unlabelled] = -1
+        batches.append((torch.randn(8, 6), y))
+    log = _record(tmp_path, nn.Linear(6, 5), _labelled_rows, batches, "exact")
+    _one_pair(log, 5)
+    assert len(built) == 1

@@ -108,10 +108,23 @@ class Tape:
     # keep test of a dropout): each draw's ref and its distribution, ("normal",
     # mean, stddev) or ("uniform", low, high); the sample keeps the values drawn
     draws: dict[Ref, tuple[str, float, float]] = field(default_factory=dict)
+    # selections by the data (x[mask], nonzero): each one's record index and the
+    # count it selected, which the fingerprint reads as the batch size is read
+    selected: list[tuple[int, int]] = field(default_factory=list)
 
     def fingerprint(self) -> tuple[Any, ...]:
+        keys = [r.key(self.batch_size) for r in self.recs]
+        if self.selected:
+            # from the first selection on, an int equal to a count is that count's
+            # (as a dim equal to the batch size is the batch's): batches that
+            # select other numbers of rows share a fingerprint, and so their
+            # graphs without a replay. A dim equal to a count by chance in one
+            # batch is a number in a batch of another count: no false match.
+            first = min(i for i, _ in self.selected)
+            counts = frozenset(c for _, c in self.selected)
+            keys[first:] = [_counted(k, counts) for k in keys[first:]]
         return (
-            tuple([r.key(self.batch_size) for r in self.recs]),
+            tuple(keys),
             tuple(self.inputs.items()),
             tuple(self.outputs),
             tuple(self.targets),
@@ -121,6 +134,24 @@ class Tape:
             self.forward_loss,
             tuple(self.draws.items()),
         )
+
+
+_COUNTED = "#count"  # an int equal to a selection's count, in a fingerprint
+
+
+def _counted(obj: Any, counts: frozenset[int]) -> Any:
+    """A record key with the ints equal to a count marked (TArg shapes and
+    plain ints; never a ref's record index)."""
+    kind = type(obj)
+    if kind is int:
+        return _COUNTED if obj in counts else obj
+    if kind is TArg:
+        return obj._replace(
+            shape=tuple([_COUNTED if type(d) is int and d in counts else d for d in obj.shape])
+        )
+    if kind is tuple:
+        return tuple([_counted(x, counts) for x in obj])
+    return obj
 
 
 def symbolic_shape(shape: Iterable[int], batch: int | None, tainted: bool) -> tuple[int | str, ...]:

@@ -54,7 +54,7 @@ _CTC = {"aten._ctc_loss.Tensor", "aten._ctc_loss.default"}
 # replay sizes those outputs at the symbol's size (never from a memo: the size is
 # the symbol's, not the arguments')
 _INDEX = "aten.index.Tensor"
-_SELECTS = {_INDEX, "aten.masked_select.default", "aten.nonzero.default"}
+SELECTS = {_INDEX, "aten.masked_select.default", "aten.nonzero.default"}
 
 # A meta kernel's outputs are a function of its tensors' metadata and its other
 # arguments: (op, argument key) -> each output's (shape, stride, dtype), or
@@ -118,7 +118,7 @@ def selection_axis(rec: Any) -> int | None:
         if len(masks) != 1 or any(t is not None for k, t in enumerate(indices) if k != masks[0]):
             return None
         return masks[0]
-    return 0 if rec.op in _SELECTS else None
+    return 0 if rec.op in SELECTS else None
 
 
 def selections(tape: Tape) -> list[tuple[int, list[tuple[Ref, int]]]]:
@@ -127,7 +127,7 @@ def selections(tape: Tape) -> list[tuple[int, list[tuple[Ref, int]]]]:
     counts the same elements), its recorded count and the output axes it sizes."""
     found: dict[Any, tuple[int, list[tuple[Ref, int]]]] = {}
     for rec in tape.recs:
-        axis = selection_axis(rec) if rec.op in _SELECTS else None
+        axis = selection_axis(rec) if rec.op in SELECTS else None
         if axis is None:
             continue
         if rec.op == _INDEX:
@@ -148,7 +148,7 @@ def _following_selections(recs: list[Any]) -> set[int]:
     counted: set[Any] = set()
     found: set[int] = set()
     for rec in recs:
-        selects = rec.op in _SELECTS and selection_axis(rec) is not None
+        selects = rec.op in SELECTS and selection_axis(rec) is not None
         if selects or any(a.ref in counted for a in rec.tensor_args()):
             if not selects:
                 found.add(rec.index)
@@ -474,7 +474,7 @@ class _MetaReplay:
             or rec.mutated
             or plan.key is _NO_KEY
             or rec.op in _PACKED_OPS
-            or rec.op in _SELECTS
+            or rec.op in SELECTS
         ):
             args, kwargs = plan.filled(values, infer)
             return self._call(rec, args, kwargs) + [args[i] for i in rec.mutated]
@@ -504,7 +504,7 @@ class _MetaReplay:
             return self._packed(rec, args)
         if rec.op in _CTC:
             return self._ctc(rec, args)
-        if rec.op in _SELECTS:
+        if rec.op in SELECTS:
             axis = selection_axis(rec)
             if axis is not None:
                 return [self._selected(rec, args, axis)]
@@ -682,7 +682,7 @@ class _MetaReplay:
             or rec.mutated
             or rec.op in _RANDOM_INPLACE
             or rec.op in _PACKED_OPS
-            or rec.op in _SELECTS
+            or rec.op in SELECTS
         ):
             return None
         source = rec.args[0].shape if rec.op in _VIEWS and isinstance(rec.args[0], TArg) else None

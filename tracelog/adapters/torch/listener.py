@@ -39,7 +39,7 @@ from tracelog.adapters.tape import Ref, Tape, TArg, concrete_shape, symbolic_sha
 from tracelog.ir import Graph
 from tracelog.log import TraceLog
 
-from .batch_dims import exact_batch_dims
+from .batch_dims import SELECTS, exact_batch_dims, selection_axis
 from .compiled import (
     COMPILED_REASON,
     COMPILED_WARNING,
@@ -424,13 +424,26 @@ class _Window(WindowBase):
             self.record(RESTRIDE, region, nargs, nkwargs, outs, n_returned, tainted, _restrided)
             return
         index = self.record(name, region, nargs, nkwargs, outs, n_returned, tainted, func, mutated)
-        if name in DRAW_OPS:
-            self.draws[index] = outs[0].detach().clone()
-        elif name == RRELU and rrelu_draws(args, kwargs):
-            self.draws[index] = args[1].detach().clone()  # the slopes it drew (its noise)
+        if name in _NOTED:
+            self._note(name, index, args, kwargs, outs)
         self.track_views(name, info, args, outs, region, index)
         if region == "post" and name == "aten.ones_like.default":
             self.note_seed(args, kwargs, nargs)
+
+    def _note(
+        self, name: str, index: int, args: Any, kwargs: dict[str, Any], outs: list[Any]
+    ) -> None:
+        """What a record of a random draw or a selection keeps beside the tape:
+        the values drawn (the sample replays them), a selection's count (the
+        fingerprint reads it: Tape.selected)."""
+        if name in SELECTS:
+            axis = selection_axis(self.tape.recs[index])
+            if axis is not None:
+                self.tape.selected.append((index, int(outs[0].shape[axis])))
+        elif name in DRAW_OPS:
+            self.draws[index] = outs[0].detach().clone()
+        elif name == RRELU and rrelu_draws(args, kwargs):
+            self.draws[index] = args[1].detach().clone()  # the slopes it drew (its noise)
 
     def _norm(self, a: Any, region: str) -> Any:
         """An op argument as the tape holds it: a tensor as its TArg (noting in
@@ -1374,6 +1387,8 @@ _PLAIN = (bool, int, float, str, torch.dtype, torch.device, torch.layout, torch.
 _PLAIN_TYPES = frozenset(_PLAIN)  # exactly these types (a subclass goes through isinstance)
 
 
+# ops whose records keep something beside the tape (_Window._note)
+_NOTED = frozenset([*SELECTS, *DRAW_OPS, RRELU])
 _SELECTIONS = frozenset([torch.ops.aten.masked_select.default, torch.ops.aten.nonzero.default])
 
 
