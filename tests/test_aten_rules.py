@@ -584,33 +584,46 @@ def test_index_put_records_and_translates(target: str, tmp_path: Path) -> None:
         assert any(c.name.startswith("grad row") for c in report.comparisons)
 
 
-def test_index_put_of_a_value_per_masked_element_is_unsupported(tmp_path: Path) -> None:
-    # x[mask] = v with one value per selected element: their count depends on the data
+def test_index_put_of_a_value_per_masked_element(tmp_path: Path) -> None:
+    # x[mask] = v with one value per selected element: v is x[mask]'s, its count a
+    # symbol, and the write translates; a value made from the count read as a
+    # Python number (mask.sum().item()) holds this batch's count: unsupported
     import tracelog
 
     class Masked(torch.nn.Module):
-        def __init__(self) -> None:
+        def __init__(self, from_item: bool) -> None:
             super().__init__()
             self.fc = torch.nn.Linear(4, 4)
+            self.from_item = from_item
 
         def forward(self, x: torch.Tensor) -> torch.Tensor:
             h = self.fc(x)
             mask = h > 0
             h = h.clone()
-            h[mask] = h[mask] * 2
+            if self.from_item:
+                h[mask] = torch.arange(int(mask.sum().item()), dtype=h.dtype)
+            else:
+                h[mask] = h[mask] * 2
             return h
 
-    model = Masked()
-    with TorchListener(model, tmp_path) as listener, listener.batch():
-        model(torch.randn(5, 4)).sum().backward()
-    log = tracelog.load(tmp_path)
-    reasons = [
-        n.attrs.get("reason")
-        for e in log.entries_sorted()
-        for n in log.graph(e.hash).nodes
-        if n.op == "Unsupported"
-    ]
-    assert any("depends on the data" in str(r) for r in reasons), reasons
+    for from_item in (False, True):
+        log_dir = tmp_path / str(from_item)
+        model = Masked(from_item)
+        with TorchListener(model, log_dir) as listener, listener.batch():
+            model(torch.randn(5, 4)).sum().backward()
+        log = tracelog.load(log_dir)
+        reasons = [
+            n.attrs.get("reason")
+            for e in log.entries_sorted()
+            for n in log.graph(e.hash).nodes
+            if n.op == "Unsupported"
+        ]
+        if from_item:
+            assert any("depends on the data" in str(r) for r in reasons), reasons
+        else:
+            assert not reasons
+            report = tracelog.check(log_dir, "torch")
+            assert report.ok, report.table()
 
 
 class _SampleSelects(torch.nn.Module):
