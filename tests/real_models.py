@@ -605,6 +605,16 @@ def _fixed_classify_batch(g: torch.Generator, i: int) -> Batch:
 # drop-path rates by stage, so stage k needs a depth above k. EfficientFormer
 # is gone from this transformers (5.24).
 EXTRA_CASES += [
+    # mixture-of-experts (2026-11-29): transformers' default grouped_mm experts
+    # (histc, _grouped_mm, an inverse permutation into empty_like), and the
+    # per-expert loop (nonzero per expert: a count symbol each)
+    _lm("mixtral", "MixtralConfig", "MixtralForCausalLM", num_key_value_heads=1,
+        num_local_experts=4, num_experts_per_tok=2, **_SMALL),
+    _lm("mixtral_loop", "MixtralConfig", "MixtralForCausalLM", num_key_value_heads=1,
+        num_local_experts=4, num_experts_per_tok=2, experts_implementation="eager", **_SMALL),
+    _lm("qwen2_moe", "Qwen2MoeConfig", "Qwen2MoeForCausalLM", num_key_value_heads=1,
+        num_experts=4, num_experts_per_tok=2, moe_intermediate_size=32,
+        shared_expert_intermediate_size=32, **_SMALL),
     _text("deberta", "DebertaConfig", "DebertaForSequenceClassification", num_labels=3,
           problem_type="single_label_classification",
           relative_attention=True, pos_att_type=["c2p", "p2c"], **_SMALL),

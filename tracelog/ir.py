@@ -39,7 +39,7 @@ DTYPES = frozenset(
         "bool",
     )
 )
-_SYMBOL = r"(?:batch|seq[2-9]?|count[2-9]?)"
+_SYMBOL = r"(?:batch|seq[2-9]?|count(?:[2-9]|[1-9][0-9])?)"
 _TERM = rf"(?:{_SYMBOL}(?:\*{_SYMBOL})*(?:\*[1-9][0-9]*)?|[1-9][0-9]*)"
 _DIM = re.compile(rf"-?{_TERM}(?:[+-]{_TERM})*")
 

@@ -37,8 +37,9 @@ Fixed = dict[Ref, set[int]]
 Replay = Callable[[dict[str, int], Sources, Fixed], Shapes | None]
 
 SYMBOLS = ("seq", "seq2", "seq3")  # at most three sizes beside the batch
-# and at most four counts of the data's selections (x[mask]: the adapter's candidates)
-COUNTS = ("count", "count2", "count3", "count4")
+# and at most 32 counts of the data's selections (x[mask]: the adapter's candidates;
+# a mixture of experts' loop selects each expert's tokens: one count per expert)
+COUNTS = ("count", *(f"count{k}" for k in range(2, 33)))
 Candidates = Sequence[tuple[int, list[tuple[Ref, int]]]]
 _DATA = ("i", "t", "o")  # refs whose dims may follow a symbol
 

@@ -56,12 +56,53 @@ def _hardsigmoid(x: torch.Tensor, *_: Any) -> torch.Tensor:
     return torch.clamp(x + 3.0, 0.0, 6.0) / 6.0
 
 
-# ops whose float64 kernel is not float64 throughout, run by their definition
-# instead: hardsigmoid's CPU backward multiplies by 1.0f / 6.0f, float32's 1/6
-# (0.1666666716), in float64 too (a 3e-8 error a translation would be blamed for)
-_DEFINITIONS = {
+def _grouped_mm(
+    a: torch.Tensor,
+    b: torch.Tensor,
+    offs: torch.Tensor | None = None,
+    bias: torch.Tensor | None = None,
+    out_dtype: Any = None,
+) -> torch.Tensor:
+    # torch._grouped_mm has no float64 kernel: each group's rows (offs: the groups'
+    # cumulative ends) times its matrix, as its definition; rows past the last
+    # offset, which the kernel leaves unwritten, are zeros
+    if offs is None or a.dim() != 2 or b.dim() != 3 or bias is not None:
+        raise ReferenceUnavailable("_grouped_mm other than 2-D rows by 3-D groups")
+    parts, start = [], 0
+    for g, end in enumerate(offs.tolist()):
+        parts.append(a[start:end] @ b[g])
+        start = end
+    parts.append(a.new_zeros((a.shape[0] - start, b.shape[2])))
+    return torch.cat(parts)
+
+
+_HISTC = "aten.histc.default"
+
+
+def _histc(rec: Any, args: list[Any], kwargs: dict[str, Any]) -> torch.Tensor:
+    """histc in float64 with the bin edges of the recorded dtype (torch's
+    linspace in it, as the translation holds them): float64 edges would move
+    a float32 value that sits on an edge (-0.4f) to the bin below."""
+    x, bins = args[0], int(args[1] if len(args) > 1 else kwargs.get("bins", 100))
+    lo = float(args[2] if len(args) > 2 else kwargs.get("min", 0))
+    hi = float(args[3] if len(args) > 3 else kwargs.get("max", 0))
+    if not lo < hi:
+        return torch.histc(x, bins, lo, hi)
+    edges = torch.linspace(lo, hi, bins + 1, dtype=TORCH_DTYPES[rec.outs[0].dtype])
+    pos = (x.reshape(-1, 1) >= edges.to(x.dtype)).sum(1) - 1
+    inside = (x.reshape(-1) >= lo) & (x.reshape(-1) <= hi)
+    counted = pos.clamp(max=bins - 1)[inside]
+    return torch.bincount(counted, minlength=bins).to(x.dtype)
+
+
+# ops whose float64 kernel is not float64 throughout (or that have none:
+# _grouped_mm), run by their definition instead: hardsigmoid's CPU backward
+# multiplies by 1.0f / 6.0f, float32's 1/6 (0.1666666716), in float64 too (a
+# 3e-8 error a translation would be blamed for)
+_DEFINITIONS: dict[str, Callable[..., torch.Tensor]] = {
     "aten.hardsigmoid.default": _hardsigmoid,
     "aten.hardsigmoid_.default": _hardsigmoid,
+    "aten._grouped_mm.default": _grouped_mm,
 }
 
 
@@ -155,6 +196,8 @@ class _Replay:
             outs = [self._view_write(rec)]
         elif rec.op == MASK_OP:
             outs = [self.drawn[rec.index][0].detach() != 0]  # read by the call before it
+        elif rec.op == _HISTC:
+            outs = [_histc(rec, [self.sub(a) for a in rec.args], dict(rec.kwargs))]
         elif rec.op == RRELU and rec.index in self.drawn:
             # RReLU in training: the slopes the batch drew (its noise), where x <= 0
             x, slopes = self.sub(rec.args[0]), _up(self.drawn[rec.index][0])

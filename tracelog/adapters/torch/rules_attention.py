@@ -607,10 +607,13 @@ class _Merged(NamedTuple):
     perm: list[int] | None  # the transpose, where the indexed dims were not adjacent
 
 
-def _merged_index(ctx: Ctx, indices: list[Any]) -> _Merged:
+def _merged_index(ctx: Ctx, indices: list[Any], base: str | None = None) -> _Merged:
+    """(`base`: x's value where not the record's input 0 as it is: zeros for
+    uninitialised memory, _index_put.)"""
     xt = ctx.in_type(0)
     positions = [d for d, i in enumerate(indices) if i is not None]
-    x, shape = ctx.t(0), list(xt.shape)
+    source = ctx.t(0) if base is None else base
+    x, shape = source, list(xt.shape)
     perm = None
     if positions != list(range(positions[0], positions[-1] + 1)):
         # torch puts the result dims first when the indexed dims are not adjacent
@@ -621,7 +624,7 @@ def _merged_index(ctx: Ctx, indices: list[Any]) -> _Merged:
     first, k = positions[0], len(positions)
     # each index wraps by the size of the dim it indexes in x (before any transpose)
     names = [
-        _wrapped(ctx, ctx.b.name_of(indices[d]), indices[d].type, ctx.t(0), xt.shape, d)
+        _wrapped(ctx, ctx.b.name_of(indices[d]), indices[d].type, source, xt.shape, d)
         for d in range(len(indices))
         if indices[d] is not None
     ]
@@ -733,7 +736,19 @@ def _index_put(ctx: Ctx) -> Names:
         raise NotSupported("index_put with no index tensor")
     if any(i is not None and i.dtype in ("bool", "uint8") for i in indices):
         return _masked_put(ctx, indices, values, v_shape, accumulate)
-    m = _merged_index(ctx, indices)
+    base = None
+    info = ctx.b.pseudo.get(ctx.raw_name(0))
+    if info is not None and info[0] in UNINITIALISED and not accumulate:
+        # a write into uninitialised memory (an inverse permutation: inv[perm] =
+        # arange(n)): where nothing is written any value is as good, and zeros are one
+        xt = ctx.in_type(0)
+        base = ctx.helper(
+            "ConstantOfShape",
+            [ctx.shape_const(list(xt.shape), allow_minus_one=False)],
+            TensorType(xt.dtype, xt.shape),
+            value=0,
+        )
+    m = _merged_index(ctx, indices, base)
     pre, post = m.flat[: m.first], m.flat[m.first + 1 :]
     read = (*pre, *m.linear_shape, *post)  # x[indices]'s shape, which values broadcast to
     n: Dim = 1
@@ -1415,3 +1430,124 @@ def _index_fill(ctx: Ctx) -> Names:
     )
     value = ctx.const(float(ctx.arg(3, "value")), out.dtype)
     return ctx.one("Where", [chosen, value, ctx.t(0)])
+
+
+# -- mixture-of-experts kernels (transformers' grouped_mm experts) ---------------------
+@ATEN.register("aten.histc.default")
+def _histc(ctx: Ctx) -> Names:
+    """torch.histc(x, bins, min, max): how many elements fall in each of the
+    bins between torch's linspace edges (the upper bound of the edges at or
+    below x; x == max in the last bin; x outside not counted), as torch's
+    CPU kernel bins them. min == max: the data's own range (one wider on
+    each side where it is a single value), the edges computed as torch's
+    linspace computes them. No gradient, as torch's."""
+    bins, lo, hi = int(ctx.arg(1, "bins", 100)), ctx.arg(2, "min", 0), ctx.arg(3, "max", 0)
+    xt, out = ctx.in_type(0), ctx.out_type()
+    dt = xt.dtype
+    n: Dim = 1
+    for size in xt.shape:
+        n = dim_mul(n, size)
+    x = ctx.helper("Reshape", [ctx.t(0), ctx.ints([-1, 1])], TensorType(dt, (n, 1)))
+    if float(lo) < float(hi):
+        edges = torch.linspace(float(lo), float(hi), bins + 1, dtype=TORCH_DTYPES[dt]).numpy()
+        first, last = ctx.const(float(lo), dt), ctx.const(float(hi), dt)
+        edge_row = ctx.const(edges.reshape(1, -1), dt)
+    else:
+        first, last, edge_row = _data_edges(ctx, x, dt, bins)
+    one = TensorType("int64", (n, 1))
+    at_or_below = ctx.helper("GreaterOrEqual", [x, edge_row], TensorType("bool", (n, bins + 1)))
+    below = ctx.helper(
+        "ReduceSum",
+        [
+            ctx.helper("Cast", [at_or_below], TensorType("int64", (n, bins + 1)), to="int64"),
+            ctx.ints([1]),
+        ],
+        one,
+        keepdims=1,
+    )
+    # the bin: the edges at or below x, less one; x == max is in the last bin
+    below = ctx.helper("Sub", [below, ctx.const(1, "int64")], one)
+    pos = ctx.helper("Min", [below, ctx.const(bins - 1, "int64")], one)
+    flags = TensorType("bool", (n, 1))
+    inside = ctx.helper(
+        "And",
+        [
+            ctx.helper("GreaterOrEqual", [x, first], flags),
+            ctx.helper("LessOrEqual", [x, last], flags),
+        ],
+        flags,
+    )
+    each = ctx.const(np.arange(bins, dtype=np.int64).reshape(1, -1), "int64")
+    hits = TensorType("bool", (n, bins))
+    hit = ctx.helper("And", [ctx.helper("Equal", [pos, each], hits), inside], hits)
+    counted = ctx.helper("Cast", [hit], TensorType(out.dtype, (n, bins)), to=out.dtype)
+    return ctx.one("ReduceSum", [counted, ctx.ints([0])], keepdims=0)
+
+
+def _data_edges(ctx: Ctx, x: str, dt: str, bins: int) -> tuple[str, str, str]:
+    """histc's range and edges where min == max: the data's least and largest
+    values (each one further out where they are equal), and linspace's edges
+    between them as torch computes them in the dtype: start + step * i for
+    the first half, end - step * (bins - i) for the rest."""
+    scalar = TensorType(dt, ())
+    lo = ctx.helper("ReduceMin", [x], scalar, keepdims=0)
+    hi = ctx.helper("ReduceMax", [x], scalar, keepdims=0)
+    same = ctx.helper("Equal", [lo, hi], TensorType("bool", ()))
+    lo = ctx.helper(
+        "Where", [same, ctx.helper("Sub", [lo, ctx.const(1.0, dt)], scalar), lo], scalar
+    )
+    hi = ctx.helper(
+        "Where", [same, ctx.helper("Add", [hi, ctx.const(1.0, dt)], scalar), hi], scalar
+    )
+    step = ctx.helper(
+        "Div", [ctx.helper("Sub", [hi, lo], scalar), ctx.const(float(bins), dt)], scalar
+    )
+    steps = np.arange(bins + 1)
+    halfway = (bins + 1) // 2
+    row = TensorType(dt, (1, bins + 1))
+    up = ctx.helper(
+        "Add",
+        [lo, ctx.helper("Mul", [step, ctx.const(steps.reshape(1, -1).astype(dt), dt)], row)],
+        row,
+    )
+    down_by = (bins - steps).reshape(1, -1).astype(dt)
+    down = ctx.helper("Sub", [hi, ctx.helper("Mul", [step, ctx.const(down_by, dt)], row)], row)
+    first_half = ctx.const((steps < halfway).reshape(1, -1), "bool")
+    return lo, hi, ctx.helper("Where", [first_half, up, down], row)
+
+
+@ATEN.register("aten._grouped_mm.default")
+def _grouped_mm(ctx: Ctx) -> Names:
+    """torch._grouped_mm(a [S, K], b [E, K, N], offs [E]): row i of a times b[g],
+    g the group whose rows it is in (offs: each group's end, cumulative), as
+    a batched product of each row with its group's matrix (b gathered by
+    row). Rows past the last offset, which torch leaves unwritten, take the
+    last group's."""
+    at, bt, out = ctx.in_type(0), ctx.in_type(1), ctx.out_type()
+    offs = ctx.arg(2, "offs")
+    if (
+        len(at.shape) != 2
+        or len(bt.shape) != 3
+        or not isinstance(offs, TArg)
+        or ctx.arg(3, "bias") is not None
+        or is_symbolic(bt.shape[0])
+    ):
+        raise NotSupported("_grouped_mm other than the rows of a 2-D input by groups of a 3-D one")
+    s, k = at.shape
+    groups, n = int(bt.shape[0]), bt.shape[2]
+    rows = _iota(ctx, _shape_vector(ctx, [s]), s, "int64")
+    rows = ctx.helper("Unsqueeze", [rows, ctx.ints([1])], TensorType("int64", (s, 1)))
+    ends = ctx.helper("Cast", [ctx.t(2)], TensorType("int64", (groups,)), to="int64")
+    ends = ctx.helper("Unsqueeze", [ends, ctx.ints([0])], TensorType("int64", (1, groups)))
+    past = ctx.helper("GreaterOrEqual", [rows, ends], TensorType("bool", (s, groups)))
+    group = ctx.helper(
+        "ReduceSum",
+        [ctx.helper("Cast", [past], TensorType("int64", (s, groups)), to="int64"), ctx.ints([1])],
+        TensorType("int64", (s,)),
+        keepdims=0,
+    )
+    group = ctx.helper("Min", [group, ctx.const(groups - 1, "int64")], TensorType("int64", (s,)))
+    weights = ctx.helper("Gather", [ctx.t(1), group], TensorType(bt.dtype, (s, k, n)), axis=0)
+    a = ctx.helper("Unsqueeze", [ctx.t(0), ctx.ints([1])], TensorType(at.dtype, (s, 1, k)))
+    y = ctx.helper("MatMul", [a, weights], TensorType(out.dtype, (s, 1, n)))
+    return ctx.one("Squeeze", [y, ctx.ints([1])])
