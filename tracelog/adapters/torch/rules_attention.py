@@ -1444,6 +1444,8 @@ def _histc(ctx: Ctx) -> Names:
     bins, lo, hi = int(ctx.arg(1, "bins", 100)), ctx.arg(2, "min", 0), ctx.arg(3, "max", 0)
     xt, out = ctx.in_type(0), ctx.out_type()
     dt = xt.dtype
+    if dt not in ("float16", "float32", "float64"):
+        raise NotSupported(f"histc of {dt} (its edges are computed in the dtype, with numpy)")
     n: Dim = 1
     for size in xt.shape:
         n = dim_mul(n, size)
