@@ -15,6 +15,8 @@ import pytest
 
 torch = pytest.importorskip("torch", reason="the PyTorch adapter needs torch")
 
+from helpers import assert_translated  # noqa: E402
+
 import tracelog  # noqa: E402
 from tracelog.emit import targets  # noqa: E402
 
@@ -57,10 +59,7 @@ class _GroupedExperts(nn.Module):
 def _check(target: str, tmp_path: Path) -> None:
     framework = targets.get(target).framework
     pytest.importorskip(framework, reason=f"the {target} target needs {framework} installed")
-    report = tracelog.check(tmp_path, target)
-    assert report.ok, report.table()
-    translated = [c for c in report.comparisons if c.name.endswith(" [float64]")]
-    assert translated and all(c.ok for c in translated), report.table()
+    assert_translated(tracelog.check(tmp_path, target))
 
 
 def _record(tmp_path: Path, model: nn.Module, batches: list[Any], step: Any) -> Any:

@@ -14,6 +14,8 @@ import pytest
 
 torch = pytest.importorskip("torch", reason="the PyTorch adapter needs torch")
 
+from helpers import assert_translated  # noqa: E402
+
 import tracelog  # noqa: E402
 from tracelog.emit import targets  # noqa: E402
 from tracelog.ir import parse_dim  # noqa: E402
@@ -109,10 +111,7 @@ def _counted_dims(log: tracelog.TraceLog) -> set[str]:
 def _check(target: str, tmp_path: Path) -> None:
     framework = targets.get(target).framework
     pytest.importorskip(framework, reason=f"the {target} target needs {framework} installed")
-    report = tracelog.check(tmp_path, target)
-    assert report.ok, report.table()
-    translated = [c for c in report.comparisons if c.name.endswith(" [float64]")]
-    assert translated and all(c.ok for c in translated), report.table()
+    assert_translated(tracelog.check(tmp_path, target))
 
 
 @pytest.mark.parametrize("loss", [_labelled_rows, _labelled_by_nonzero])

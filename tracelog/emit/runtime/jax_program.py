@@ -164,8 +164,8 @@ def _runs(step: Step, params: dict[str, Any], trainable: list[str]) -> list:
     """The runs the parity check compares with the recording: jitted, as a
     training step runs, and op by op (only op by op where the sizes are the
     data's: STATIC_SHAPES)."""
-    if not STATIC_SHAPES:
-        return [(" (no jit)", _value_and_grads(step, params, trainable, jit=False))]
+    if not STATIC_SHAPES:  # the one run there is: its rows are the plain ones
+        return [("", _value_and_grads(step, params, trainable, jit=False))]
     return [
         ("", _value_and_grads(step, params, trainable, jit=True)),
         (" (no jit)", _value_and_grads(step, params, trainable, jit=False)),
