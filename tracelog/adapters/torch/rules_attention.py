@@ -1275,13 +1275,18 @@ def _buckets(ctx: Ctx, values: int, bounds: int, right: bool) -> Names:
             x = ctx.helper("Cast", [x], TensorType(common, (*xt.shape, 1)), to=common)
         if bt.dtype != common:
             b = ctx.helper("Cast", [b], TensorType(common, bt.shape), to=common)
-    below = ctx.helper(
-        "LessOrEqual" if right else "Less", [b, x], TensorType("bool", (*xt.shape, bt.shape[0]))
-    )
-    counts = ctx.helper(
-        "Cast", [below], TensorType(out.dtype, (*xt.shape, bt.shape[0])), to=out.dtype
-    )
+    counts = _below(ctx, x, b, (*xt.shape, bt.shape[0]), right, out.dtype)
     return ctx.one("ReduceSum", [counts, ctx.ints([rank])], keepdims=0)
+
+
+def _below(ctx: Ctx, x: str, bounds: str, shape: tuple[Dim, ...], right: bool, dtype: str) -> str:
+    """1 where a bound lies below x (b < x; b <= x where `right`), else 0, in
+    `dtype`: x has one value per row (its last axis 1), the bounds run along
+    the last axis (`shape` the two broadcast). Summed over that axis, the
+    count of bounds below each x: the bucket torch's bucketize, histc and
+    grouped_mm's group offsets find by binary search."""
+    below = ctx.helper("LessOrEqual" if right else "Less", [bounds, x], TensorType("bool", shape))
+    return ctx.helper("Cast", [below], TensorType(dtype, shape), to=dtype)
 
 
 @ATEN.register("aten.masked_scatter.default")
@@ -1457,16 +1462,8 @@ def _histc(ctx: Ctx) -> Names:
     else:
         first, last, edge_row = _data_edges(ctx, x, dt, bins)
     one = TensorType("int64", (n, 1))
-    at_or_below = ctx.helper("GreaterOrEqual", [x, edge_row], TensorType("bool", (n, bins + 1)))
-    below = ctx.helper(
-        "ReduceSum",
-        [
-            ctx.helper("Cast", [at_or_below], TensorType("int64", (n, bins + 1)), to="int64"),
-            ctx.ints([1]),
-        ],
-        one,
-        keepdims=1,
-    )
+    at_or_below = _below(ctx, x, edge_row, (n, bins + 1), True, "int64")
+    below = ctx.helper("ReduceSum", [at_or_below, ctx.ints([1])], one, keepdims=1)
     # the bin: the edges at or below x, less one; x == max is in the last bin
     below = ctx.helper("Sub", [below, ctx.const(1, "int64")], one)
     pos = ctx.helper("Min", [below, ctx.const(bins - 1, "int64")], one)
@@ -1541,13 +1538,8 @@ def _grouped_mm(ctx: Ctx) -> Names:
     rows = ctx.helper("Unsqueeze", [rows, ctx.ints([1])], TensorType("int64", (s, 1)))
     ends = ctx.helper("Cast", [ctx.t(2)], TensorType("int64", (groups,)), to="int64")
     ends = ctx.helper("Unsqueeze", [ends, ctx.ints([0])], TensorType("int64", (1, groups)))
-    past = ctx.helper("GreaterOrEqual", [rows, ends], TensorType("bool", (s, groups)))
-    group = ctx.helper(
-        "ReduceSum",
-        [ctx.helper("Cast", [past], TensorType("int64", (s, groups)), to="int64"), ctx.ints([1])],
-        TensorType("int64", (s,)),
-        keepdims=0,
-    )
+    past = _below(ctx, rows, ends, (s, groups), True, "int64")  # the groups that end at or before
+    group = ctx.helper("ReduceSum", [past, ctx.ints([1])], TensorType("int64", (s,)), keepdims=0)
     group = ctx.helper("Min", [group, ctx.const(groups - 1, "int64")], TensorType("int64", (s,)))
     weights = ctx.helper("Gather", [ctx.t(1), group], TensorType(bt.dtype, (s, k, n)), axis=0)
     a = ctx.helper("Unsqueeze", [ctx.t(0), ctx.ints([1])], TensorType(at.dtype, (s, 1, k)))
