@@ -91,6 +91,9 @@ class WindowBase(ABC):
         self.phase, self.epoch, self.batch = phase, epoch, batch  # batch -1: set at the end
         self.tape = Tape()
         self.refs: dict[int, Ref] = {}
+        # each ref's TArg, made once: a value's type never changes (a write in
+        # place makes a new ref), and a parameter is an argument of every batch's ops
+        self.targs: dict[Ref, TArg] = {}
         self.taint: set[Ref] = set()  # refs derived from the data inputs
         self.keep: list[Any] = []  # keeps ids stable for the window's life
         self.rec_out: list[list[Any]] = []
@@ -271,7 +274,10 @@ class WindowBase(ABC):
             self.keep.append(t)
         if ref[0] == "t":  # a target's type was set when it was met (a merged batch dim)
             return self.tape.targets[ref[1]]
-        return self.targ(t, ref, ref in self.taint)
+        targ = self.targs.get(ref)
+        if targ is None:
+            targ = self.targs[ref] = self.targ(t, ref, ref in self.taint)
+        return targ
 
     def unknown(self, t: Any, region: str) -> Ref:
         """A tensor from outside the window: a target when the loss region
@@ -346,7 +352,8 @@ class WindowBase(ABC):
                 self.taint.add(ref)
             self.refs[id(t)] = ref
             self.keep.append(t)
-            targs.append(self.targ(t, ref, tainted))
+            targ = self.targs[ref] = self.targ(t, ref, tainted)
+            targs.append(targ)
         self.rec_out.append(outs)
         module = self.stack[-1] if self.stack else ("", "")
         self.tape.recs.append(
