@@ -7,8 +7,9 @@ A candidate is a size that non-leading dims of the data inputs and targets
 share (input_ids, attention_mask and labels all [B, T]: T). The tape is
 replayed (by the adapter, on shapes only) with that size one larger, alone
 and together with the batch; each data-derived dim is then fitted as a
-polynomial over the symbols (monomials 1, batch, seq, batch*seq), and the
-fit is checked by one more replay at sizes far from the recorded ones (about
+polynomial over the symbols (monomials 1, batch, seq, batch*seq; where that
+fit does not hold, seq*count too, from one replay per pair: rows selected
+from [B, T, C] and flattened with the sequence), and the fit is checked by one more replay at sizes far from the recorded ones (about
 twice the recorded size: a strided convolution's floor shows there). A
 candidate whose replays fail or whose fit does not hold is not a symbol (an
 image size behind a strided convolution, a sequence into a fixed-size
@@ -25,7 +26,7 @@ from __future__ import annotations
 from collections.abc import Callable, Sequence
 
 from tracelog.adapters.tape import Ref, Tape, TArg, concrete_shape, map_targs
-from tracelog.ir import BATCH, Dim, dim_value, format_dim
+from tracelog.ir import BATCH, Dim, dim_value, format_dim, symbol_key
 
 # symbol -> (its size in the recorded batch, the (data ref, axis) pairs that have it)
 Sources = dict[str, tuple[int, list[tuple[Ref, int]]]]
@@ -35,6 +36,8 @@ Shapes = dict[Ref, tuple[int, ...]]
 # each ref that must keep their size) -> shapes, or None
 Fixed = dict[Ref, set[int]]
 Replay = Callable[[dict[str, int], Sources, Fixed], Shapes | None]
+# (symbol, symbol) -> the shapes of a replay with both one larger
+Pairs = dict[tuple[str, ...], Shapes]
 
 SYMBOLS = ("seq", "seq2", "seq3")  # at most three sizes beside the batch
 # and at most 32 counts of the data's selections (x[mask]: the adapter's candidates;
@@ -84,6 +87,7 @@ def with_symbols(tape: Tape, batch_tape: Tape, replay: Replay, selections: Candi
     bumped_batch = {ref: concrete_shape(a.shape, batch + 1) for ref, a in batched.items()}
     accepted: Sources = {}
     runs: dict[str, tuple[Shapes, Shapes]] = {}  # symbol -> (alone, with the batch)
+    pairs: Pairs = {}  # (symbol, symbol) -> both one larger, where a product was needed
     fitted: dict[Ref, tuple[Dim, ...]] | None = None
     named: list[tuple[tuple[str, ...], tuple[int, list[tuple[Ref, int]]]]]
     named = [(SYMBOLS, c) for c in candidates(tape)]
@@ -104,11 +108,21 @@ def with_symbols(tape: Tape, batch_tape: Tape, replay: Replay, selections: Candi
         if joint is None:
             continue
         trial_runs = {**runs, symbol: (alone, joint)}
-        polys = _fit(base, bumped_batch, batch, trial, trial_runs)
+        polys = _fit(base, bumped_batch, batch, trial, trial_runs, pairs)
         fixed_all = _unmoved(base, bumped_batch, [a for a, _j in trial_runs.values()])
-        if polys is None or not _holds(polys, batch, trial, replay, fixed_all):
+        holds = polys is not None and _holds(polys, batch, trial, replay, fixed_all)
+        trial_pairs: Pairs | None = pairs
+        if polys is not None and not holds and accepted:
+            # a dim may be the product of this symbol and another's (a count of
+            # rows selected from [B, T, C], then flattened: count*seq): one more
+            # replay per accepted symbol, with both one larger, gives each such term
+            trial_pairs = _pair_runs(symbol, size, accepted, trial, replay, fixed_all, pairs)
+            if trial_pairs is not None:
+                polys = _fit(base, bumped_batch, batch, trial, trial_runs, trial_pairs)
+                holds = polys is not None and _holds(polys, batch, trial, replay, fixed_all)
+        if not holds or polys is None or trial_pairs is None:
             continue
-        accepted, runs, fitted = trial, trial_runs, polys
+        accepted, runs, fitted, pairs = trial, trial_runs, polys, trial_pairs
     if fitted is None:
         return batch_tape
     final = fitted
@@ -121,6 +135,30 @@ def with_symbols(tape: Tape, batch_tape: Tape, replay: Replay, selections: Candi
     new = map_targs(tape, resym)
     new.symbols = {symbol: places[0] for symbol, (_size, places) in accepted.items()}
     return new
+
+
+def _pair_runs(
+    symbol: str,
+    size: int,
+    accepted: Sources,
+    trial: Sources,
+    replay: Replay,
+    fixed: Fixed,
+    pairs: Pairs,
+) -> Pairs | None:
+    """`pairs` and, per symbol accepted before `symbol` (the batch aside), the
+    replay with both one larger (_fit's symbol*symbol terms); None where one fails."""
+    found = dict(pairs)
+    for other, (other_size, _places) in accepted.items():
+        both = replay({symbol: size + 1, other: other_size + 1}, trial, fixed)
+        if both is None:
+            return None
+        found[_monomial(other, symbol)] = both
+    return found
+
+
+def _monomial(*symbols: str) -> tuple[str, ...]:
+    return tuple(sorted(symbols, key=symbol_key))
 
 
 def _unmoved(
@@ -144,14 +182,18 @@ def _fit(
     batch: int,
     sources: Sources,
     runs: dict[str, tuple[Shapes, Shapes]],
+    pairs: Pairs | None = None,
 ) -> dict[Ref, tuple[Dim, ...]] | None:
-    """Each dim as c0 + cB*batch + sum(ci*seq_i + cBi*batch*seq_i), from the
-    recording, the batch replay and, per symbol, its replays alone and with
-    the batch (one more: mixed differences give the batch*seq terms)."""
+    """Each dim as c0 + cB*batch + sum(ci*seq_i + cBi*batch*seq_i) + sum(cij*seq_i*seq_j)
+    (the last over `pairs` only), from the recording, the batch replay and, per
+    symbol, its replays alone and with the batch (one more: mixed differences
+    give the batch*seq terms), and per pair of symbols, their replay together."""
+    pairs = pairs or {}
     fitted: dict[Ref, tuple[Dim, ...]] = {}
     for ref, d in base.items():
         rb = bumped_batch.get(ref, d)
         shapes = [runs[s][0].get(ref) for s in sources] + [runs[s][1].get(ref) for s in sources]
+        shapes += [both.get(ref) for both in pairs.values()]
         if any(sh is None or len(sh) != len(d) for sh in shapes) or len(rb) != len(d):
             return None
         dims: list[Dim] = []
@@ -159,10 +201,23 @@ def _fit(
             poly: dict[tuple[str, ...], int] = {}
             batch_slope = rb[axis] - d0
             rest = d0
+            # d(s_i + 1, s_j + 1) - d(s_i + 1) - d(s_j + 1) + d = cij
+            products: dict[tuple[str, ...], int] = {}
+            for (si, sj), both in pairs.items():
+                cij = both[ref][axis] - runs[si][0][ref][axis] - runs[sj][0][ref][axis] + d0
+                products[(si, sj)] = cij
+                poly[(si, sj)] = cij
+                rest -= cij * sources[si][0] * sources[sj][0]
             for symbol, (size, _places) in sources.items():
                 alone, joint = runs[symbol][0][ref][axis], runs[symbol][1][ref][axis]
                 cross = joint - rb[axis] - alone + d0
-                linear = alone - d0 - cross * batch
+                # alone - d = ci + cBi*batch + sum over j of cij*s_j
+                others = sum(
+                    c * sources[m[1] if m[0] == symbol else m[0]][0]
+                    for m, c in products.items()
+                    if symbol in m
+                )
+                linear = alone - d0 - cross * batch - others
                 poly[(BATCH, symbol)] = cross
                 poly[(symbol,)] = linear
                 batch_slope -= cross * size
