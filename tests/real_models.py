@@ -672,9 +672,10 @@ def _long_classify_batch(g: torch.Generator, i: int) -> Batch:
 # FNet (torch.fft: complex tensors), YOSO and Reformer (custom autograd
 # backwards that are not their forward's derivative: YosoCumulation,
 # _ReversibleFunction; Reformer's LSH attention also calls torch.empty),
-# Longformer (as_strided chunks, writes through strided views, nonzero) and
-# Jamba (the batch-dim replay reads the split sizes [4, 4, 4] of its SSM
-# parameters as the batch, 4, and the split rule fails).
+# Longformer (as_strided chunks, writes through strided views, nonzero).
+# Jamba's SSM state size is 8 here: at 4, the batch size, the batch-dim replay
+# ran out of backtracks (every 4 a reading of the batch) before its MoE's
+# grouped_mm, and the recording fell back to marking every 4 as the batch.
 EXTRA_CASES += [
     _lm("qwen3", "Qwen3Config", "Qwen3ForCausalLM", head_dim=16, **_ONE_KV),
     _lm("gemma3", "Gemma3TextConfig", "Gemma3ForCausalLM", head_dim=16, sliding_window=4,
@@ -708,6 +709,10 @@ EXTRA_CASES += [
               attention_type="block_sparse", block_size=2, num_random_blocks=1,
               **{**_SMALL, "max_position_embeddings": 64}), _long_classify_batch, _hf_step,
               "transformers", True),
+    _lm("jamba", "JambaConfig", "JambaForCausalLM", num_experts=2, num_experts_per_tok=1,
+        attn_layer_period=2, attn_layer_offset=1, expert_layer_period=2, expert_layer_offset=1,
+        mamba_d_state=8, mamba_d_conv=4, mamba_expand=2, mamba_dt_rank=8,
+        use_mamba_kernels=False, **_ONE_KV),
     _lm("bamba", "BambaConfig", "BambaForCausalLM", attn_layer_indices=[1], mamba_n_heads=4,
         mamba_d_head=16, mamba_n_groups=1, mamba_d_state=4, mamba_d_conv=4, mamba_expand=2,
         mamba_chunk_size=4, **_ONE_KV),

@@ -1057,14 +1057,11 @@ def _split(ctx: Ctx, sizes: list[int], dim: int) -> Names:
 def _split_rule(ctx: Ctx) -> Names:
     shape = ctx.in_type(0).shape
     dim = int(ctx.arg(2, "dim", 0)) % len(shape)
-    sizes = (
-        [int(o.shape[dim]) for o in ctx.rec.outs[: ctx.rec.n_returned]]
-        if not is_symbolic(shape[dim])
-        else None
-    )
-    if sizes is None or any(not isinstance(o.shape[dim], int) for o in ctx.rec.outs):
+    # (a part marked batch-sized beside a whole that is not: the batch-dim
+    # replay did not run, and a size equal to the batch was taken for it)
+    if is_symbolic(shape[dim]) or any(not isinstance(o.shape[dim], int) for o in ctx.rec.outs):
         raise NotSupported("split along the batch dim")
-    return _split(ctx, sizes, dim)
+    return _split(ctx, [int(o.shape[dim]) for o in ctx.rec.outs[: ctx.rec.n_returned]], dim)
 
 
 @ATEN.register("aten.unbind.int")
