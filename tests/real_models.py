@@ -665,7 +665,7 @@ def _long_classify_batch(g: torch.Generator, i: int) -> Batch:
     return {**batch, "labels": torch.randint(0, 3, (4,), generator=g)}
 
 
-# Tried first on 2026-11-29 (helper a, 2026-11-29), on all four targets: each
+# Tried first on 2026-11-29, on all four targets: each
 # passed as it came but X-MOD, whose language adapters select the rows of one
 # language (x[mask], a count symbol) and flatten them with the sequence
 # (count*seq: a product of two symbols the fit did not have). Tried and left out:

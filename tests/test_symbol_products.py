@@ -1,5 +1,5 @@
-"""Ops and patterns met trying more Hugging Face text families (helper a,
-2026-11-29): X-MOD's language adapters select the rows of one language
+"""A dim that is the product of two symbols, met trying more Hugging Face
+text families (2026-11-29): X-MOD's language adapters select the rows of one language
 (x[mask] over the batch, its count a symbol), run the adapter on them, which
 flattens [count, seq, C] to [count*seq, C], and write them back
 (new[mask] = ...): a dim that is the product of two symbols beside the batch."""
