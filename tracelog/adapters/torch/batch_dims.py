@@ -54,6 +54,10 @@ _CTC = {"aten._ctc_loss.Tensor", "aten._ctc_loss.default"}
 # replay sizes those outputs at the symbol's size (never from a memo: the size is
 # the symbol's, not the arguments')
 _INDEX = "aten.index.Tensor"
+# native_group_norm(x, weight, bias, N, C, HxW, group, eps): N, C and HxW are x's
+# sizes (its rows, channels, and the product of the rest), passed as ints; a record
+# derived from the data keeps its ints, so the replay reads them from its x
+_GROUP_NORM = "aten.native_group_norm.default"
 SELECTS = {_INDEX, "aten.masked_select.default", "aten.nonzero.default"}
 
 # A meta kernel's outputs are a function of its tensors' metadata and its other
@@ -508,6 +512,9 @@ class _MetaReplay:
             axis = selection_axis(rec)
             if axis is not None:
                 return [self._selected(rec, args, axis)]
+        if rec.op == _GROUP_NORM and isinstance(args[0], torch.Tensor) and args[0].dim() >= 2:
+            x = args[0]
+            args = [*args[:3], x.shape[0], x.shape[1], math.prod(x.shape[2:]), *args[6:]]
         # a view replays as a reshape: the tape holds values, not layouts (the
         # contiguous copy that torch made before an _unsafe_view is an alias
         # there), so a view the source ran may not be one of the replay's metas
