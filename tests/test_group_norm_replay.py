@@ -1,5 +1,5 @@
 """Ops and recordings that Hugging Face vision, audio, time-series and
-multimodal families brought (helper b, 2026-11-29).
+multimodal families brought (first tried 2026-11-29).
 
 Group norm over a feature dim equal to the batch size (MobileViTV2 normalises
 patches [B, C, P, N] with GroupNorm(1), P = 4 in a batch of 4): aten's
