@@ -114,10 +114,13 @@ def test_a_replay_takes_the_recorded_side_of_each_gate(gates_log: Path, target: 
     assert ns["_gate_matched"](str(gates_log), sample, trainable, signs[:3]) is None
 
 
-def test_a_jax_check_runs_op_by_op_only_in_its_translation_rows(gates_log: Path) -> None:
-    """The float32 rows judge the jitted run (as JAX trains): the op-by-op
-    run, whose every op compiles on its own, runs once, in float64 (the
-    translation rows), and not again in float32 to be thrown away."""
+def test_a_jax_check_runs_jitted_and_op_by_op_only_when_asked(
+    gates_log: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The rows judge the jitted run (as JAX trains); the op-by-op run, whose
+    every op compiles on its own, runs only where TRACELOG_JAX_OP_BY_OP=1
+    asks, and then once, in float64 (its "(no jit)" translation rows), not
+    again in float32 to be thrown away."""
     ns = _program(gates_log, "jax")
     runs: list[tuple[bool, str]] = []
     value_and_grads = ns["_value_and_grads"]
@@ -128,8 +131,18 @@ def test_a_jax_check_runs_op_by_op_only_in_its_translation_rows(gates_log: Path)
         return value_and_grads(step, params, trainable, jit)
 
     ns["_value_and_grads"] = counted
+    monkeypatch.delenv("TRACELOG_JAX_OP_BY_OP", raising=False)
     rows = ns["check_parity"](str(gates_log))
     assert all(r[3] for r in rows if r[0] and not r[0].startswith("[")), rows
+    assert not any("(no jit)" in r[0] for r in rows), rows
+    assert sorted(set(runs)) == [(True, "float32"), (True, "float64")], runs
+
+    runs.clear()
+    monkeypatch.setenv("TRACELOG_JAX_OP_BY_OP", "1")
+    rows = ns["check_parity"](str(gates_log))
+    assert all(r[3] for r in rows if r[0] and not r[0].startswith("[")), rows
+    jit = [r[0] for r in rows if r[0].endswith("[float64]") and "(no jit)" not in r[0]]
+    assert len([r for r in rows if r[0].endswith(" (no jit) [float64]")]) == len(jit) > 0
     assert (False, "float64") in runs
     assert (False, "float32") not in runs, runs
     assert (True, "float32") in runs

@@ -103,9 +103,9 @@ def test_emitted_programs_match_tensorflow(keras_log, target: str) -> None:
     names = [c.name for c in report.comparisons]
     if target != "onnx":
         assert any(n.startswith("grad sequential") for n in names)
-    if target == "jax":  # the same step under jax.jit and op by op, each in float64
-        jit = [n for n in names if n.endswith("[float64]") and "(no jit)" not in n]
-        assert len([n for n in names if n.endswith(" (no jit) [float64]")]) == len(jit) > 0
+    if target == "jax":  # the jitted step in float64; op by op only where asked
+        assert any(n.endswith("[float64]") for n in names)
+        assert not any("(no jit)" in n for n in names)
 
 
 def test_a_tf_function_step_is_replayed_eagerly_and_recorded(tmp_path) -> None:

@@ -5,6 +5,7 @@ and the helpers op spellings call (inlined only when used)."""
 from __future__ import annotations
 
 import functools
+import os
 import re
 from collections.abc import Callable
 from typing import TYPE_CHECKING, Any
@@ -162,14 +163,16 @@ def _module_params(params: dict[str, Any]) -> dict[str, Any]:
 
 def _runs(step: Step, params: dict[str, Any], trainable: list[str]) -> list:
     """The runs the parity check compares with the recording: jitted, as a
-    training step runs, and op by op (only op by op where the sizes are the
-    data's: STATIC_SHAPES)."""
+    training step runs (only op by op where the sizes are the data's:
+    STATIC_SHAPES), and op by op too where TRACELOG_JAX_OP_BY_OP=1 asks
+    ("(no jit)" rows): every op compiles on its own there, most of a
+    check's time for the same function."""
     if not STATIC_SHAPES:  # the one run there is: its rows are the plain ones
         return [("", _value_and_grads(step, params, trainable, jit=False))]
-    return [
-        ("", _value_and_grads(step, params, trainable, jit=True)),
-        (" (no jit)", _value_and_grads(step, params, trainable, jit=False)),
-    ]
+    runs = [("", _value_and_grads(step, params, trainable, jit=True))]
+    if os.environ.get("TRACELOG_JAX_OP_BY_OP") == "1":
+        runs.append((" (no jit)", _value_and_grads(step, params, trainable, jit=False)))
+    return runs
 
 
 def _gate_table() -> dict[str, Any]:
