@@ -266,7 +266,11 @@ class _Window(WindowBase):
         super().start_forward(args, kwargs)
 
     def named_inputs(self, args: Any, kwargs: Any) -> list[tuple[str, Any]]:
-        tensors = [a for a in args if hasattr(a, "dtype") and hasattr(a, "shape")]
+        # a model of several inputs takes them as one list, tuple or dict
+        # (``fit([users, items], y)``): each tensor in it is an input, in
+        # tf.nest's order (a dict's by sorted key)
+        leaves = self.listener._tf.nest.flatten(list(args))
+        tensors = [a for a in leaves if hasattr(a, "dtype") and hasattr(a, "shape")]
         return [("x" if k == 0 else f"x_{k}", t) for k, t in enumerate(tensors)]
 
     def named_outputs(self, output: Any) -> list[tuple[str, Any]]:

@@ -49,6 +49,7 @@ def _widened_attrs(op_type: str, attrs: tuple[Any, ...]) -> tuple[Any, ...]:
     if op_def is None:
         raise ReferenceUnavailable(f"no op definition for {op_type}")
     kinds = {a.name: a.type for a in op_def.attr}
+    defaults = {a.name: _default_attr(a) for a in op_def.attr if a.HasField("default_value")}
 
     def widen(v: Any) -> Any:
         if isinstance(v, tf.DType):
@@ -60,14 +61,29 @@ def _widened_attrs(op_type: str, attrs: tuple[Any, ...]) -> tuple[Any, ...]:
     out: list[Any] = []
     for name, value in zip(attrs[0::2], attrs[1::2], strict=True):
         key = name.decode() if isinstance(name, bytes) else str(name)
+        if value is None:
+            # unset (Conv1D's and ConvLSTM's Conv2D use_cudnn_on_gpu): the op def's
+            # default, which the kernel applies, given explicitly, since the op's
+            # gradient function reads it (Conv2D's reads use_cudnn_on_gpu)
+            value = defaults.get(key)
         if kinds.get(key) == "type":
             value = widen(value)
         elif kinds.get(key) == "list(type)" and isinstance(value, (list, tuple)):
             value = [widen(v) for v in value]
         if value is None and not str(kinds.get(key, "")).startswith("list"):
-            continue  # unset (ConvLSTM's Conv2D use_cudnn_on_gpu): its default applies
+            continue  # unset, with no scalar default: the kernel's default applies
         out += [name, [] if value is None else value]
     return tuple(out)
+
+
+def _default_attr(attr_def: Any) -> Any:
+    """An op def attribute's scalar default as execute takes it (None for a
+    list, tensor or shape default: left unset, as the callback saw it)."""
+    value = attr_def.default_value
+    kind = value.WhichOneof("value")
+    if kind in ("b", "i", "f", "s", "type"):
+        return getattr(value, kind)
+    return None
 
 
 def _softmax_xent(inputs: list[Any]) -> list[Any]:
