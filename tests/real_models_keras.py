@@ -205,6 +205,268 @@ EXTRA_CASES: list[KerasCase] = [
     _extra_app("efficientnet_v2_b0", "EfficientNetV2B0"),
     _extra_app("nasnet_mobile", "NASNetMobile"),
 ]
+
+
+# -- models in the style of the keras.io examples, and MobileNetV3Large
+# (helper c, 2026-11-29)
+class _CTokenAndPosition(L.Layer):
+    """keras.io "text classification with transformer": a token embedding plus
+    a learned embedding of the position."""
+
+    def __init__(self, maxlen: int, vocab: int, dim: int, **kwargs: Any) -> None:
+        super().__init__(**kwargs)
+        self.token = L.Embedding(vocab, dim)
+        self.position = L.Embedding(maxlen, dim)
+
+    def call(self, x: Any) -> Any:
+        positions = keras.ops.arange(0, keras.ops.shape(x)[-1], 1)
+        return self.token(x) + self.position(positions)
+
+
+def _c_text_transformer() -> Any:
+    x = keras.Input((12,), dtype="int32")
+    h = _CTokenAndPosition(12, VOCAB, 16)(x)
+    a = L.MultiHeadAttention(num_heads=2, key_dim=16)(h, h)
+    h = L.LayerNormalization(epsilon=1e-6)(h + L.Dropout(0.1)(a))
+    f = L.Dense(16)(L.Dense(32, activation="relu")(h))
+    h = L.LayerNormalization(epsilon=1e-6)(h + L.Dropout(0.1)(f))
+    h = L.Dropout(0.1)(L.GlobalAveragePooling1D()(h))
+    h = L.Dropout(0.1)(L.Dense(20, activation="relu")(h))
+    return keras.Model(x, L.Dense(2, activation="softmax")(h))
+
+
+def _c_masked_transformer() -> Any:
+    """A padding mask from ``Embedding(mask_zero=True)`` that Keras carries into
+    MultiHeadAttention (query and key masks, causal too) and into the
+    mask-aware average pooling (keras.io's sequence-to-sequence Transformer)."""
+    x = keras.Input((None,), dtype="int32")
+    h = L.Embedding(VOCAB, 16, mask_zero=True)(x)
+    a = L.MultiHeadAttention(num_heads=2, key_dim=8)(h, h, use_causal_mask=True)
+    h = L.LayerNormalization()(L.Add()([h, a]))
+    return keras.Model(x, L.Dense(3)(L.GlobalAveragePooling1D()(h)))
+
+
+def _c_token_classes(rng: np.random.Generator) -> Data:
+    return rng.integers(1, VOCAB, (8, 12)).astype("int32"), rng.integers(0, 2, 8)
+
+
+def _c_bilstm_text() -> Any:
+    return keras.Sequential(
+        [
+            keras.Input((None,), dtype="int32"),
+            L.Embedding(VOCAB, 16, mask_zero=True),
+            L.Bidirectional(L.LSTM(12, return_sequences=True)),
+            L.Bidirectional(L.LSTM(8)),
+            L.Dense(1, activation="sigmoid"),
+        ]
+    )
+
+
+def _c_binary_text(rng: np.random.Generator) -> Data:
+    return _padded_ids(rng, 8, 9), rng.integers(0, 2, (8, 1)).astype("float32")
+
+
+def _c_conv1d_text() -> Any:
+    return keras.Sequential(
+        [
+            keras.Input((None,), dtype="int32"),
+            L.Embedding(VOCAB, 16),
+            L.Dropout(0.2),
+            L.Conv1D(16, 5, padding="valid", activation="relu", strides=2),
+            L.Conv1D(16, 3, padding="valid", activation="relu"),
+            L.GlobalMaxPooling1D(),
+            L.Dense(16, activation="relu"),
+            L.Dense(1, activation="sigmoid"),
+        ]
+    )
+
+
+def _c_binary_long_text(rng: np.random.Generator) -> Data:
+    return rng.integers(1, VOCAB, (8, 20)).astype("int32"), rng.integers(0, 2, (8, 1)).astype(
+        "float32"
+    )
+
+
+def _c_masked_gru() -> Any:
+    return keras.Sequential(
+        [
+            keras.Input((None, 4)),
+            L.Masking(mask_value=0.0),
+            L.GRU(12, return_sequences=True),
+            L.GRU(8),
+            L.Dense(3),
+        ]
+    )
+
+
+def _c_padded_series(rng: np.random.Generator) -> Data:
+    x = rng.standard_normal((8, 9, 4)).astype("float32")
+    for k in range(8):
+        x[k, 9 - k % 3 :] = 0.0
+    return x, rng.integers(0, 3, 8)
+
+
+class _CSampling(L.Layer):
+    """keras.io "variational autoencoder": z = mean + exp(log_var / 2) * eps."""
+
+    def __init__(self, **kwargs: Any) -> None:
+        super().__init__(**kwargs)
+        self.seed_generator = keras.random.SeedGenerator(1337)
+
+    def call(self, inputs: Any) -> Any:
+        mean, log_var = inputs
+        eps = keras.random.normal(keras.ops.shape(mean), seed=self.seed_generator)
+        return mean + keras.ops.exp(0.5 * log_var) * eps
+
+
+def _c_vae() -> Any:
+    x = keras.Input((12, 12, 1))
+    h = L.Conv2D(8, 3, strides=2, padding="same", activation="relu")(x)
+    h = L.Dense(16, activation="relu")(L.Flatten()(h))
+    z = _CSampling()([L.Dense(2)(h), L.Dense(2)(h)])
+    h = L.Reshape((6, 6, 8))(L.Dense(6 * 6 * 8, activation="relu")(z))
+    h = L.Conv2DTranspose(8, 3, strides=2, padding="same", activation="relu")(h)
+    return keras.Model(x, L.Conv2DTranspose(1, 3, padding="same", activation="sigmoid")(h))
+
+
+class _CSamplingKL(_CSampling):
+    """The sampling layer with the KL divergence to N(0, 1) as an ``add_loss``
+    (the loss a VAE trained by plain ``fit`` adds to its reconstruction)."""
+
+    def call(self, inputs: Any) -> Any:
+        mean, log_var = inputs
+        kl = -0.5 * keras.ops.sum(1 + log_var - keras.ops.square(mean) - keras.ops.exp(log_var), 1)
+        self.add_loss(keras.ops.mean(kl) * 0.01)
+        return super().call(inputs)
+
+
+def _c_vae_kl() -> Any:
+    x = keras.Input((12, 12, 1))
+    h = L.Dense(16, activation="relu")(L.Flatten()(x))
+    z = _CSamplingKL()([L.Dense(2)(h), L.Dense(2)(h)])
+    h = L.Dense(144, activation="sigmoid")(L.Dense(16, activation="relu")(z))
+    return keras.Model(x, L.Reshape((12, 12, 1))(h))
+
+
+def _c_reconstruct_gray(rng: np.random.Generator) -> Data:
+    x = rng.random((8, 12, 12, 1)).astype("float32")
+    return x, x
+
+
+def _c_preprocessed_cnn() -> Any:
+    norm = L.Normalization(mean=[0.4, 0.5, 0.6], variance=[0.04, 0.05, 0.06])
+    return keras.Sequential(
+        [
+            keras.Input((16, 16, 3)),
+            L.Rescaling(1.0 / 255),
+            norm,
+            L.RandomFlip("horizontal"),
+            L.Conv2D(8, 3, padding="same"),
+            L.GroupNormalization(groups=4),
+            L.Activation("relu"),
+            L.MaxPooling2D(),
+            L.SeparableConv2D(16, 3, padding="same", activation="relu"),
+            L.GlobalAveragePooling2D(),
+            L.UnitNormalization(),
+            L.Dense(10),
+        ]
+    )
+
+
+def _c_bytes_images(rng: np.random.Generator) -> Data:
+    return (rng.random((8, 16, 16, 3)) * 255).astype("float32"), rng.integers(0, 10, 8)
+
+
+def _c_unet() -> Any:
+    x = keras.Input((16, 16, 3))
+    d1 = L.Conv2D(8, 3, padding="same", activation="relu")(x)
+    d2 = L.Conv2D(16, 3, strides=2, padding="same", activation="relu")(L.BatchNormalization()(d1))
+    b = L.Conv2D(16, 3, strides=2, padding="same", activation="relu")(d2)
+    u2 = L.Conv2DTranspose(16, 3, strides=2, padding="same", activation="relu")(b)
+    u2 = L.Conv2D(16, 3, padding="same", activation="relu")(L.Concatenate()([u2, d2]))
+    u1 = L.Conv2DTranspose(8, 3, strides=2, padding="same", activation="relu")(u2)
+    u1 = L.Concatenate()([u1, d1])
+    return keras.Model(x, L.Conv2D(3, 1, activation="softmax")(u1))
+
+
+def _c_pixel_classes(rng: np.random.Generator) -> Data:
+    return rng.random((8, 16, 16, 3)).astype("float32"), rng.integers(0, 3, (8, 16, 16))
+
+
+def _c_series_regressor() -> Any:
+    return keras.Sequential(
+        [
+            keras.Input((24, 3)),
+            L.Conv1D(8, 3, padding="causal", activation="relu"),
+            L.MaxPooling1D(2),
+            L.LSTM(12),
+            L.Dense(2),
+        ]
+    )
+
+
+def _c_series(rng: np.random.Generator) -> Data:
+    x = rng.standard_normal((8, 24, 3)).astype("float32")
+    return x, rng.standard_normal((8, 2)).astype("float32")
+
+
+def _c_recommender() -> Any:
+    users, items = keras.Input((1,), dtype="int32"), keras.Input((1,), dtype="int32")
+    u = L.Flatten()(L.Embedding(20, 8)(users))
+    v = L.Flatten()(L.Embedding(30, 8)(items))
+    ub = L.Flatten()(L.Embedding(20, 1)(users))
+    vb = L.Flatten()(L.Embedding(30, 1)(items))
+    score = L.Add()([L.Dot(axes=1)([u, v]), ub, vb])
+    return keras.Model([users, items], L.Activation("sigmoid")(score))
+
+
+def _c_ratings(rng: np.random.Generator) -> Any:
+    x = [rng.integers(0, 20, (8, 1)).astype("int32"), rng.integers(0, 30, (8, 1)).astype("int32")]
+    return x, rng.integers(0, 2, (8, 1)).astype("float32")
+
+
+def _c_two_heads() -> Any:
+    x = keras.Input((10,))
+    h = L.Dense(16, activation="relu")(x)
+    return keras.Model(x, [L.Dense(3, name="kind")(h), L.Dense(1, name="size")(h)])
+
+
+def _c_two_targets(rng: np.random.Generator) -> Any:
+    x = rng.standard_normal((8, 10)).astype("float32")
+    return x, [rng.integers(0, 3, 8), rng.standard_normal((8, 1)).astype("float32")]
+
+
+EXTRA_CASES += [
+    KerasCase("c_text_transformer", _c_text_transformer, _c_token_classes, _sparse_ce()),
+    KerasCase("c_masked_transformer", _c_masked_transformer, _text_classes, _sparse_ce(True)),
+    KerasCase(
+        "c_bilstm_text", _c_bilstm_text, _c_binary_text, lambda: keras.losses.BinaryCrossentropy()
+    ),
+    KerasCase(
+        "c_conv1d_text",
+        _c_conv1d_text,
+        _c_binary_long_text,
+        lambda: keras.losses.BinaryCrossentropy(),
+    ),
+    KerasCase("c_masked_gru", _c_masked_gru, _c_padded_series, _sparse_ce(True)),
+    KerasCase("c_vae", _c_vae, _c_reconstruct_gray, lambda: keras.losses.BinaryCrossentropy()),
+    KerasCase(
+        "c_vae_kl", _c_vae_kl, _c_reconstruct_gray, lambda: keras.losses.BinaryCrossentropy()
+    ),
+    KerasCase("c_preprocessed_cnn", _c_preprocessed_cnn, _c_bytes_images, _sparse_ce(True)),
+    KerasCase("c_unet", _c_unet, _c_pixel_classes, _sparse_ce()),
+    KerasCase("c_series_regressor", _c_series_regressor, _c_series, lambda: keras.losses.Huber()),
+    KerasCase(
+        "c_recommender", _c_recommender, _c_ratings, lambda: keras.losses.BinaryCrossentropy()
+    ),
+    KerasCase(
+        "c_two_heads",
+        _c_two_heads,
+        _c_two_targets,
+        lambda: [keras.losses.SparseCategoricalCrossentropy(True), keras.losses.MeanSquaredError()],
+    ),
+    _extra_app("mobilenet_v3_large", "MobileNetV3Large"),
+]
 BY_NAME = {c.name: c for c in CASES + EXTRA_CASES}
 
 
