@@ -208,7 +208,7 @@ EXTRA_CASES: list[KerasCase] = [
 
 
 # -- models in the style of the keras.io examples, and MobileNetV3Large
-# (helper c, 2026-11-29)
+# (first tried 2026-11-29)
 class _CTokenAndPosition(L.Layer):
     """keras.io "text classification with transformer": a token embedding plus
     a learned embedding of the position."""
@@ -223,7 +223,7 @@ class _CTokenAndPosition(L.Layer):
         return self.token(x) + self.position(positions)
 
 
-def _c_text_transformer() -> Any:
+def _text_transformer() -> Any:
     x = keras.Input((12,), dtype="int32")
     h = _CTokenAndPosition(12, VOCAB, 16)(x)
     a = L.MultiHeadAttention(num_heads=2, key_dim=16)(h, h)
@@ -235,7 +235,7 @@ def _c_text_transformer() -> Any:
     return keras.Model(x, L.Dense(2, activation="softmax")(h))
 
 
-def _c_masked_transformer() -> Any:
+def _masked_transformer() -> Any:
     """A padding mask from ``Embedding(mask_zero=True)`` that Keras carries into
     MultiHeadAttention (query and key masks, causal too) and into the
     mask-aware average pooling (keras.io's sequence-to-sequence Transformer)."""
@@ -246,11 +246,11 @@ def _c_masked_transformer() -> Any:
     return keras.Model(x, L.Dense(3)(L.GlobalAveragePooling1D()(h)))
 
 
-def _c_token_classes(rng: np.random.Generator) -> Data:
+def _token_classes(rng: np.random.Generator) -> Data:
     return rng.integers(1, VOCAB, (8, 12)).astype("int32"), rng.integers(0, 2, 8)
 
 
-def _c_bilstm_text() -> Any:
+def _bilstm_text() -> Any:
     return keras.Sequential(
         [
             keras.Input((None,), dtype="int32"),
@@ -262,11 +262,11 @@ def _c_bilstm_text() -> Any:
     )
 
 
-def _c_binary_text(rng: np.random.Generator) -> Data:
+def _binary_text(rng: np.random.Generator) -> Data:
     return _padded_ids(rng, 8, 9), rng.integers(0, 2, (8, 1)).astype("float32")
 
 
-def _c_conv1d_text() -> Any:
+def _conv1d_text() -> Any:
     return keras.Sequential(
         [
             keras.Input((None,), dtype="int32"),
@@ -281,13 +281,13 @@ def _c_conv1d_text() -> Any:
     )
 
 
-def _c_binary_long_text(rng: np.random.Generator) -> Data:
+def _binary_long_text(rng: np.random.Generator) -> Data:
     return rng.integers(1, VOCAB, (8, 20)).astype("int32"), rng.integers(0, 2, (8, 1)).astype(
         "float32"
     )
 
 
-def _c_masked_gru() -> Any:
+def _masked_gru() -> Any:
     return keras.Sequential(
         [
             keras.Input((None, 4)),
@@ -299,7 +299,7 @@ def _c_masked_gru() -> Any:
     )
 
 
-def _c_padded_series(rng: np.random.Generator) -> Data:
+def _padded_series(rng: np.random.Generator) -> Data:
     x = rng.standard_normal((8, 9, 4)).astype("float32")
     for k in range(8):
         x[k, 9 - k % 3 :] = 0.0
@@ -319,7 +319,7 @@ class _CSampling(L.Layer):
         return mean + keras.ops.exp(0.5 * log_var) * eps
 
 
-def _c_vae() -> Any:
+def _vae() -> Any:
     x = keras.Input((12, 12, 1))
     h = L.Conv2D(8, 3, strides=2, padding="same", activation="relu")(x)
     h = L.Dense(16, activation="relu")(L.Flatten()(h))
@@ -340,7 +340,7 @@ class _CSamplingKL(_CSampling):
         return super().call(inputs)
 
 
-def _c_vae_kl() -> Any:
+def _vae_kl() -> Any:
     x = keras.Input((12, 12, 1))
     h = L.Dense(16, activation="relu")(L.Flatten()(x))
     z = _CSamplingKL()([L.Dense(2)(h), L.Dense(2)(h)])
@@ -348,12 +348,12 @@ def _c_vae_kl() -> Any:
     return keras.Model(x, L.Reshape((12, 12, 1))(h))
 
 
-def _c_reconstruct_gray(rng: np.random.Generator) -> Data:
+def _reconstruct_gray(rng: np.random.Generator) -> Data:
     x = rng.random((8, 12, 12, 1)).astype("float32")
     return x, x
 
 
-def _c_preprocessed_cnn() -> Any:
+def _preprocessed_cnn() -> Any:
     norm = L.Normalization(mean=[0.4, 0.5, 0.6], variance=[0.04, 0.05, 0.06])
     return keras.Sequential(
         [
@@ -373,11 +373,11 @@ def _c_preprocessed_cnn() -> Any:
     )
 
 
-def _c_bytes_images(rng: np.random.Generator) -> Data:
+def _bytes_images(rng: np.random.Generator) -> Data:
     return (rng.random((8, 16, 16, 3)) * 255).astype("float32"), rng.integers(0, 10, 8)
 
 
-def _c_unet() -> Any:
+def _unet() -> Any:
     x = keras.Input((16, 16, 3))
     d1 = L.Conv2D(8, 3, padding="same", activation="relu")(x)
     d2 = L.Conv2D(16, 3, strides=2, padding="same", activation="relu")(L.BatchNormalization()(d1))
@@ -389,11 +389,11 @@ def _c_unet() -> Any:
     return keras.Model(x, L.Conv2D(3, 1, activation="softmax")(u1))
 
 
-def _c_pixel_classes(rng: np.random.Generator) -> Data:
+def _pixel_classes(rng: np.random.Generator) -> Data:
     return rng.random((8, 16, 16, 3)).astype("float32"), rng.integers(0, 3, (8, 16, 16))
 
 
-def _c_series_regressor() -> Any:
+def _series_regressor() -> Any:
     return keras.Sequential(
         [
             keras.Input((24, 3)),
@@ -405,12 +405,12 @@ def _c_series_regressor() -> Any:
     )
 
 
-def _c_series(rng: np.random.Generator) -> Data:
+def _series(rng: np.random.Generator) -> Data:
     x = rng.standard_normal((8, 24, 3)).astype("float32")
     return x, rng.standard_normal((8, 2)).astype("float32")
 
 
-def _c_recommender() -> Any:
+def _recommender() -> Any:
     users, items = keras.Input((1,), dtype="int32"), keras.Input((1,), dtype="int32")
     u = L.Flatten()(L.Embedding(20, 8)(users))
     v = L.Flatten()(L.Embedding(30, 8)(items))
@@ -420,49 +420,43 @@ def _c_recommender() -> Any:
     return keras.Model([users, items], L.Activation("sigmoid")(score))
 
 
-def _c_ratings(rng: np.random.Generator) -> Any:
+def _ratings(rng: np.random.Generator) -> Any:
     x = [rng.integers(0, 20, (8, 1)).astype("int32"), rng.integers(0, 30, (8, 1)).astype("int32")]
     return x, rng.integers(0, 2, (8, 1)).astype("float32")
 
 
-def _c_two_heads() -> Any:
+def _two_heads() -> Any:
     x = keras.Input((10,))
     h = L.Dense(16, activation="relu")(x)
     return keras.Model(x, [L.Dense(3, name="kind")(h), L.Dense(1, name="size")(h)])
 
 
-def _c_two_targets(rng: np.random.Generator) -> Any:
+def _two_targets(rng: np.random.Generator) -> Any:
     x = rng.standard_normal((8, 10)).astype("float32")
     return x, [rng.integers(0, 3, 8), rng.standard_normal((8, 1)).astype("float32")]
 
 
 EXTRA_CASES += [
-    KerasCase("c_text_transformer", _c_text_transformer, _c_token_classes, _sparse_ce()),
-    KerasCase("c_masked_transformer", _c_masked_transformer, _text_classes, _sparse_ce(True)),
+    KerasCase("text_transformer", _text_transformer, _token_classes, _sparse_ce()),
+    KerasCase("masked_transformer", _masked_transformer, _text_classes, _sparse_ce(True)),
+    KerasCase("bilstm_text", _bilstm_text, _binary_text, lambda: keras.losses.BinaryCrossentropy()),
     KerasCase(
-        "c_bilstm_text", _c_bilstm_text, _c_binary_text, lambda: keras.losses.BinaryCrossentropy()
-    ),
-    KerasCase(
-        "c_conv1d_text",
-        _c_conv1d_text,
-        _c_binary_long_text,
+        "conv1d_text",
+        _conv1d_text,
+        _binary_long_text,
         lambda: keras.losses.BinaryCrossentropy(),
     ),
-    KerasCase("c_masked_gru", _c_masked_gru, _c_padded_series, _sparse_ce(True)),
-    KerasCase("c_vae", _c_vae, _c_reconstruct_gray, lambda: keras.losses.BinaryCrossentropy()),
+    KerasCase("masked_gru", _masked_gru, _padded_series, _sparse_ce(True)),
+    KerasCase("vae", _vae, _reconstruct_gray, lambda: keras.losses.BinaryCrossentropy()),
+    KerasCase("vae_kl", _vae_kl, _reconstruct_gray, lambda: keras.losses.BinaryCrossentropy()),
+    KerasCase("preprocessed_cnn", _preprocessed_cnn, _bytes_images, _sparse_ce(True)),
+    KerasCase("unet", _unet, _pixel_classes, _sparse_ce()),
+    KerasCase("series_regressor", _series_regressor, _series, lambda: keras.losses.Huber()),
+    KerasCase("recommender", _recommender, _ratings, lambda: keras.losses.BinaryCrossentropy()),
     KerasCase(
-        "c_vae_kl", _c_vae_kl, _c_reconstruct_gray, lambda: keras.losses.BinaryCrossentropy()
-    ),
-    KerasCase("c_preprocessed_cnn", _c_preprocessed_cnn, _c_bytes_images, _sparse_ce(True)),
-    KerasCase("c_unet", _c_unet, _c_pixel_classes, _sparse_ce()),
-    KerasCase("c_series_regressor", _c_series_regressor, _c_series, lambda: keras.losses.Huber()),
-    KerasCase(
-        "c_recommender", _c_recommender, _c_ratings, lambda: keras.losses.BinaryCrossentropy()
-    ),
-    KerasCase(
-        "c_two_heads",
-        _c_two_heads,
-        _c_two_targets,
+        "two_heads",
+        _two_heads,
+        _two_targets,
         lambda: [keras.losses.SparseCategoricalCrossentropy(True), keras.losses.MeanSquaredError()],
     ),
     _extra_app("mobilenet_v3_large", "MobileNetV3Large"),

@@ -1,5 +1,5 @@
 """Keras models of the keras.io examples' kind, probed on the models matrix
-(helper c): what they showed, each as a small check."""
+(first tried 2026-11-29): what they showed, each as a small check."""
 
 from __future__ import annotations
 
