@@ -71,6 +71,11 @@ def recorded_summary(log_dir: Path) -> tuple[str, list[str]]:
         for node in log.graph(entry.hash).nodes:
             if node.op == "Unsupported":
                 unsupported[str(node.attrs.get("source"))] += 1
+    for pair in log.pairs.values():
+        if not log.graph(pair.prediction).inputs:
+            # the batch went in as constants: every program would reproduce the
+            # recorded batch, and its parity check could not tell
+            unsupported[f"{pair.phase} prediction graph without a data input"] += 1
     pairs = sum(p.usage.batches for p in log.pairs.values())
     text = f"{len(log.entries_sorted())} graphs"
     if pairs:

@@ -45,6 +45,9 @@ def test_recorded_whole(keras_log: Any) -> None:
     train = [p for p in log.pairs.values() if p.phase == "train"]
     assert sum(p.usage.batches for p in train) == 2  # two steps, whatever the replicas
     assert all(p.loss is not None for p in train)
+    # the data are the graph's inputs: as constants, every program would give
+    # back the recorded batch, and the parity check could not tell
+    assert all(log.graph(p.prediction).inputs for p in train)
     assert log.sample_info is not None
 
 
