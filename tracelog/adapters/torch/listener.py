@@ -79,6 +79,7 @@ class _OpInfo(NamedTuple):
     name: str
     mutated: tuple[int, ...]  # positional args it writes to without returning them
     writes_self: bool  # it writes into its first argument (copy_, fill_, add_, ...)
+    batch_norm: bool  # native_batch_norm: it writes its running statistics (_mutated_args)
 
 
 _OPS: dict[Any, _OpInfo] = {}
@@ -104,7 +105,12 @@ def _read_op(func: Any) -> _OpInfo:
             if not (set(alias.after_set) & returned):
                 found.append(i)
     first = schema.arguments[0].alias_info if schema.arguments else None
-    return _OpInfo(name, tuple(found), bool(first is not None and first.is_write))
+    return _OpInfo(
+        name,
+        tuple(found),
+        bool(first is not None and first.is_write),
+        func is torch.ops.aten.native_batch_norm.default,
+    )
 
 
 def _mutated_args(func: Any, info: _OpInfo, args: tuple[Any, ...]) -> tuple[int, ...]:
@@ -210,10 +216,18 @@ class _Mode(TorchDispatchMode):
         kwargs = kwargs or {}
         out = func(*args, **kwargs)
         w = self.window
-        if w is None or (w.saw_backward and w.call is None):
+        if w is None or (w.saw_backward and w.call is None) or not w.recording:
             return out  # backward and after: in neither graph (on_op), no call made
         if not compiling():  # read after: a call per op (Dynamo never traces this mode)
-            w.guarded(w.on_op, func, args, kwargs, out)
+            # w.guarded(w.on_op, ...), inline: this runs for every op of the forward
+            listener = w.listener
+            listener.busy += 1  # the recorder's own torch calls are not the batch's
+            try:
+                w.on_op(func, args, kwargs, out)
+            except Exception as e:  # fail open: training goes on, the batch is unrecorded
+                w.fail(e)
+            finally:
+                listener.busy -= 1
         return out
 
 
@@ -387,19 +401,8 @@ class _Window(WindowBase):
         region = self.region()
         if region is None:
             return  # before the forward: preprocessing, not part of either graph
-        if region == "post":
-            tensors = _tensors_in((args, kwargs))
-            if (
-                not self.from_model(tensors)
-                and not self.reduces_targets(tensors, _flat(out))
-                and not _selects(func, args)
-            ):
-                # Data preparation after the forward (y[idx], y.long()): not part of
-                # the loss graph. Its outputs stay unknown, so the loss meets them as
-                # targets (batch-sized) or constants. A selection by a mask (y[keep])
-                # is recorded: its size is the data's count, which the selected
-                # predictions share (a count equal to the batch size is no batch).
-                return
+        if region == "post" and self._prepares_data(func, args, kwargs, out):
+            return
         # a method, not a closure: a recursive closure is a reference cycle, and
         # it would keep the window (its tape, its tensors) alive until the
         # garbage collector ran
@@ -409,14 +412,20 @@ class _Window(WindowBase):
             tuple([(k, self._norm(v, region)) for k, v in sorted(kwargs.items())]) if kwargs else ()
         )
         tainted = self._arg_tainted
-        outs: list[torch.Tensor] = []
-        flatten_tensors(out, outs)
+        outs: list[torch.Tensor]
+        if isinstance(out, torch.Tensor):  # flatten_tensors' usual case, without its call
+            outs = [out]
+        else:
+            outs = []
+            flatten_tensors(out, outs)
         n_returned = len(outs)
         info = _op_info(func)
-        mutated = tuple(
-            [i for i in _mutated_args(func, info, args) if isinstance(args[i], torch.Tensor)]
-        )
-        outs.extend([args[i] for i in mutated])
+        mutated: tuple[int, ...] = ()
+        if info.mutated or info.batch_norm:
+            mutated = tuple(
+                [i for i in _mutated_args(func, info, args) if isinstance(args[i], torch.Tensor)]
+            )
+            outs.extend([args[i] for i in mutated])
         name = info.name
         if name in _RESTRIDES and _keeps_values(args):
             # a relayout of the same values (adaptive_avg_pool's output restrided
@@ -429,6 +438,21 @@ class _Window(WindowBase):
         self.track_views(name, info, args, outs, region, index)
         if region == "post" and name == "aten.ones_like.default":
             self.note_seed(args, kwargs, nargs)
+
+    def _prepares_data(
+        self, func: Any, args: tuple[Any, ...], kwargs: dict[str, Any], out: Any
+    ) -> bool:
+        """Is an op after the forward data preparation (y[idx], y.long())? It
+        is not part of the loss graph: its outputs stay unknown, so the loss
+        meets them as targets (batch-sized) or constants. A selection by a
+        mask (y[keep]) is recorded: its size is the data's count, which the
+        selected predictions share (a count equal to the batch size is no batch)."""
+        tensors = _tensors_in((args, kwargs))
+        return (
+            not self.from_model(tensors)
+            and not self.reduces_targets(tensors, _flat(out))
+            and not _selects(func, args)
+        )
 
     def _note(
         self, name: str, index: int, args: Any, kwargs: dict[str, Any], outs: list[Any]
