@@ -840,9 +840,9 @@ _B_CLIP = {
 # 1e-5 layer scales), EfficientNet (TensorFlow and JAX diverge in float64 at a
 # training batch norm whose outputs are near 1e-16), SEW-D (no float64 reference:
 # its XSoftmax fills the softmax output in place), Informer (randint, topk with
-# sorted=False), Autoformer (torch.fft: complex), DPT (its auxiliary head's
-# dropout lands in the loss graph, whose function takes no rng), YOLOS (scipy
-# matching).
+# sorted=False), Autoformer (torch.fft: complex), YOLOS (scipy matching). DPT,
+# left out at first (its auxiliary head's dropout lands in the loss graph, whose
+# function took no rng), is in the block at the end.
 EXTRA_CASES += [
     _image("vit_msn", "ViTMSNConfig", "ViTMSNForImageClassification", 16, patch_size=4,
            **_B_VIT, **_IMAGE_16),
@@ -916,6 +916,30 @@ EXTRA_CASES += [
              "TimeSeriesTransformerForPrediction", {}),
         ]
     ),
+]  # fmt: skip
+
+
+def _segmentation_batch(size: int, classes: int) -> Callable[[torch.Generator, int], Batch]:
+    def batch(g: torch.Generator, i: int) -> Batch:
+        return {
+            "pixel_values": torch.randn(4, 3, size, size, generator=g),
+            "labels": torch.randint(0, classes, (4, size, size), generator=g),
+        }
+
+    return batch
+
+
+# DPT's semantic segmentation model with its auxiliary head (first tried
+# 2026-11-29, helper e), as transformers' DPT tests build it: given labels, the
+# auxiliary head (a dropout of its own) runs for the loss only, so its draw is
+# the loss graph's (tracelog.sample.loss_mask_key); the forward drops too.
+EXTRA_CASES += [
+    ModelCase("dpt", _hf("DPTConfig", "DPTForSemanticSegmentation", image_size=32, patch_size=16,
+              hidden_size=32, fusion_hidden_size=32, num_hidden_layers=2,
+              backbone_out_indices=[0, 1, 2, 3], num_attention_heads=4, intermediate_size=37,
+              hidden_dropout_prob=0.1, attention_probs_dropout_prob=0.1, num_labels=3,
+              neck_hidden_sizes=[16, 32], use_auxiliary_head=True),
+              _segmentation_batch(32, 3), _hf_step, "transformers"),
 ]  # fmt: skip
 
 BY_NAME = {c.name: c for c in CASES + EXTRA_CASES}

@@ -44,6 +44,18 @@ def rng_key(k: int) -> str:
     return f"mask.{k}"
 
 
+def loss_mask_key(k: int) -> str:
+    """The mask (or draw) the loss graph's k-th random node drew: a dropout
+    after the predictions (an auxiliary head applied in the loss, or dropout
+    in a loss function), numbered apart from the prediction graph's."""
+    return f"loss_mask/{k}"
+
+
+def loss_rng_key(k: int) -> str:
+    """The key under which a loss function's rng dict holds its k-th mask."""
+    return f"loss_mask.{k}"
+
+
 def output_key(role: str) -> str:
     """A prediction output, by its role (``prediction``, ``prediction_1``)."""
     return "output/" + role
@@ -99,6 +111,15 @@ def masks_as_rng(sample: dict[str, Any]) -> dict[str, Any]:
     return {rng_key(int(k[len("mask/") :])): v for k, v in sample.items() if k.startswith("mask/")}
 
 
+def loss_masks_as_rng(sample: dict[str, Any]) -> dict[str, Any]:
+    """The sample's loss-graph masks as the rng dict a loss function takes."""
+    return {
+        loss_rng_key(int(k[len("loss_mask/") :])): v
+        for k, v in sample.items()
+        if k.startswith("loss_mask/")
+    }
+
+
 # The functions an emitted program inlines, in this order.
 INLINED = (
     input_key,
@@ -113,7 +134,17 @@ INLINED = (
     reference_key,
     scale_key,
     masks_as_rng,
+    loss_mask_key,
+    loss_rng_key,
+    loss_masks_as_rng,
 )
+
+
+def draw_key(graph_kind: str, k: int) -> str:
+    """The rng key of a graph's k-th random node: the loss graph's draws are
+    keyed apart from the prediction graph's (loss_rng_key), so one rng dict
+    holds both and neither reads the other's."""
+    return loss_rng_key(k) if graph_kind == "loss" else rng_key(k)
 
 
 # -- the package's side: writing and reading the file --------------------------------------------
@@ -124,6 +155,8 @@ class _SampleInfoLater(TypedDict, total=False):
     # "float64": the sample holds ref64/ entries; otherwise why it has none (logs
     # written before the reference existed have no such key)
     reference: str
+    # how many masks the loss graph drew (loss_mask_key); only where it drew any
+    loss_masks: int
 
 
 class SampleInfo(_SampleInfoLater):
@@ -144,6 +177,7 @@ def build_sample(
     targets: Arrays,
     masks: Sequence[np.ndarray],
     outputs: Arrays,
+    loss_masks: Sequence[np.ndarray] = (),
     loss: np.ndarray,
     grads: Arrays,
     params: Arrays,
@@ -151,8 +185,8 @@ def build_sample(
     updates: Arrays,
     reference: Mapping[str, Any] | None = None,
 ) -> dict[str, np.ndarray]:
-    """The sample of one batch, keyed as the file holds it. ``masks`` are in
-    recording order; targets are keyed by their names in the loss graph
+    """The sample of one batch, keyed as the file holds it. ``masks`` (the
+    prediction graph's) and ``loss_masks`` (the loss graph's) are in node order; targets are keyed by their names in the loss graph
     (``tracelog.adapters.builder.target_names``), the rest by name or role.
     ``reference``: the float64 replay's outputs, loss, grads and updates,
     stored under ``reference_key`` of the entries they stand for, and its
@@ -161,6 +195,7 @@ def build_sample(
     sample.update((input_key(n), a) for n, a in inputs.items())
     sample.update((target_key(n), a) for n, a in targets.items())
     sample.update((mask_key(k), a) for k, a in enumerate(masks))
+    sample.update((loss_mask_key(k), a) for k, a in enumerate(loss_masks))
     sample.update((output_key(role), a) for role, a in outputs.items())
     sample[LOSS_KEY] = loss
     sample.update((grad_key(n), a) for n, a in grads.items())
@@ -188,8 +223,9 @@ def sample_info(
     masks: int,
     grads_from: str,
     reference: str,
+    loss_masks: int = 0,
 ) -> SampleInfo:
-    return {
+    info: SampleInfo = {
         "epoch": epoch,
         "batch": batch,
         "phase": phase,
@@ -199,6 +235,9 @@ def sample_info(
         "grads_from": grads_from,
         "reference": reference,
     }
+    if loss_masks:
+        info["loss_masks"] = loss_masks
+    return info
 
 
 def encode_tensors(tensors: Arrays, metadata: dict[str, str] | None = None) -> bytes:
@@ -270,4 +309,6 @@ def sample_feeds(sample: Arrays) -> dict[str, np.ndarray]:
             feeds[name] = arr
         elif kind == "mask":
             feeds[rng_key(int(name))] = arr
+        elif kind == "loss_mask":
+            feeds[loss_rng_key(int(name))] = arr
     return feeds

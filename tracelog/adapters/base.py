@@ -35,6 +35,7 @@ from tracelog.adapters import collector
 from tracelog.adapters.builder import (
     Builder,
     Converter,
+    Draws,
     input_names,
     output_roles,
     target_names,
@@ -591,7 +592,7 @@ class ListenerBase(ABC):
         self._errors_logged: set[str] = set()
         self._closed = False
         self._collector_paused = False  # does this listener hold a collector.pause()?
-        self._cache: dict[Any, tuple[str, str | None, list[int]]] = {}
+        self._cache: dict[Any, tuple[str, str | None, Draws]] = {}
         self._sample: dict[str, np.ndarray] | None = None
         # what the last window counted: (prediction hash, loss hash) or the reason it was not
         self.last_counted: Counted | str | None = None
@@ -826,23 +827,23 @@ class ListenerBase(ABC):
         fp = w.tape.fingerprint()
         cached = self._cache.get(fp)
         if cached is None:
-            pred, loss_graph, masks = self._graphs(w)
+            pred, loss_graph, draws = self._graphs(w)
             ph = self.log.add_graph(pred)
             lh = self.log.add_graph(loss_graph) if loss_graph is not None else None
-            cached = self._cache[fp] = (ph, lh, masks)
-        ph, lh, masks = cached
+            cached = self._cache[fp] = (ph, lh, draws)
+        ph, lh, draws = cached
         self.log.count(w.phase, ph, lh, w.epoch, w.batch)
         self.last_counted = (ph, lh)
         if before is not None and lh is not None and w.phase == "train":
-            self._sample_guarded(w, before, ph, lh, masks)
+            self._sample_guarded(w, before, ph, lh, draws)
 
     def _sample_guarded(
-        self, w: WindowBase, before: StateBefore, ph: str, lh: str, masks: list[int]
+        self, w: WindowBase, before: StateBefore, ph: str, lh: str, draws: Draws
     ) -> None:
         """Take the sample; the batch is counted already, so a failure here only
         loses the sample (one warning, no retry: the next batch would fail alike)."""
         try:
-            self._take_sample(w, before, ph, lh, masks)
+            self._take_sample(w, before, ph, lh, draws)
         except Exception as e:
             if self.strict:
                 raise
@@ -857,7 +858,7 @@ class ListenerBase(ABC):
         assert self._sample is not None
         self.writer.set_sample(self._sample)
 
-    def _graphs(self, w: WindowBase) -> tuple[Graph, Graph | None, list[int]]:
+    def _graphs(self, w: WindowBase) -> tuple[Graph, Graph | None, Draws]:
         """The batch's prediction and loss graphs (exact batch dims from a
         replay; the equal-size guess if it fails) and its dropout records."""
         trainable = self._trainable()
@@ -867,7 +868,7 @@ class ListenerBase(ABC):
         return builder.graphs()
 
     def _take_sample(
-        self, w: WindowBase, before: StateBefore, ph: str, lh: str, masks: list[int]
+        self, w: WindowBase, before: StateBefore, ph: str, lh: str, draws: Draws
     ) -> None:
         assert w.tape.loss is not None
         loss_t = w.tensor(w.tape.loss)
@@ -887,7 +888,8 @@ class ListenerBase(ABC):
         self._sample = build_sample(
             inputs={ir[name]: array(t) for name, t in w.input_tensors.items()},
             targets=dict(zip(target_names(w.tape), map(array, w.target_tensors), strict=True)),
-            masks=[w.mask(rec_index) for rec_index in masks],
+            masks=[w.mask(rec_index) for rec_index in draws.prediction],
+            loss_masks=[w.mask(rec_index) for rec_index in draws.loss],
             outputs={roles[role]: array(t) for role, t in w.output_tensors.items()},
             loss=array(loss_t),
             grads=self._gradients(w, before, loss_t),
@@ -904,9 +906,10 @@ class ListenerBase(ABC):
             phase=w.phase,
             prediction=ph,
             loss=lh,
-            masks=len(masks),
+            masks=len(draws.prediction),
             grads_from=self._grads_from(w),
             reference=reference_note,
+            loss_masks=len(draws.loss),
         )
 
     def _custom_functions(self, w: Any) -> list[str]:

@@ -6,7 +6,7 @@ from __future__ import annotations
 
 import contextlib
 from collections.abc import Callable, Sequence
-from typing import Any
+from typing import Any, NamedTuple
 
 import numpy as np
 
@@ -94,6 +94,15 @@ def target_names(tape: Tape) -> list[str]:
     (the sample keys its targets by these names too)."""
     taken = user_names(tape)
     return [internal_name(target_name(k), taken) for k in range(len(tape.targets))]
+
+
+class Draws(NamedTuple):
+    """Per random node (a dropout's mask, a draw's values) of each graph, in
+    node order, the record index of what it drew: the sample keeps them
+    (tracelog.sample.mask_key, loss_mask_key) for the programs to replay."""
+
+    prediction: list[int]
+    loss: list[int]
 
 
 class Builder:
@@ -369,9 +378,9 @@ class Builder:
         )
 
     # -- cutting graphs -------------------------------------------------------------
-    def graphs(self) -> tuple[Graph, Graph | None, list[int]]:
+    def graphs(self) -> tuple[Graph, Graph | None, Draws]:
         """The prediction graph, the loss graph (None without a loss) and, per
-        random node (Dropout) of the prediction graph, the record index of its mask."""
+        random node (Dropout) of each, the record index of its mask."""
         self._rewrite()
         producer = {o: i for i, n in enumerate(self.nodes) for o in n.outputs if o}
         tape = self.tape
@@ -380,6 +389,7 @@ class Builder:
         # The loss graph: post-region nodes the loss depends on. Values from the
         # prediction region become its inputs ("features").
         loss_graph = None
+        loss_random: list[int] = []
         feature_names: dict[str, str] = {}
         roles = output_roles(tape)
         output_roles_of = {self._ref_name(ref): roles[role] for role, ref in tape.outputs}
@@ -394,6 +404,7 @@ class Builder:
             loss_graph = self._assemble(
                 "loss", keep, [Output(loss_name, "loss")], rename=feature_names
             )
+            loss_random = [i for i in keep if is_random(self.nodes[i])]
 
         outputs = [Output(self._ref_name(ref), roles[role]) for role, ref in tape.outputs]
         for name, role in feature_names.items():
@@ -409,10 +420,15 @@ class Builder:
             outputs,
             data_inputs=[n for n in data_inputs if n not in loss_only_inputs],
         )
-        # the sample's masks, one per random node in node order (tracelog.sample.mask_key)
-        random = [self.nodes[i] for i in keep if is_random(self.nodes[i])]
-        masks = [self.random_recs[n.outputs[0]] for n in random]
-        return pred, loss_graph, masks
+        # the sample's masks, one per random node of each graph in node order
+        # (tracelog.sample.mask_key, loss_mask_key): a draw after the predictions
+        # (dropout in the loss) is the loss graph's, numbered apart
+        random = [i for i in keep if is_random(self.nodes[i])]
+        draws = Draws(
+            [self.random_recs[self.nodes[i].outputs[0]] for i in random],
+            [self.random_recs[self.nodes[i].outputs[0]] for i in loss_random],
+        )
+        return pred, loss_graph, draws
 
     def _split_loss_in_forward(self, producer: dict[str, int]) -> set[str]:
         """A loss computed inside the root's forward (a Hugging Face model

@@ -18,6 +18,7 @@ from tracelog.ops import (
     is_random,
     schema_for,
 )
+from tracelog.sample import draw_key
 
 
 def _onnx() -> ModuleType:
@@ -86,10 +87,11 @@ def mask_type(graph: Graph, node: Node) -> TensorType:
 
 def mask_inputs(graph: Graph) -> list[tuple[str, TensorType]]:
     """The mask inputs of a graph replayed with its recorded masks: "mask.<k>"
-    for the k-th random node (Dropout) in node order, a bool tensor of that
-    node's output shape. Every place that declares the masks reads them here."""
+    ("loss_mask.<k>" in a loss graph: tracelog.sample.draw_key) for the k-th
+    random node (Dropout) in node order, a bool tensor of that node's output
+    shape. Every place that declares the masks reads them here."""
     random = [n for n in graph.nodes if is_random(n)]
-    return [(f"mask.{k}", mask_type(graph, n)) for k, n in enumerate(random)]
+    return [(draw_key(graph.kind, k), mask_type(graph, n)) for k, n in enumerate(random)]
 
 
 def graph_to_onnx(
@@ -103,7 +105,8 @@ def graph_to_onnx(
 ) -> Any:
     """An ONNX model for one IR graph. Data inputs, parameters and buffers are
     graph inputs; constants are initializers. With replay_masks, each training
-    Dropout takes its mask from an input "mask.<k>" (k in node order), so a
+    Dropout takes its mask from an input "mask.<k>" (k in node order; a loss
+    graph's "loss_mask.<k>"), so a
     run reproduces the recorded batch exactly. With expose_all, every node
     output is a graph output too (for per-node comparison)."""
     onnx = _onnx()
@@ -162,7 +165,8 @@ def _graph_nodes(
 ) -> tuple[list[Any], dict[str, Any], list[Any]]:
     """NodeProtos for a graph's nodes (graph.nodes[start:end]), the
     FunctionProtos of the tracelog ops they use, and (with replay_masks) the
-    value infos of the mask inputs, numbered from mask_base."""
+    value infos of the mask inputs, numbered from mask_base (named by the
+    graph's kind: tracelog.sample.draw_key)."""
     onnx = _onnx()
     helper = onnx.helper
     nodes: list[Any] = []
@@ -176,7 +180,7 @@ def _graph_nodes(
             f"{node.module} ({node.module_type}) <- {node.source}" if node.module else node.source
         )
         if replay_masks and is_random(node):
-            mask_name = f"mask.{k}"
+            mask_name = draw_key(graph.kind, k)
             k += 1
             masks.append(value_info(mask_name, mask_type(graph, node)))
             if node.op == "Dropout":

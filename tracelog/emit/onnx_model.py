@@ -33,7 +33,7 @@ from tracelog.log import TraceLog
 from tracelog.ops import ONNX_IR_VERSION, ONNX_OPSET, TRACELOG_DOMAIN, TRACELOG_OPSET, is_random
 from tracelog.passes.modules import ModuleCall, module_calls
 from tracelog.registry import Table
-from tracelog.sample import LOSS_KEY, output_key, update_key
+from tracelog.sample import LOSS_KEY, draw_key, output_key, update_key
 
 if TYPE_CHECKING:
     from tracelog.verify import Comparison, Report
@@ -112,7 +112,10 @@ class _Modules:
         if not self.replay_masks:
             return []
         random = [node for node in graph.nodes[call.start : call.end] if is_random(node)]
-        return [value_info(f"mask.{k + j}", mask_type(graph, r)) for j, r in enumerate(random)]
+        return [
+            value_info(draw_key(graph.kind, k + j), mask_type(graph, r))
+            for j, r in enumerate(random)
+        ]
 
     def _call(self, graph: Graph, call: ModuleCall, k: int) -> Any:
         kf = self.kinds[call.kind]
@@ -200,7 +203,8 @@ def build_model(
     float64: bool = False,
 ) -> Any:
     """The ModelProto of a log. With replay_masks, training Dropout takes its
-    mask from inputs "mask.<k>" (for parity replay); without, Dropout runs as
+    mask from inputs "mask.<k>" (the loss graph's "loss_mask.<k>"; for parity
+    replay); without, Dropout runs as
     ONNX defines it, drawing its own masks. Parameters and buffers are
     initializers; with params_as_inputs they are graph inputs instead. With
     float64, the model computes in float64 where the log's graphs compute in
@@ -248,8 +252,8 @@ def build_model(
                 initializers.append(onnx.numpy_helper.from_array(weights[v.name], v.name))
             else:
                 inputs.append(value_info(v.name, v.type))
-    if replay_masks:
-        inputs += [value_info(name, ty) for name, ty in mask_inputs(pred)]
+    if replay_masks:  # the loss graph's keyed apart (draw_key): no name is both's
+        inputs += [value_info(name, ty) for g in (pred, loss) for name, ty in mask_inputs(g)]
     # the loss output: "loss", unless an input of the main graph holds that name
     loss_out = "loss"
     while loss_out in seen or loss_out in pred_roles:
@@ -264,7 +268,8 @@ def build_model(
     )
     call_loss = helper.make_node(
         fnames[info["loss"]],
-        [v.name for v in loss.values.values() if v.kind in ("input", "param", "buffer")],
+        [v.name for v in loss.values.values() if v.kind in ("input", "param", "buffer")]
+        + masks_of[info["loss"]],
         [loss_out],
         domain=GRAPHS_DOMAIN,
         name="loss",

@@ -45,6 +45,7 @@ from tracelog.emit.shaped import (
     KindFunction,
     ParameterRows,
     distinct,
+    draws_inline,
     kind_functions,
     kind_word,
     merged_shape,
@@ -351,9 +352,14 @@ class _Body:
         self.names[value] = self.ns.name(candidate, ("v", value))
         return self.names[value]
 
+    def _called(self, call: ModuleCall) -> bool:
+        """Whether a call is one line calling its kind's function (else its
+        nodes are written out: tracelog.emit.shaped.draws_inline)."""
+        return call.kind in self.kinds and not (self.at is None and draws_inline(self.graph, call))
+
     def written(self, call: ModuleCall, inline: bool = False) -> list[tuple[int, int]]:
         """The node ranges call_lines writes out (the rest are calls)."""
-        if not inline and call.kind in self.kinds:
+        if not inline and self._called(call):
             return []
         ranges: list[tuple[int, int]] = []
         at = call.start
@@ -398,7 +404,7 @@ class _Body:
         """The call's nodes, each child call of a kind written as a function
         as one line calling it, the others written out (recursively). With
         inline, the call itself is written out (a kind function's body)."""
-        if not inline and call.kind in self.kinds:
+        if not inline and self._called(call):
             return self._call(call)
         lines: list[str] = []
         at = call.start
@@ -471,8 +477,8 @@ class _Body:
             ctx = RuleCtx(self.graph, node, self.names, self.constants, outs)
             if is_random(node):  # takes its recorded mask from rng when replayed
                 k = self._random_before(index)
-                if self.at is None:
-                    ctx.mask_key = sample_format.rng_key(int(k))
+                if self.at is None:  # the loss graph's keys are its own (draw_key)
+                    ctx.mask_key = sample_format.draw_key(self.graph.kind, int(k))
                 else:
                     ctx.mask_expr = f"rng_key({k})"
             if index == start or self.graph.nodes[index - 1].module != node.module:
@@ -528,7 +534,8 @@ def _return_and_signature(
 ) -> tuple[str, str]:
     """The return statement and the parameter list: a prediction graph returns
     {role: tensor} (the updates kind functions wrote as ``**updates``, where
-    the first of them was) and takes rng; a loss graph returns the loss."""
+    the first of them was) and takes rng; a loss graph returns the loss, and
+    takes rng where it draws (a dropout after the predictions)."""
     traced = ["_trace=None"] if trace else []
     if graph.kind == "prediction":
         items: list[str] = []
@@ -538,7 +545,8 @@ def _return_and_signature(
             elif "**updates" not in items:
                 items.append("**updates")
         return f"return {{{', '.join(items)}}}", ", ".join(["params", *args, "rng=None", *traced])
-    return f"return {names[graph.output('loss').name]}", ", ".join(["params", *args, *traced])
+    rng = ["rng=None"] if any(is_random(n) for n in graph.nodes) else []
+    return f"return {names[graph.output('loss').name]}", ", ".join(["params", *args, *rng, *traced])
 
 
 def _lowered(target: Target, graph: Graph, fname: str, notes: list[str]) -> Graph:
@@ -804,7 +812,8 @@ def _sample_step(
 ) -> str:
     """sample_step(params, sample): the recorded batch through its prediction
     graph, then its loss graph, whose inputs are predictions, targets (by
-    their sample keys) or data inputs."""
+    their sample keys) or data inputs, and whose draws (if any) are the
+    sample's loss masks."""
     pname, lname = functions
 
     def from_sample(key: str) -> str:
@@ -824,6 +833,8 @@ def _sample_step(
             largs.append(from_sample(f"input_key({literal(v.name)})"))
     names = _arg_names(program, loss)
     lcall = ", ".join(f"{n}={a}" for n, a in zip(names, largs, strict=True))
+    if any(is_random(n) for n in loss.nodes):
+        lcall += ", rng=loss_masks_as_rng(sample)"
     ptrace = ", _trace=_traces['prediction']" if trace else ""
     ltrace = ", _trace=_traces['loss']" if trace else ""
     return (

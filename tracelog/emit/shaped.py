@@ -158,7 +158,8 @@ def kind_functions(
         for out in graph.outputs:
             roles.setdefault(out.name, []).append(out.role)
         for call in root_of(graph, roots).walk()[1:]:
-            counts[call.kind] += 1
+            # a call that draws in the loss graph is written out there (draws_inline)
+            counts[call.kind] += not draws_inline(graph, call)
             updates = update_paths(call, reads, roles)
             if call.kind not in first:
                 first[call.kind] = KindFunction(
@@ -198,6 +199,15 @@ def kind_functions(
         kf = found[kind] = first[kind]
         kf.name = program.name(kind_word(kf.call), ("kind", kind))
     return found
+
+
+def draws_inline(graph: Graph, call: ModuleCall) -> bool:
+    """Whether a module call is written out where a kind function would be
+    called: one that draws (a dropout) in the loss graph, whose draws are
+    keyed by the loss graph's own keys (tracelog.sample.draw_key), which a
+    kind function's keys (from mask_base) are not. A program's calls of the
+    kind elsewhere are calls."""
+    return graph.kind == "loss" and random_count(graph, call.start, call.end) > 0
 
 
 def update_paths(

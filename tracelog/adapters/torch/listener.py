@@ -33,7 +33,7 @@ from torch.optim.optimizer import (
 from torch.utils._python_dispatch import TorchDispatchMode
 
 from tracelog.adapters.base import ListenerBase, StateBefore, WindowBase, describe
-from tracelog.adapters.builder import NotSupported, written_in_place
+from tracelog.adapters.builder import Draws, NotSupported, written_in_place
 from tracelog.adapters.guards import GuardBook, GuardedCounting
 from tracelog.adapters.tape import Ref, Tape, TArg, concrete_shape, symbolic_shape
 from tracelog.ir import Graph
@@ -1286,7 +1286,7 @@ class TorchListener(GuardedCounting, ListenerBase):
     def _to_numpy(self, t: torch.Tensor) -> np.ndarray:
         return to_numpy(t)
 
-    def _graphs(self, w: WindowBase) -> tuple[Graph, Graph | None, list[int]]:
+    def _graphs(self, w: WindowBase) -> tuple[Graph, Graph | None, Draws]:
         try:
             return super()._graphs(w)
         except NotSupported as e:

@@ -342,8 +342,13 @@ def _topk(x: jax.Array, k: int | None, axis: int, largest: bool) -> tuple[jax.Ar
 
 def _node_key(rng: Any, key: str) -> Any:
     """The key of one random node ("mask.<k>"): rng folded with k, so that no two
-    nodes of a step draw alike."""
-    return jax.random.fold_in(rng, int(key.rpartition(".")[2]))
+    nodes of a step draw alike; a loss graph's ("loss_mask.<k>") from rng folded
+    with 1 first, so that the loss's draws are not the prediction's when both
+    are given one key."""
+    stream, _, k = key.rpartition(".")
+    if stream != "mask":
+        rng = jax.random.fold_in(rng, 1)
+    return jax.random.fold_in(rng, int(k))
 
 
 def _uniform(like: jax.Array, low: float, high: float, rng: Any, key: str) -> jax.Array:
