@@ -221,10 +221,14 @@ def _batch_norm_train(
     mean = jnp.mean(x64, axis=axes)
     var = jnp.mean(jnp.square(x64 - mean.reshape(shape)), axis=axes)
     a = scale.astype(jnp.float64) / jnp.sqrt(var + eps)
-    b = bias.astype(jnp.float64) - mean * a
     # in float64 too, cast once: the gradients' sums over the batch (the bias's,
-    # the scale's) then accumulate in float64, as PyTorch's kernel accumulates
-    y = (x64 * a.reshape(shape) + b.reshape(shape)).astype(x.dtype)
+    # the scale's) then accumulate in float64, as PyTorch's kernel accumulates.
+    # Centred before scaling: the scale's gradient is then sum(dy * (x - mean)),
+    # as PyTorch's backward sums it; x * a + (bias - mean * a) differentiates to
+    # sum(dy * x) - mean * sum(dy), which cancels by |mean| / std of the channel
+    y = (
+        (x64 - mean.reshape(shape)) * a.reshape(shape) + bias.astype(jnp.float64).reshape(shape)
+    ).astype(x.dtype)
     n = x.size // mean.size
     new_mean = (1 - momentum) * running_mean + momentum * mean.astype(x.dtype)
     new_var = (1 - momentum) * running_var + momentum * (var * n / (n - 1)).astype(x.dtype)

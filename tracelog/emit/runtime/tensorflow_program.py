@@ -185,8 +185,13 @@ def _batch_norm_train(
     x64 = tf.cast(x, tf.float64)
     mean, var = tf.nn.moments(x64, axes=axes)
     a = tf.cast(scale, tf.float64) / tf.sqrt(var + eps)
-    b = tf.cast(bias, tf.float64) - mean * a
-    y = tf.cast(x64 * tf.reshape(a, shape) + tf.reshape(b, shape), x.dtype)
+    # centred before scaling: the scale's gradient is then sum(dy * (x - mean)), as
+    # PyTorch's backward sums it (x * a + (bias - mean * a) differentiates to
+    # sum(dy * x) - mean * sum(dy), which cancels by |mean| / std of the channel)
+    centred = x64 - tf.reshape(mean, shape)
+    y = tf.cast(
+        centred * tf.reshape(a, shape) + tf.reshape(tf.cast(bias, tf.float64), shape), x.dtype
+    )
     n = tf.cast(tf.size(x) // tf.size(mean), tf.float64)
     new_mean = (1.0 - momentum) * running_mean + momentum * tf.cast(mean, x.dtype)
     new_var = (1.0 - momentum) * running_var + momentum * tf.cast(var * n / (n - 1.0), x.dtype)
