@@ -230,7 +230,7 @@ def test_the_loss_function_takes_its_draws_as_rng(case: tuple[str, Path]) -> Non
 def test_fresh_loss_draws_are_not_the_predictions(tmp_path: Path) -> None:
     """Run as a training program with one jax.random key for both functions,
     the loss graph's k-th draw is not the prediction graph's k-th."""
-    jax = pytest.importorskip("jax")
+    jax = pytest.importorskip("jax", reason="the JAX target needs jax installed")
     from tracelog.emit.runtime import jax_program
 
     ones = jax.numpy.ones((64, 64), dtype=jax.numpy.float32)
