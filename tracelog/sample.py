@@ -186,7 +186,8 @@ def build_sample(
     reference: Mapping[str, Any] | None = None,
 ) -> dict[str, np.ndarray]:
     """The sample of one batch, keyed as the file holds it. ``masks`` (the
-    prediction graph's) and ``loss_masks`` (the loss graph's) are in node order; targets are keyed by their names in the loss graph
+    prediction graph's) and ``loss_masks`` (the loss graph's) are in node
+    order; targets are keyed by their names in the loss graph
     (``tracelog.adapters.builder.target_names``), the rest by name or role.
     ``reference``: the float64 replay's outputs, loss, grads and updates,
     stored under ``reference_key`` of the entries they stand for, and its

@@ -9,8 +9,9 @@ replayed (by the adapter, on shapes only) with that size one larger, alone
 and together with the batch; each data-derived dim is then fitted as a
 polynomial over the symbols (monomials 1, batch, seq, batch*seq; where that
 fit does not hold, seq*count too, from one replay per pair: rows selected
-from [B, T, C] and flattened with the sequence), and the fit is checked by one more replay at sizes far from the recorded ones (about
-twice the recorded size: a strided convolution's floor shows there). A
+from [B, T, C] and flattened with the sequence), and the fit is checked by
+one more replay at sizes far from the recorded ones (about twice the
+recorded size: a strided convolution's floor shows there). A
 candidate whose replays fail or whose fit does not hold is not a symbol (an
 image size behind a strided convolution, a sequence into a fixed-size
 position table): its dims stay numbers, as before.

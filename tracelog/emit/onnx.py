@@ -106,9 +106,9 @@ def graph_to_onnx(
     """An ONNX model for one IR graph. Data inputs, parameters and buffers are
     graph inputs; constants are initializers. With replay_masks, each training
     Dropout takes its mask from an input "mask.<k>" (k in node order; a loss
-    graph's "loss_mask.<k>"), so a
-    run reproduces the recorded batch exactly. With expose_all, every node
-    output is a graph output too (for per-node comparison)."""
+    graph's "loss_mask.<k>"), so a run reproduces the recorded batch exactly.
+    With expose_all, every node output is a graph output too (for per-node
+    comparison)."""
     onnx = _onnx()
     helper = onnx.helper
     missing = unsupported_nodes(graph)

@@ -204,11 +204,11 @@ def build_model(
 ) -> Any:
     """The ModelProto of a log. With replay_masks, training Dropout takes its
     mask from inputs "mask.<k>" (the loss graph's "loss_mask.<k>"; for parity
-    replay); without, Dropout runs as
-    ONNX defines it, drawing its own masks. Parameters and buffers are
-    initializers; with params_as_inputs they are graph inputs instead. With
-    float64, the model computes in float64 where the log's graphs compute in
-    float32 (tracelog.passes.precision: the translation check's model)."""
+    replay); without, Dropout runs as ONNX defines it, drawing its own masks.
+    Parameters and buffers are initializers; with params_as_inputs they are
+    graph inputs instead. With float64, the model computes in float64 where
+    the log's graphs compute in float32 (tracelog.passes.precision: the
+    translation check's model)."""
     from tracelog.emit.program import _function_names
     from tracelog.passes.precision import promoted_arrays, promoted_float64
 
