@@ -43,7 +43,7 @@ from tracelog.errors import LogError
 from tracelog.ir import ConstData, Graph, Node
 from tracelog.log import TraceLog
 from tracelog.ops import OPS, TRACELOG_DOMAIN, is_random, traits_of
-from tracelog.sample import input_key, mask_key, target_key
+from tracelog.sample import input_key, loss_mask_key, mask_key, target_key
 
 FORMAT = "tracelog-compare"
 VERSION = 1
@@ -263,6 +263,7 @@ class NormalForm:
     input_shapes: list[list[Any]]  # the data inputs', logical
     fused: dict[str, list[Fused]] = field(default_factory=dict)  # by graph kind
     masks: list[_Act] = field(default_factory=list)  # the prediction's dropout inputs
+    loss_masks: list[_Act] = field(default_factory=list)  # the loss graph's (in its loss function)
 
 
 def _ints(v: object) -> list[int]:
@@ -744,7 +745,7 @@ def normal_form(log: TraceLog) -> NormalForm:
         [_dim(d) for d in p._logical(name, s)] if isinstance(s, _Act) else [] for name, s in inputs
     ]
     fused = {"prediction": p.fused, "loss": lo.fused}
-    return NormalForm(ops, inputs, targets, output, shapes, fused, p.masks)
+    return NormalForm(ops, inputs, targets, output, shapes, fused, p.masks, lo.masks)
 
 
 # -- the comparison --------------------------------------------------------------------------
@@ -1077,10 +1078,15 @@ def _feed_b(
         key = target_key(tb) if target_key(tb) in sb else input_key(tb)
         src = wide[target_key(ta) if target_key(ta) in wide else input_key(ta)]
         feed[key] = src.astype(sb[key].dtype) if sb[key].dtype.kind != "f" else src
-    # A's dropout masks, each in the layout B's dropout reads: the same units dropped
-    for k, (ma, mb) in enumerate(zip(fa.masks, fb.masks, strict=True)):
-        if mask_key(k) in wide:
-            feed[mask_key(k)] = _relaid(wide[mask_key(k)], ma, mb)
+    # A's dropout masks (the prediction's and the loss graph's), each in the layout
+    # B's dropout reads: the same units dropped
+    for masks_a, masks_b, key_of in (
+        (fa.masks, fb.masks, mask_key),
+        (fa.loss_masks, fb.loss_masks, loss_mask_key),
+    ):
+        for k, (ma, mb) in enumerate(zip(masks_a, masks_b, strict=True)):
+            if key_of(k) in wide:
+                feed[key_of(k)] = _relaid(wide[key_of(k)], ma, mb)
     return feed
 
 
@@ -1113,7 +1119,8 @@ def _parity(
     if len(fa.inputs) != len(fb.inputs) or len(fa.targets) != len(fb.targets):
         raise LogError("the logs' data inputs or targets differ in number")
     wide = {k: (v.astype(np.float64) if v.dtype.kind == "f" else v) for k, v in sa.items()}
-    feed_a = {k: v for k, v in wide.items() if k.startswith(("input/", "target/", "mask/"))}
+    fed = ("input/", "target/", "mask/", "loss_mask/")
+    feed_a = {k: v for k, v in wide.items() if k.startswith(fed)}
     sb = lb.sample()
     feed_b = _feed_b(wide, sb, fa, fb)
     weights_a = {p.a.name: wide[f"param/{p.a.name}"] for p in pairs if f"param/{p.a.name}" in wide}
