@@ -839,10 +839,10 @@ _B_CLIP = {
 # exact arithmetic, are judged at the median gradient scale, 8e-8 behind its
 # 1e-5 layer scales), EfficientNet (TensorFlow and JAX diverge in float64 at a
 # training batch norm whose outputs are near 1e-16), SEW-D (no float64 reference:
-# its XSoftmax fills the softmax output in place), Informer (randint, topk with
-# sorted=False), Autoformer (torch.fft: complex), YOLOS (scipy matching). DPT,
-# left out at first (its auxiliary head's dropout lands in the loss graph, whose
-# function took no rng), is in the block at the end.
+# its XSoftmax fills the softmax output in place), Autoformer (torch.fft:
+# complex), YOLOS (scipy matching). DPT, left out at first (its auxiliary head's
+# dropout lands in the loss graph, whose function took no rng), and Informer
+# (randint, topk with sorted=False) are in the blocks at the end.
 EXTRA_CASES += [
     _image("vit_msn", "ViTMSNConfig", "ViTMSNForImageClassification", 16, patch_size=4,
            **_B_VIT, **_IMAGE_16),
@@ -940,6 +940,14 @@ EXTRA_CASES += [
               hidden_dropout_prob=0.1, attention_probs_dropout_prob=0.1, num_labels=3,
               neck_hidden_sizes=[16, 32], use_auxiliary_head=True),
               _segmentation_batch(32, 3), _hf_step, "transformers"),
+]  # fmt: skip
+
+# Informer (first tried 2026-11-29): ProbSparse attention samples its keys with
+# torch.randint and picks its queries with topk(sorted=False), then drops out over
+# the picked rows in that order (the order is a draw the sample keeps).
+EXTRA_CASES += [
+    ModelCase("informer", _hf("InformerConfig", "InformerForPrediction", **_B_TS),
+              _b_time_features_batch, _hf_step, "transformers"),
 ]  # fmt: skip
 
 BY_NAME = {c.name: c for c in CASES + EXTRA_CASES}

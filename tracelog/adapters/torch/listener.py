@@ -53,6 +53,7 @@ from .guards import Calls, FastWindow, input_key, on_backward
 from .recurrent import InnerOps, RecurrentScopes, wrap_pad_packed
 from .reference import forward64
 from .rules import ATEN, DRAW_OPS, RESTRIDE, VIEW_WRITE, WHOLE_VIEWS
+from .rules_attention import TOPK, topk_args, topk_order
 from .rules_math import RRELU, rrelu_draws
 from .tensors import (
     _DTYPES,
@@ -381,6 +382,8 @@ class _Window(WindowBase):
     def mask(self, rec_index: int) -> np.ndarray:
         drawn = self.draws.get(rec_index)
         if drawn is not None:
+            if drawn.dtype in _INT_DTYPES:  # randint's: the values of its float32 draw node
+                drawn = drawn.to(torch.float32)
             return to_array(drawn)
         outs = self.rec_out[rec_index]
         m = outs[1] if len(outs) > 1 and outs[1].dtype == torch.bool else outs[0] != 0
@@ -466,6 +469,10 @@ class _Window(WindowBase):
                 self.tape.selected.append((index, int(outs[0].shape[axis])))
         elif name in DRAW_OPS:
             self.draws[index] = outs[0].detach().clone()
+        elif name == TOPK:
+            _k, dim, largest, ordered = topk_args(args, kwargs)
+            if not ordered:  # the order it gave, as the draw its rule replays
+                self.draws[index] = topk_order(outs[0], outs[1], dim, largest)
         elif name == RRELU and rrelu_draws(args, kwargs):
             self.draws[index] = args[1].detach().clone()  # the slopes it drew (its noise)
 
@@ -1412,7 +1419,8 @@ _PLAIN_TYPES = frozenset(_PLAIN)  # exactly these types (a subclass goes through
 
 
 # ops whose records keep something beside the tape (_Window._note)
-_NOTED = frozenset([*SELECTS, *DRAW_OPS, RRELU])
+_INT_DTYPES = frozenset([torch.int8, torch.int16, torch.int32, torch.int64, torch.uint8])
+_NOTED = frozenset([*SELECTS, *DRAW_OPS, RRELU, TOPK])
 _SELECTIONS = frozenset([torch.ops.aten.masked_select.default, torch.ops.aten.nonzero.default])
 
 

@@ -26,6 +26,7 @@ import torch
 from tracelog.adapters.tape import Ref, Tape, TArg
 
 from .rules import VIEW_WRITE, WHOLE_VIEWS, inverse_order
+from .rules_attention import TOPK, topk_args
 from .rules_math import RRELU
 from .rules_recurrent import MASK_OP
 from .tensors import OUT_OF_PLACE_VIEWS, TORCH_DTYPES, flatten_tensors
@@ -41,6 +42,8 @@ _RANDOM = {
     "aten.rand.default",
     "aten.randn.default",
     "aten.randn_like.default",
+    "aten.randint.low",
+    "aten.randint.default",
 }
 # a recurrent layer's whole call (adapters/torch/recurrent.py): with dropout between its
 # layers, replayed a layer at a time with the keep masks its MASK_OP records kept
@@ -202,6 +205,8 @@ class _Replay:
             # RReLU in training: the slopes the batch drew (its noise), where x <= 0
             x, slopes = self.sub(rec.args[0]), _up(self.drawn[rec.index][0])
             outs = [torch.where(x > 0, x, x * slopes), slopes]
+        elif rec.op == TOPK and rec.index in self.drawn:
+            outs = self._unsorted_topk(rec)
         elif rec.op in _RECURRENT:
             outs = self._recurrent(rec)
         elif rec.func is None:
@@ -219,6 +224,14 @@ class _Replay:
             outs += [args[i] for i in rec.mutated]
         for k, t in enumerate(outs):
             self.values[("o", rec.index, k)] = t
+
+    def _unsorted_topk(self, rec: Any) -> list[torch.Tensor]:
+        """topk(sorted=False) in the order the batch's gave (rules_attention.topk_order:
+        the draw its rule replays), not the one float64's partial sort leaves."""
+        k, dim, largest, _ordered = topk_args(rec.args, dict(rec.kwargs))
+        values, indices = torch.topk(self.sub(rec.args[0]), k, dim, largest, sorted=True)
+        order = torch.argsort(self.drawn[rec.index][0].detach(), dim=dim, stable=True)
+        return [values.gather(dim, order), indices.gather(dim, order)]
 
     def _drawn(self, rec: Any) -> list[torch.Tensor]:
         """What a random op drew, in float64; an in-place draw writes it into its
@@ -364,7 +377,7 @@ def forward64(
         if rec.op in _DRAWS
         or rec.op in _RANDOM
         or rec.op == MASK_OP
-        or (rec.op == RRELU and rec.index in draws)
+        or (rec.op in (RRELU, TOPK) and rec.index in draws)
     }
     replay = _Replay(sources, drawn, tape.recs, tape.batch_size)
     with torch.enable_grad():

@@ -1322,7 +1322,12 @@ _DRAWS = {
     "aten.normal_.default": ("RandomNormalLike", (1, "mean", 0.0), (2, "std", 1.0)),
     "aten.exponential_.default": ("RandomExponentialLike", None, None),  # gumbel_softmax
 }
-DRAW_OPS = frozenset(_DRAWS)
+# torch.randint([low,] high, size): ints drawn uniformly from [low, high) (Informer's
+# sampled keys)
+_INT_DRAWS = {"aten.randint.low": 0, "aten.randint.default": None}  # low's argument, if any
+DRAW_OPS = frozenset([*_DRAWS, *_INT_DRAWS])
+# a float32 draw floored gives every int of a range this wide, and holds the ints fed back
+_EXACT_INTS = 2**24
 
 
 @ATEN.register(*_DRAWS)
@@ -1342,6 +1347,28 @@ def _random_draw(ctx: Ctx) -> Names:
         return [random_like(ctx, out, op, record=True, domain=TRACELOG_DOMAIN)]
     attrs = {"low": a, "high": b} if op == "RandomUniformLike" else {"mean": a, "scale": b}
     return [random_like(ctx, out, op, record=True, **attrs)]
+
+
+@ATEN.register(*_INT_DRAWS)
+def _randint(ctx: Ctx) -> Names:
+    """Ints from [low, high): no target has a uniform int draw shaped as a tensor
+    is (ONNX has none), so a uniform float draw in [low, high), floored, capped
+    at high - 1 (rounding may carry a draw just below high up to it), cast to the
+    record's dtype. The sample feeds back the ints the batch drew, which floor
+    to themselves."""
+    at = _INT_DRAWS[ctx.rec.op]
+    low = 0 if at is None else ctx.arg(at, "low")
+    high = ctx.arg(0 if at is None else at + 1, "high")
+    if type(low) is not int or type(high) is not int or high <= low:
+        raise NotSupported("randint with bounds that are not ints, low < high")
+    if max(abs(low), abs(high)) > _EXACT_INTS:
+        raise NotSupported(f"randint past float32's exact ints (|bound| > {_EXACT_INTS})")
+    out = ctx.out_type()
+    drawn = TensorType("float32", out.shape)
+    u = random_like(ctx, drawn, "RandomUniformLike", low=float(low), high=float(high))
+    whole = ctx.helper("Floor", [u], drawn)
+    capped = ctx.helper("Min", [whole, ctx.const(float(high - 1), "float32")], drawn)
+    return ctx.one("Cast", [capped], to=out.dtype)
 
 
 def random_like(ctx: Ctx, ty: TensorType, op: str, record: bool = False, **attrs: Any) -> str:

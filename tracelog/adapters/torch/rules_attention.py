@@ -34,6 +34,7 @@ from tracelog.adapters.torch.rules import (
     _operand,
     _unary_rule,
     _where,
+    random_like,
 )
 from tracelog.adapters.torch.tensors import TORCH_DTYPES, dtype_name
 from tracelog.ir import BATCH, Dim, TensorType, dim_mul, format_dim, is_symbolic, parse_dim
@@ -1147,19 +1148,47 @@ def _baddbmm(ctx: Ctx) -> Names:
 
 
 # -- sorting: torch.sort / argsort (the whole axis) and torch.topk, as ONNX TopK ---------
-@ATEN.register("aten.sort.default", "aten.sort.stable", "aten.topk.default")
+TOPK = "aten.topk.default"
+
+
+def topk_args(args: Sequence[Any], kwargs: Any) -> tuple[Any, int, bool, bool]:
+    """topk(self, k, dim=-1, largest=True, sorted=True)'s (k, dim, largest, sorted)."""
+    given = dict(kwargs)
+
+    def at(i: int, name: str, default: Any) -> Any:
+        return args[i] if len(args) > i else given.get(name, default)
+
+    return (
+        at(1, "k", None),
+        int(at(2, "dim", -1)),
+        bool(at(3, "largest", True)),
+        bool(at(4, "sorted", True)),
+    )
+
+
+def topk_order(
+    values: torch.Tensor, indices: torch.Tensor, dim: int, largest: bool
+) -> torch.Tensor:
+    """The order topk(sorted=False) gave its k elements, as the draw that puts
+    TopK's sorted output in it (_sort): u[..., j] = (q[j] + 0.5) / k along dim,
+    q[j] the output position of the j-th element in TopK's order (by value,
+    the lower index first among equals). Ascending u is then that order."""
+    by_index = torch.argsort(indices, dim=dim, stable=True)
+    by_value = torch.argsort(values.gather(dim, by_index), dim=dim, descending=largest, stable=True)
+    q = by_index.gather(dim, by_value)
+    return ((q.to(torch.float64) + 0.5) / max(int(values.shape[dim]), 1)).to(torch.float32)
+
+
+@ATEN.register("aten.sort.default", "aten.sort.stable", TOPK)
 def _sort(ctx: Ctx) -> Names:
     """Values and indices in order along a dim; equal elements keep their order
     (torch's stable sort; TopK's lower index first). torch.sort and argsort
     sort the whole dim, topk keeps k."""
     xt = ctx.in_type(0)
     rank = len(xt.shape)
-    if ctx.rec.op == "aten.topk.default":
-        k = ctx.arg(1, "k")
-        dim = ctx.arg(2, "dim", -1)
-        largest = bool(ctx.arg(3, "largest", True))
-        if not bool(ctx.arg(4, "sorted", True)):
-            raise NotSupported("topk with sorted=False (an order torch leaves unspecified)")
+    ordered = True
+    if ctx.rec.op == TOPK:
+        k, dim, largest, ordered = topk_args(ctx.rec.args, ctx.rec.kwargs)
     else:
         if ctx.rec.op == "aten.sort.stable":  # every argument but self keyword-only
             dim, largest = ctx.rec.kwarg("dim", -1), bool(ctx.rec.kwarg("descending", False))
@@ -1172,13 +1201,28 @@ def _sort(ctx: Ctx) -> Names:
         raise NotSupported("topk of a symbolic k other than the whole dim")
     # a symbolic dim (the batch: lengths sorted for pack_padded_sequence) is sorted
     # whole: K is its size at run time
+    axis = int(dim) % rank
     values, indices = ctx.node(
+        "TopK", [ctx.t(0), ctx.b_dim(k)], axis=axis, largest=int(largest), sorted=1
+    )
+    if ordered:
+        return [values, indices]
+    # sorted=False: an order torch leaves open (on CPU, what its partial sort left),
+    # which later ops may meet (a dropout mask drawn over the selected rows: Informer).
+    # A draw of that order (topk_order): the sample's replays the batch's, a fresh
+    # run draws one at random, an order the contract allows.
+    vt, it = ctx.rec.outs[0].type, ctx.rec.outs[1].type
+    u = random_like(ctx, TensorType("float32", it.shape), "RandomUniformLike", low=0.0, high=1.0)
+    _, order = ctx.node(
         "TopK",
-        [ctx.t(0), ctx.b_dim(k)],
-        axis=int(dim) % rank,
-        largest=int(largest),
+        [u, ctx.b_dim(k)],
+        outs=[TensorType("float32", it.shape), it],
+        axis=axis,
+        largest=0,
         sorted=1,
     )
+    values = ctx.helper("GatherElements", [values, order], vt, axis=axis)
+    indices = ctx.helper("GatherElements", [indices, order], it, axis=axis)
     return [values, indices]
 
 

@@ -124,8 +124,9 @@ def _gate_sign(value: torch.Tensor, kink: Any) -> torch.Tensor:
 
 
 def _gate_where(mask: np.ndarray, x: Any, y: torch.Tensor) -> torch.Tensor:
-    """x where the recorded mask holds, else y (x may be a bound: a number)."""
-    return torch.where(torch.from_numpy(mask).to(y.device), x, y)
+    """x where the recorded mask holds, else y (x may be a bound: a number). A
+    0-d mask's comparison is a numpy scalar (a clamp of the loss): made an array."""
+    return torch.where(torch.from_numpy(np.asarray(mask)).to(y.device), x, y)
 
 
 def _batch_norm_train(

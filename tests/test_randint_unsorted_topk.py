@@ -1,0 +1,152 @@
+"""torch.randint in the forward and topk(sorted=False), as Informer's ProbSparse
+attention uses them: keys sampled at random (randint), the queries of the
+largest sparsity measure picked (topk, unsorted), a dropout drawn over the
+picked rows, the result scattered back. randint is a uniform float draw,
+floored, capped and cast; the sample keeps the ints. topk(sorted=False) is
+TopK put in the order the batch's gave, as a draw (a fresh run draws an
+order): the dropout mask drawn over the picked rows meets them in that order."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+torch = pytest.importorskip("torch", reason="the PyTorch adapter needs torch")
+
+import tracelog  # noqa: E402
+from tracelog.adapters.torch.rules_attention import topk_order  # noqa: E402
+from tracelog.emit import TARGETS, targets  # noqa: E402
+from tracelog.sample import mask_key  # noqa: E402
+
+nn = torch.nn
+F = nn.functional
+
+
+class _ProbSparse(nn.Module):
+    """Informer's ProbSparse self-attention over [B, L, 8], one head."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.q, self.k, self.v = nn.Linear(8, 8), nn.Linear(8, 8), nn.Linear(8, 8)
+        self.out = nn.Linear(8, 2)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        q, k, v = self.q(x), self.k(x), self.v(x)
+        n, length, _ = x.shape
+        sample = torch.randint(0, length, (5,))  # keys sampled with repeats
+        qk = q @ k[:, sample].transpose(1, 2)
+        measure = qk.max(-1)[0] - qk.sum(-1) / length
+        top = measure.topk(4, sorted=False)[1]  # [B, 4], in the partial sort's order
+        rows = torch.arange(n).unsqueeze(-1)
+        attn = F.dropout(torch.softmax(q[rows, top] @ k.transpose(1, 2), -1), 0.3, self.training)
+        context = v.mean(1, keepdim=True).expand(n, length, 8).clone()
+        context[rows, top] = attn @ v
+        return self.out(context.mean(1))
+
+
+@pytest.fixture(scope="module")
+def recorded(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    log_dir = tmp_path_factory.mktemp("probsparse")
+    torch.manual_seed(0)
+    model = _ProbSparse()
+    opt = torch.optim.SGD(model.parameters(), lr=0.05)
+    g = torch.Generator().manual_seed(1)
+    with tracelog.Listener(model, log_dir, strict=True) as listener:
+        for _ in range(2):
+            x, y = torch.randn(3, 12, 8, generator=g), torch.randn(3, 2, generator=g)
+            with listener.batch():
+                F.mse_loss(model(x), y).backward()
+            opt.step()
+            opt.zero_grad()
+    return log_dir
+
+
+def test_the_draws_are_nodes_and_the_sample_keeps_them(recorded: Path) -> None:
+    log = tracelog.load(recorded)
+    pred = log.graph(log.sample_info["prediction"])
+    ops = [n.op for n in pred.nodes]
+    assert "Unsupported" not in ops
+    # randint's draw, topk's order draw; the dropout's
+    assert ops.count("RandomUniformLike") == 2 and ops.count("Dropout") == 1
+    assert ops.count("Floor") == 1 and ops.count("TopK") == 2
+    sample = log.sample()
+    draws = [sample[mask_key(k)] for k in range(log.sample_info["masks"])]
+    ints = [d for d in draws if d.shape == (5,)]
+    assert len(ints) == 1 and (ints[0] % 1 == 0).all() and 0 <= ints[0].min() < 12
+    (order,) = [d for d in draws if d.shape == (3, 4)]
+    # one rank per picked query: (q + 0.5) / k for q a permutation of 0..3
+    assert sorted(np.round(order[0] * 4 - 0.5).astype(int)) == [0, 1, 2, 3]
+
+
+@pytest.mark.parametrize("target", TARGETS)
+def test_every_target_replays_the_ints_and_the_order(recorded: Path, target: str) -> None:
+    framework = targets.get(target).framework
+    pytest.importorskip(framework, reason=f"the {target} target needs {framework} installed")
+    report = tracelog.check(recorded, target)
+    assert report.ok, report.table()
+    assert any("[float64]" in c.name for c in report.comparisons)
+
+
+def test_topk_order_puts_the_sorted_output_in_the_recorded_order() -> None:
+    """argsort of the draw, applied to TopK's sorted output (ties: the lower
+    index first), gives back the unsorted output, along any dim."""
+    g = torch.Generator().manual_seed(0)
+    x = torch.randint(0, 5, (3, 9, 4), generator=g).float()  # many ties
+    for dim, largest in ((1, True), (2, False), (0, True)):
+        k = 3 if dim != 0 else 2
+        values, indices = x.topk(k, dim, largest, sorted=False)
+        perm = torch.randperm(k, generator=g)  # any order a kernel may give
+        values, indices = values.index_select(dim, perm), indices.index_select(dim, perm)
+        # ties broken the same way in both: indices where values tie must agree with sorting
+        u = topk_order(values, indices, dim, largest)
+        ordered_v, ordered_i = x.topk(k, dim, largest, sorted=True)
+        order = torch.argsort(u, dim=dim, stable=True)
+        assert torch.equal(ordered_v.gather(dim, order), values)
+        # among tied values TopK's indices may differ from the kernel's: compare
+        # the picked set's values per position, and the indices where unique
+        unique = (values.unsqueeze(dim) == values.unsqueeze(dim + 1)).sum(dim + 1) == 1
+        assert torch.equal(ordered_i.gather(dim, order)[unique], indices[unique])
+
+
+def test_a_fresh_run_draws_ints_in_range() -> None:
+    """As a training program (no recorded draws): floor of a uniform draw in
+    [low, high), capped at high - 1, covers every int of the range."""
+    from tracelog.emit.runtime import torch_program
+
+    like = torch.zeros(4000)
+    u = torch_program._uniform(like, -3.0, 4.0, None, "mask.0")
+    ints = torch.minimum(torch.floor(u), torch.tensor(3.0))
+    assert set(ints.long().tolist()) == set(range(-3, 4))
+
+
+def test_randint_past_float32_ints_is_unsupported(tmp_path: Path) -> None:
+    class Wide(nn.Module):
+        def __init__(self) -> None:
+            super().__init__()
+            self.fc = nn.Linear(4, 2)
+
+        def forward(self, x: torch.Tensor) -> torch.Tensor:
+            i = torch.randint(0, 2**25, (x.shape[0],))
+            return self.fc(x) + (i % 2).unsqueeze(-1)
+
+    model = Wide()
+    with tracelog.Listener(model, tmp_path) as listener, listener.batch():
+        F.mse_loss(model(torch.randn(3, 4)), torch.randn(3, 2)).backward()
+    log = tracelog.load(tmp_path)
+    unsupported = [n for g in log.graphs.values() for n in g.nodes if n.op == "Unsupported"]
+    assert unsupported and "exact ints" in str(unsupported[0].attrs)
+
+
+def test_a_gate_on_a_scalar_replays_in_the_torch_program() -> None:
+    """A gate on a 0-d value (a clamp of the loss): the recorded decision's
+    comparison (signs > 0) is a numpy scalar, not an array; the PyTorch
+    runtime takes it (it raised TypeError in Informer's redrawn runs)."""
+    from tracelog.emit.runtime import torch_program
+
+    signs = np.array(1, dtype=np.int8)
+    x, y = torch.tensor(0.5, dtype=torch.float64), torch.tensor(0.25, dtype=torch.float64)
+    assert isinstance(signs > 0, np.bool_)
+    assert float(torch_program._gate_where(signs > 0, x, y)) == 0.5
+    assert float(torch_program._gate_where(signs < 0, x, y)) == 0.25
