@@ -838,11 +838,11 @@ _B_CLIP = {
 # (translation passes but three conv-bias gradients before a batch norm, zero in
 # exact arithmetic, are judged at the median gradient scale, 8e-8 behind its
 # 1e-5 layer scales), EfficientNet (TensorFlow and JAX diverge in float64 at a
-# training batch norm whose outputs are near 1e-16), SEW-D (no float64 reference:
-# its XSoftmax fills the softmax output in place), Autoformer (torch.fft:
+# training batch norm whose outputs are near 1e-16), Autoformer (torch.fft:
 # complex), YOLOS (scipy matching). DPT, left out at first (its auxiliary head's
-# dropout lands in the loss graph, whose function took no rng), and Informer
-# (randint, topk with sorted=False) are in the blocks at the end.
+# dropout lands in the loss graph, whose function took no rng), Informer
+# (randint, topk with sorted=False) and SEW-D (no float64 reference: its
+# XSoftmax fills the softmax output in place) are in the blocks at the end.
 EXTRA_CASES += [
     _image("vit_msn", "ViTMSNConfig", "ViTMSNForImageClassification", 16, patch_size=4,
            **_B_VIT, **_IMAGE_16),
@@ -948,6 +948,15 @@ EXTRA_CASES += [
 EXTRA_CASES += [
     ModelCase("informer", _hf("InformerConfig", "InformerForPrediction", **_B_TS),
               _b_time_features_batch, _hf_step, "transformers"),
+]  # fmt: skip
+
+# SEW-D (first tried 2026-11-29): DeBERTa's disentangled attention through its
+# XSoftmax, a custom autograd Function that fills softmax's output in place (the
+# float64 reference replays that write out of place).
+EXTRA_CASES += [
+    ModelCase("sew_d", _hf("SEWDConfig", "SEWDForSequenceClassification", **_B_AUDIO,
+              squeeze_factor=2, position_buckets=8, max_position_embeddings=32),
+              _audio_batch, _hf_step, "transformers"),
 ]  # fmt: skip
 
 BY_NAME = {c.name: c for c in CASES + EXTRA_CASES}

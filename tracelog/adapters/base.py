@@ -49,6 +49,7 @@ from tracelog.adapters.tape import (
     batch_multiple,
     symbolic_shape,
 )
+from tracelog.emit.runtime.parity import NEAR_ZERO
 from tracelog.ir import Graph, batch_dim
 from tracelog.log import COMPLETE, CheckpointPolicy, LogWriter, TraceLog, claim_log_dir
 from tracelog.registry import Table
@@ -968,12 +969,18 @@ def _custom_backwards(functions: list[str], sample: dict[str, np.ndarray]) -> di
     if not functions:
         return {}
     marks: dict[str, Any] = {}
-    for key, grad in sample.items():
-        ref = sample.get(reference_key(key))
-        if not key.startswith(grad_key("")) or ref is None or grad.dtype.kind != "f":
-            continue
-        want = np.asarray(ref, dtype=np.float64)
-        scale = float(np.abs(want[np.isfinite(want)]).max(initial=0.0))
+    pairs = [
+        (key, grad, np.asarray(sample[reference_key(key)], dtype=np.float64))
+        for key, grad in sample.items()
+        if key.startswith(grad_key("")) and reference_key(key) in sample and grad.dtype.kind == "f"
+    ]
+    # a gradient zero in exact arithmetic (a key's bias before a softmax) is rounding
+    # noise the size of the terms it sums: judged at a share of the typical gradient's
+    # scale, as the parity check judges it (NEAR_ZERO of the median)
+    scales = [float(np.abs(want[np.isfinite(want)]).max(initial=0.0)) for _k, _g, want in pairs]
+    floor = NEAR_ZERO * float(np.median(scales)) if scales else 0.0
+    for (key, grad, want), own in zip(pairs, scales, strict=True):
+        scale = max(own, floor)
         off = float(np.abs(np.asarray(grad, dtype=np.float64) - want).max(initial=0.0))
         if scale > 0 and off > _NOT_ROUNDING * scale:
             marks[custom_backward_key(key[len(grad_key("")) :])] = np.array([off, scale])

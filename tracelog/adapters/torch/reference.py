@@ -126,6 +126,30 @@ class ReferenceUnavailable(Exception):
     not know how to run again); the sample then has no reference."""
 
 
+def _functional(rec: Any, args: list[Any]) -> Any:
+    """The out-of-place twin of an in-place op that ran under no_grad (in a
+    custom autograd Function's forward) and writes its first argument only
+    (masked_fill_.Scalar: masked_fill.Scalar; it returns it, or the record
+    lists it as mutated), where the replay's autograd tracks that argument
+    (the Function's body is differentiated as recorded: _function_bodies), so
+    a write in place would clobber what its backward saved; else None. The
+    replay holds values, not storage (views replay as copies:
+    OUT_OF_PLACE_VIEWS), so the twin's result stands for the written tensor
+    from here on. A write with grad on stays in place: the batch's own
+    autograd accepted it."""
+    if rec.grad or rec.mutated not in ((), (0,)) or not args:
+        return None
+    if not isinstance(args[0], torch.Tensor):
+        return None
+    if not args[0].requires_grad or args[0].grad_fn is None:
+        return None
+    namespace, packet, overload = (rec.op.split(".") + [""])[:3]
+    if namespace != "aten" or not packet.endswith("_") or packet.startswith("_"):
+        return None
+    twin = getattr(torch.ops.aten, packet[:-1], None)
+    return None if twin is None else getattr(twin, overload or "default", None)
+
+
 def _up(t: torch.Tensor) -> torch.Tensor:
     """A float64 copy of a floating tensor, a copy of any other: the replay may
     write in place, and must never write into the batch's own tensors."""
@@ -212,18 +236,37 @@ class _Replay:
         elif rec.func is None:
             raise ReferenceUnavailable(f"{rec.op} has no float64 replay")
         else:
-            args = [self.sub(a) for a in rec.args]
-            kwargs = {k: self.sub(v) for k, v in rec.kwargs}
-            if kwargs.get("dtype") is None and _makes_default_float(rec):
-                kwargs["dtype"] = torch.float64  # torch.zeros(6, 8): the default dtype's
-            outs = []
+            outs = self._op(rec)
+        for k, t in enumerate(outs):
+            self.values[("o", rec.index, k)] = t
+
+    def _op(self, rec: Any) -> list[torch.Tensor]:
+        """An op run again on the replayed values, by its own kernel (or a float64
+        definition of it); an in-place write into a tracked tensor out of place."""
+        args = [self.sub(a) for a in rec.args]
+        kwargs = {k: self.sub(v) for k, v in rec.kwargs}
+        if kwargs.get("dtype") is None and _makes_default_float(rec):
+            kwargs["dtype"] = torch.float64  # torch.zeros(6, 8): the default dtype's
+        outs: list[torch.Tensor] = []
+        functional = _functional(rec, args)
+        if functional is not None:
+            # a no-grad write into a tensor autograd tracks (XSoftmax fills softmax's
+            # output in place): its out-of-place twin (the same value) leaves what
+            # backward saved intact, and torch's gradient passes the write as if it
+            # were not there (builder.stopped): the written value, the gradient of
+            # the tensor written into (x - x is exactly 0: the value is the twin's)
+            flatten_tensors(functional(*args, **kwargs), outs)
+            x = args[0]
+            with torch.enable_grad():
+                outs[0] = x - x.detach() + outs[0].detach()
+            outs += outs[:1] if rec.mutated else []
+        else:
             func = _DEFINITIONS.get(rec.op) or OUT_OF_PLACE_VIEWS.get(rec.op, rec.func)
             flatten_tensors(func(*args, **kwargs), outs)
             if rec.op in _EMPTY:
                 outs = [t.fill_(math.nan) if t.is_floating_point() else t for t in outs]
             outs += [args[i] for i in rec.mutated]
-        for k, t in enumerate(outs):
-            self.values[("o", rec.index, k)] = t
+        return outs
 
     def _unsorted_topk(self, rec: Any) -> list[torch.Tensor]:
         """topk(sorted=False) in the order the batch's gave (rules_attention.topk_order:
