@@ -950,6 +950,16 @@ EXTRA_CASES += [
               _b_time_features_batch, _hf_step, "transformers"),
 ]  # fmt: skip
 
+# Jamba with its ssm state as wide as the batch (4): every replay through the
+# experts' torch._grouped_mm failed (its meta kernel takes CUDA's dtypes only), and
+# the fallback guess split the state's 4 as the batch.
+EXTRA_CASES += [
+    _lm("jamba_state4", "JambaConfig", "JambaForCausalLM", num_experts=2, num_experts_per_tok=1,
+        attn_layer_period=2, attn_layer_offset=1, expert_layer_period=2, expert_layer_offset=1,
+        mamba_d_state=4, mamba_d_conv=4, mamba_expand=2, mamba_dt_rank=8,
+        use_mamba_kernels=False, **_ONE_KV),
+]  # fmt: skip
+
 # SEW-D (first tried 2026-11-29): DeBERTa's disentangled attention through its
 # XSoftmax, a custom autograd Function that fills softmax's output in place (the
 # float64 reference replays that write out of place).

@@ -246,7 +246,7 @@ def emit_function(
         if body.sent:  # the buffer updates that calls of kind functions write
             lines.insert(0, "updates = {}")
     ret, sig = _return_and_signature(graph, body.names, args, trace, body.sent)
-    lines.append(ret)
+    lines = _live(lines + [ret])
     header = [
         comment_text(
             f"# {graph.kind} graph {digest[:12]}, {len(graph.nodes)} ops. {usage_comment(entries)}"
@@ -283,6 +283,7 @@ def emit_kind_function(
             lines.append(f'updates["update:" + prefix + {literal(path)}] = {body.names[o]}')
     if returned:
         lines.append("return " + ", ".join(returned))
+    lines = _live(lines)
     sig = [*(["params"] if kf.needs_params else []), *(["prefix"] if kf.needs_prefix else [])]
     sig += args + (["updates"] if any(kf.updates) else [])
     sig += ["rng=None", "mask_base=0"] if kf.random else []
@@ -295,6 +296,38 @@ def emit_kind_function(
         f"def {kf.name}({', '.join(sig)}):",
     ]
     return "\n".join(header + ["    " + line for line in lines])
+
+
+def _live(lines: list[str]) -> list[str]:
+    """A function body's lines less each assignment whose names no later line
+    reads, and a comment left over none: the value a node computes only for
+    an input the target's spelling leaves out (TopK's K where it sorts a whole
+    symbolic axis: `_topk(x, None, ...)`) would be an unused local, which
+    pyflakes flags. The statements written are free of side effects (a dead
+    random draw's only skips a fresh run's generator ahead). Reads are every
+    identifier in a line but attributes (keywords too: more stays, never less)."""
+    live: set[str] = set()
+    kept: list[str] = []
+    for line in reversed(lines):
+        if line.lstrip().startswith("#"):
+            if kept and not kept[-1].lstrip().startswith("#"):
+                kept.append(line)  # over a run of lines some of which stay
+            continue
+        bound = _BINDS.match(line)
+        if bound is not None:
+            if live.isdisjoint(bound.group(1).split(", ")):
+                continue
+            line_reads = line[bound.end() :]
+        else:
+            line_reads = line
+        live.update(_IDENTIFIER.findall(line_reads))
+        kept.append(line)
+    return kept[::-1]
+
+
+# `a = ...`, `a, _ = ...`: a statement binding names only (not `x[k] = ...`)
+_BINDS = re.compile(r"([A-Za-z_]\w*(?:, [A-Za-z_]\w*)*) = ")
+_IDENTIFIER = re.compile(r"(?<![.\w])[A-Za-z_]\w*")  # not an attribute (x.shape)
 
 
 # a module comment's shape, left out of the text kinds are compared by

@@ -58,6 +58,7 @@ _INDEX = "aten.index.Tensor"
 # sizes (its rows, channels, and the product of the rest), passed as ints; a record
 # derived from the data keeps its ints, so the replay reads them from its x
 _GROUP_NORM = "aten.native_group_norm.default"
+_GROUPED_MM = "aten._grouped_mm.default"
 SELECTS = {_INDEX, "aten.masked_select.default", "aten.nonzero.default"}
 
 # A meta kernel's outputs are a function of its tensors' metadata and its other
@@ -297,6 +298,27 @@ def _replay_all(tape: Tape, replay: _MetaReplay) -> bool:
     return True
 
 
+def _grouped_mm_meta(rec: Any, a: torch.Tensor, b: torch.Tensor, offs: Any = None) -> torch.Tensor:
+    """torch._grouped_mm's output on meta tensors, shaped as its meta kernel
+    shapes it (torch._meta_registrations), whose checks are CUDA's (bfloat16
+    only, rows 16-byte aligned) though CPU runs any float: a replay through it
+    failed at every choice. The inner sizes must agree, as the kernel's do."""
+    groups = -1 if offs is None else int(offs.shape[0])  # -1: no offsets, no groups
+    m, k = a.shape[-2], a.shape[-1]
+    if a.dim() == 2 and b.dim() == 3:  # rows by group: [M, K] x [G, K, N] -> [M, N]
+        ok, shape = k == b.shape[1] and groups == b.shape[0], [m, b.shape[2]]
+    elif a.dim() == 2 and b.dim() == 2:  # K by group: [M, K] x [K, N] -> [G, M, N]
+        ok, shape = k == b.shape[0] and groups >= 0, [groups, m, b.shape[1]]
+    elif a.dim() == 3 and b.dim() == 2:  # [G, M, K] x [K, N] by group -> [M, N]
+        ok, shape = k == b.shape[0] and groups == a.shape[0], [m, b.shape[1]]
+    else:  # a batched matrix product
+        ok = a.dim() == b.dim() == 3 and a.shape[0] == b.shape[0] and k == b.shape[1]
+        shape = [a.shape[0], m, b.shape[-1]]
+    if not ok:
+        raise RuntimeError(f"_grouped_mm of {list(a.shape)} and {list(b.shape)}")
+    return torch.empty(shape, dtype=TORCH_DTYPES[rec.outs[0].dtype], device="meta")
+
+
 class _MetaReplay:
     """The tape's records run again on meta tensors whose data inputs have
     B + 1 rows instead of B (and, given `sizes`, other symbols at other
@@ -512,6 +534,8 @@ class _MetaReplay:
             axis = selection_axis(rec)
             if axis is not None:
                 return [self._selected(rec, args, axis)]
+        if rec.op == _GROUPED_MM:
+            return [_grouped_mm_meta(rec, *args[:3])]
         if rec.op == _GROUP_NORM and isinstance(args[0], torch.Tensor) and args[0].dim() >= 2:
             x = args[0]
             args = [*args[:3], x.shape[0], x.shape[1], math.prod(x.shape[2:]), *args[6:]]
