@@ -558,17 +558,23 @@ OPS.add("Split", OpRule(_split, variant=lambda c: "even" if c.f["sizes"] is None
 
 
 def _slice(c: RuleCtx) -> dict[str, Any]:
-    starts, const_ends = c.ints(1), c.ints(2)
+    const_starts, const_ends = c.ints(1), c.ints(2)
     axes = c.ints(3) if c.has(3) else None
     steps = c.ints(4) if c.has(4) else None
-    if starts is None or (c.has(3) and axes is None) or (c.has(4) and steps is None):
-        raise NotImplementedError("Slice with computed starts, axes or steps")
-    # ends computed at run time (a slice as long as a sequence): element k of
-    # the ends vector, which every Python target's subscripts accept
+    if (c.has(3) and axes is None) or (c.has(4) and steps is None):
+        raise NotImplementedError("Slice with computed axes or steps")
+    known = const_starts if const_starts is not None else const_ends
+    n = len(known) if known is not None else c.in_type(1).shape[0]
+    if not isinstance(n, int) or (const_starts is None and min(steps or [1]) < 0):
+        raise NotImplementedError("Slice with computed starts and a negative step")
+    # starts or ends computed at run time (a slice as long as a sequence, the last
+    # T of a table): element k of the vector, which every Python target's
+    # subscripts accept
+    starts: list[int | str] = (
+        list(const_starts) if const_starts is not None else [f"{c.i(1)}[{k}]" for k in range(n)]
+    )
     ends: list[int | str] = (
-        list(const_ends)
-        if const_ends is not None
-        else [f"{c.i(2)}[{k}]" for k in range(len(starts))]
+        list(const_ends) if const_ends is not None else [f"{c.i(2)}[{k}]" for k in range(n)]
     )
     axes = axes or list(range(len(starts)))
     steps = steps or [1] * len(starts)

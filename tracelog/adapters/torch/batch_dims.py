@@ -59,6 +59,7 @@ _INDEX = "aten.index.Tensor"
 # derived from the data keeps its ints, so the replay reads them from its x
 _GROUP_NORM = "aten.native_group_norm.default"
 _GROUPED_MM = "aten._grouped_mm.default"
+_SLICE = "aten.slice.Tensor"
 SELECTS = {_INDEX, "aten.masked_select.default", "aten.nonzero.default"}
 
 # A meta kernel's outputs are a function of its tensors' metadata and its other
@@ -398,7 +399,15 @@ class _MetaReplay:
         self._after_selection = rec.index in self._following
         slots: list[tuple[int, list[int]]] = []
         args = [
-            self._end(a, slots) if k == 1 and rec.op == _ARANGE_STEP else self._sub(a, slots)
+            (
+                self._end(a, slots)
+                if k == 1 and rec.op == _ARANGE_STEP
+                else (
+                    self._start(rec, a, slots)
+                    if k == 2 and rec.op == _SLICE
+                    else self._sub(a, slots)
+                )
+            )
             for k, a in enumerate(rec.args)
         ]
         kwargs = {k: self._sub(v, slots) for k, v in rec.kwargs}
@@ -428,6 +437,29 @@ class _MetaReplay:
             if alternatives:
                 return self._slot(x, alternatives, slots)
         return self._sub(x, slots)
+
+    def _start(self, rec: Any, x: Any, slots: list[tuple[int, list[int]]]) -> Any:
+        """A slice's start where the slice runs to its input's end (a table of L
+        positions cut to its last T, `bias[:, L - T:]`: MPT's ALiBi bias): the
+        length kept, L - start (or -start), read as a lone int is, moves the
+        start, in a record not derived from the data."""
+        source = rec.args[0]
+        if type(x) is not int or self._tainted or not isinstance(source, TArg):
+            return self._sub(x, slots)
+        dim = rec.args[1] if len(rec.args) > 1 else 0
+        end = rec.args[3] if len(rec.args) > 3 else None
+        size = (
+            source.shape[int(dim)] if -len(source.shape) <= int(dim) < len(source.shape) else None
+        )
+        if not isinstance(size, int) or not (end is None or (type(end) is int and end >= size)):
+            return self._sub(x, slots)
+        if 0 < x < size:
+            readings = [size - n for n in self._lone(size - x)]
+        elif -size <= x < 0:
+            readings = [-n for n in self._lone(-x)]
+        else:
+            readings = []
+        return self._slot(x, readings, slots) if readings else self._sub(x, slots)
 
     def _sub_item(self, x: Any, slots: list[tuple[int, list[int]]]) -> Any:
         """One item of a tuple argument: a batch-multiple int is a slot;

@@ -1105,6 +1105,14 @@ def _slice(ctx: Ctx) -> Names:
         return [ctx.t(0)]
     length = ctx.out_type().shape[dim]
     ends = ctx.ints([end])
+    if is_symbolic(length) and isinstance(size, int) and end >= size and step == 1:
+        # the last T of a table of fixed length L (MPT's ALiBi bias[:, L - T:]): its
+        # start follows the length, L - T, not the recorded number
+        one = TensorType("int64", (1,))
+        starts = ctx.helper("Sub", [ctx.ints([size]), ctx.b_dim(length)], one)
+        return ctx.one(
+            "Slice", [ctx.t(0), starts, ctx.ints([size]), ctx.ints([dim]), ctx.ints([1])]
+        )
     if is_symbolic(length) and 0 <= end < INT64_MAX:
         # a slice as long as a sequence (position_ids[:, :T], x[:, 1:T]): its end
         # follows that length, start + length, not the recorded number
