@@ -47,6 +47,7 @@ import os
 import re
 import secrets
 import struct
+import threading
 import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
@@ -65,6 +66,7 @@ from tracelog.sample import (
     decode_tensors,
     encode_sample,
     encode_tensors,
+    tensor_pieces,
 )
 
 logger = logging.getLogger("tracelog")
@@ -664,14 +666,14 @@ class LogWriter:
 
     def _write_sample(self, sample: dict[str, np.ndarray], metadata: dict[str, str] | None) -> None:
         try:
-            blob = encode_sample(sample, metadata)
+            pieces = tensor_pieces(sample, metadata) or [encode_sample(sample, metadata)]
         except Exception as e:  # a dtype safetensors cannot take: no retry would help
             self._sample = None
             self.log.sample_info = None
             self._sample_lost(f"{type(e).__name__}: {_one_line(e)}")
             return
-        _atomic_write(self.path / SAMPLE_FILE, blob)  # OSError: retried at the next write
-        self.files[SAMPLE_FILE] = hashlib.sha256(blob).hexdigest()
+        # OSError: retried at the next write
+        self.files[SAMPLE_FILE] = _hashed_write(self.path / SAMPLE_FILE, pieces)
         self._sample = None
 
     def _sample_lost(self, reason: str) -> None:
@@ -687,9 +689,9 @@ class LogWriter:
         constants = dict(self.log.constants)
         for digest, arr in constants.items():
             tensors[f"const/{digest}"] = _contiguous(arr)
-        blob = encode_tensors(tensors, None if final else {RUN_KEY: self.run_id})
-        _atomic_write(self.path / WEIGHTS_FILE, blob)
-        self.files[WEIGHTS_FILE] = hashlib.sha256(blob).hexdigest()
+        metadata = None if final else {RUN_KEY: self.run_id}
+        pieces = tensor_pieces(tensors, metadata) or [encode_tensors(tensors, metadata)]
+        self.files[WEIGHTS_FILE] = _hashed_write(self.path / WEIGHTS_FILE, pieces)
         self._constants_written.update(constants)
 
     def warn(self, e: BaseException, state: str) -> None:
@@ -753,15 +755,54 @@ def remove_log(log_dir: str | os.PathLike[str]) -> None:
         f.unlink()
 
 
-def _atomic_write(path: Path, data: bytes) -> None:
-    """Replace ``path`` by ``data`` all at once: a temp file in the same
-    directory, fsync, rename, fsync of the directory. On any error the temp
-    file is removed and the old file (if any) stays."""
+# below this many bytes a file's sha256 is taken inline, not on a helper thread
+_HASH_ALONE = 1 << 20
+
+
+def _hashed_write(path: Path, pieces: list[bytes | memoryview]) -> str:
+    """``_atomic_write(path, pieces)``; the sha256 of the bytes written. The
+    hash of a large file is taken on a helper thread while this one writes
+    and syncs it (both release the GIL: two cores, not one after the other)."""
+    if sum(len(p) for p in pieces) < _HASH_ALONE:
+        _atomic_write(path, pieces)
+        return _sha256(pieces).hexdigest()
+    found: list[Any] = []
+
+    def digest() -> None:
+        try:
+            found.append(_sha256(pieces).hexdigest())
+        except BaseException as e:  # raised where the write is, after it
+            found.append(e)
+
+    hashing = threading.Thread(target=digest, name="tracelog-sha256", daemon=True)
+    hashing.start()
+    try:
+        _atomic_write(path, pieces)
+    finally:
+        hashing.join()
+    if isinstance(found[0], BaseException):
+        raise found[0]
+    return str(found[0])
+
+
+def _sha256(pieces: list[bytes | memoryview]) -> Any:
+    h = hashlib.sha256()
+    for p in pieces:
+        h.update(p)
+    return h
+
+
+def _atomic_write(path: Path, data: bytes | list[bytes | memoryview]) -> None:
+    """Replace ``path`` by ``data`` (bytes, or pieces written one after the
+    other) all at once: a temp file in the same directory, fsync, rename,
+    fsync of the directory. On any error the temp file is removed and the
+    old file (if any) stays."""
     path.parent.mkdir(parents=True, exist_ok=True)
     tmp = path.with_name(f".{path.name}.tmp{os.getpid()}")
     try:
         with open(tmp, "wb") as f:
-            _fill(f, data)
+            for piece in [data] if isinstance(data, bytes) else data:
+                _fill(f, piece)
             f.flush()
             os.fsync(f.fileno())
         os.replace(tmp, path)
@@ -772,7 +813,7 @@ def _atomic_write(path: Path, data: bytes) -> None:
     _fsync_dir(path.parent)
 
 
-def _fill(f: Any, data: bytes) -> None:
+def _fill(f: Any, data: bytes | memoryview) -> None:
     f.write(data)
 
 

@@ -10,6 +10,8 @@ functions below (standard library only) are inlined into every program by
 
 from __future__ import annotations
 
+import json
+import struct
 from collections.abc import Mapping, Sequence
 from typing import Any, TypedDict
 
@@ -248,6 +250,77 @@ def encode_tensors(tensors: Arrays, metadata: dict[str, str] | None = None) -> b
 
     # np.require, not np.ascontiguousarray: that one makes a 0-d array (the loss) 1-d
     return save({k: np.require(a, requirements="C") for k, a in tensors.items()}, metadata=metadata)
+
+
+# safetensors' dtype of each numpy dtype it writes, in the order its writer lays
+# tensors out (largest alignment first; one dtype's tensors by name)
+_LAYOUT = {
+    name: (rank, code)
+    for rank, (name, code) in enumerate(
+        [
+            ("uint64", "U64"),
+            ("int64", "I64"),
+            ("float64", "F64"),
+            ("complex64", "C64"),
+            ("float32", "F32"),
+            ("uint32", "U32"),
+            ("int32", "I32"),
+            ("bfloat16", "BF16"),
+            ("float16", "F16"),
+            ("uint16", "U16"),
+            ("int16", "I16"),
+            ("float8_e4m3fn", "F8_E4M3"),
+            ("float8_e5m2", "F8_E5M2"),
+            ("int8", "I8"),
+            ("uint8", "U8"),
+            ("bool", "BOOL"),
+        ]
+    )
+}
+
+
+def tensor_pieces(
+    tensors: Arrays, metadata: dict[str, str] | None = None
+) -> list[bytes | memoryview] | None:
+    """``encode_tensors(tensors, metadata)``'s bytes in pieces: the header, then
+    each array's own memory (no copy: a writer streams them to the file, where
+    the one blob costs two copies of the sample). None where only safetensors
+    itself says what it writes (another dtype, a big-endian array, metadata of
+    other than one entry, whose order safetensors does not promise)."""
+    if metadata is not None and (
+        len(metadata) != 1
+        or any(type(k) is not str or type(v) is not str for k, v in metadata.items())
+    ):
+        return None
+    laid: list[tuple[int, str, str, np.ndarray]] = []
+    for name, a in tensors.items():
+        a = np.require(a, requirements="C")
+        known = _LAYOUT.get(a.dtype.name)
+        if type(name) is not str or known is None or a.dtype.byteorder == ">":
+            return None
+        laid.append((known[0], name, known[1], a))
+    laid.sort(key=lambda e: (e[0], e[1]))
+    entries = []
+    if metadata is not None:
+        entries.append('"__metadata__":' + _json_text(metadata))
+    offset = 0
+    for _rank, name, code, a in laid:
+        end = offset + a.nbytes
+        shape = ",".join(str(d) for d in a.shape)
+        entries.append(
+            f'{_json_text(name)}:{{"dtype":"{code}","shape":[{shape}],"data_offsets":[{offset},{end}]}}'
+        )
+        offset = end
+    header = ("{" + ",".join(entries) + "}").encode()
+    header += b" " * (-len(header) % 8)  # the data starts 8-byte aligned
+    pieces: list[bytes | memoryview] = [struct.pack("<Q", len(header)) + header]
+    pieces += [a.reshape(-1).view(np.uint8).data for _r, _n, _c, a in laid if a.nbytes]
+    return pieces
+
+
+def _json_text(obj: Any) -> str:
+    """JSON as safetensors' header writes it (serde_json: compact, UTF-8 as is)."""
+    return json.dumps(obj, ensure_ascii=False, separators=(",", ":"))
 
 
 def decode_tensors(data: bytes) -> dict[str, np.ndarray]:

@@ -1,0 +1,105 @@
+"""The log's tensor files are written in pieces (tensor_pieces: the header,
+then each array's own memory) with their sha256 taken beside the write: the
+bytes are safetensors' own, and a failed write leaves the old file."""
+
+from __future__ import annotations
+
+import errno
+import hashlib
+import random
+from pathlib import Path
+from typing import Any
+
+import ml_dtypes
+import numpy as np
+import pytest
+from safetensors.numpy import save
+
+from tracelog import log as tlog
+from tracelog.sample import encode_tensors, tensor_pieces
+
+_DTYPES: list[Any] = [
+    "bool",
+    "uint8",
+    "int8",
+    "int16",
+    "uint16",
+    "float16",
+    "int32",
+    "uint32",
+    "float32",
+    "float64",
+    "int64",
+    "uint64",
+    "complex64",
+    ml_dtypes.bfloat16,
+    ml_dtypes.float8_e4m3fn,
+    ml_dtypes.float8_e5m2,
+]
+# names safetensors orders and escapes: upper before lower, non-ASCII, quotes,
+# control characters, the empty name
+_NAMES = ["a", "b", "Z", "é", "x/1", 'a"q', "n\nl", "\x01", "param/h.0", "param/h.10", "", "\u2028"]
+
+
+def _joined(pieces: list[Any]) -> bytes:
+    return b"".join(bytes(p) for p in pieces)
+
+
+def test_the_pieces_are_the_bytes_safetensors_writes() -> None:
+    draw = random.Random(0)
+    for trial in range(300):
+        tensors = {}
+        for _ in range(draw.randint(0, 8)):
+            shape = tuple(draw.choice([0, 1, 2, 3, 5]) for _ in range(draw.randint(0, 3)))
+            values = np.asarray(np.random.default_rng(trial).random(shape) * 10)
+            tensors[draw.choice(_NAMES) + str(draw.randint(0, 3))] = values.astype(
+                draw.choice(_DTYPES)
+            )
+        metadata = draw.choice([None, {"run": "abc"}, {"é\n": '\x00x"\\'}])
+        pieces = tensor_pieces(tensors, metadata)
+        assert pieces is not None
+        assert _joined(pieces) == save(tensors, metadata=metadata), (tensors, metadata)
+
+
+def test_non_contiguous_arrays_are_written_as_their_values() -> None:
+    a = np.arange(12, dtype=np.float32).reshape(3, 4).T
+    pieces = tensor_pieces({"a": a, "loss": np.array(0.5, np.float32)})
+    assert pieces is not None
+    assert _joined(pieces) == encode_tensors({"a": a, "loss": np.array(0.5, np.float32)})
+
+
+def test_what_safetensors_alone_decides_is_left_to_it() -> None:
+    x = {"x": np.zeros(2, np.float32)}
+    assert tensor_pieces(x, {"a": "1", "b": "2"}) is None  # the entries' order is its own
+    assert tensor_pieces(x, {}) is None
+    assert tensor_pieces({"x": np.zeros(2, ">f4")}) is None
+    assert tensor_pieces({"x": np.zeros(2, np.complex128)}) is None
+
+
+@pytest.mark.parametrize("size", [100, 3 << 20])  # hashed inline, and on a helper thread
+def test_a_hashed_write_gives_the_files_sha256(tmp_path: Path, size: int) -> None:
+    tensors = {"w": np.random.default_rng(0).random(size // 8), "b": np.ones(3, np.float32)}
+    pieces = tensor_pieces(tensors, {"run": "x"})
+    assert pieces is not None
+    path = tmp_path / "weights.safetensors"
+    digest = tlog._hashed_write(path, pieces)
+    data = path.read_bytes()
+    assert data == save(tensors, metadata={"run": "x"})
+    assert digest == hashlib.sha256(data).hexdigest()
+
+
+def test_a_failed_hashed_write_keeps_the_old_file(tmp_path: Path, monkeypatch: Any) -> None:
+    path = tmp_path / "sample.safetensors"
+    path.write_bytes(b"old")
+
+    def full(f: Any, data: Any) -> None:
+        f.write(data[: len(data) // 2])
+        raise OSError(errno.ENOSPC, "No space left on device")
+
+    monkeypatch.setattr(tlog, "_fill", full)
+    pieces = tensor_pieces({"w": np.ones(1 << 18)})
+    assert pieces is not None
+    with pytest.raises(OSError, match="No space"):
+        tlog._hashed_write(path, pieces)
+    assert path.read_bytes() == b"old"
+    assert not list(tmp_path.glob(".*.tmp*"))
