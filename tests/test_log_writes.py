@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import errno
 import hashlib
+import json
 import random
 from pathlib import Path
 from typing import Any
@@ -103,3 +104,63 @@ def test_a_failed_hashed_write_keeps_the_old_file(tmp_path: Path, monkeypatch: A
         tlog._hashed_write(path, pieces)
     assert path.read_bytes() == b"old"
     assert not list(tmp_path.glob(".*.tmp*"))
+
+
+def _plain(draw: random.Random, depth: int) -> Any:
+    kind = draw.randrange(9 if depth < 4 else 6)
+    if kind == 0:
+        return draw.choice(["", "a", 'é\n"\\', "\u2028\x01", "x" * 30, "\ud83d\ude00"])
+    if kind == 1:
+        return draw.randint(-(10**20), 10**20)
+    if kind == 2:
+        return draw.choice([0.1, -0.0, 1e300, float("inf"), float("-inf"), float("nan"), 3.0])
+    if kind == 3:
+        return draw.choice([True, False])
+    if kind == 4:
+        return None
+    if kind == 5:
+        return draw.randint(0, 9)
+    if kind == 6:
+        return {
+            draw.choice(_NAMES) + str(k): _plain(draw, depth + 1) for k in range(draw.randint(0, 4))
+        }
+    if kind == 7:
+        return [_plain(draw, depth + 1) for _ in range(draw.randint(0, 4))]
+    return tuple(_plain(draw, depth + 1) for _ in range(draw.randint(0, 3)))
+
+
+def test_indented_json_is_jsons_own_text() -> None:
+    draw = random.Random(0)
+    for _ in range(2000):
+        obj = _plain(draw, 0)
+        assert tlog.indented_json(obj) == json.dumps(obj, indent=1, sort_keys=True), obj
+
+
+def test_indented_json_leaves_what_is_not_plain_to_json() -> None:
+    class Code(int):
+        pass
+
+    for obj in [{1: "a", 2: "b"}, {"x": Code(3)}, [{"k": (1, {True: None})}]]:
+        assert tlog.indented_json(obj) == json.dumps(obj, indent=1, sort_keys=True)
+    with pytest.raises(TypeError):
+        tlog.indented_json({"a": np.float32(1.0)})  # as json.dumps raises
+    with pytest.raises(TypeError):
+        tlog.indented_json({"a": 1, 2: 3})  # keys json cannot sort
+
+
+def test_a_recorded_logs_json_files_are_jsons_own_text(tmp_path: Path) -> None:
+    import torch
+
+    import tracelog
+
+    torch.manual_seed(0)
+    model = torch.nn.Sequential(torch.nn.Linear(4, 8), torch.nn.ReLU(), torch.nn.Linear(8, 2))
+    with tracelog.Listener(model, tmp_path / "log") as listener, listener.batch():
+        torch.nn.functional.cross_entropy(
+            model(torch.randn(3, 4)), torch.tensor([0, 1, 1])
+        ).backward()
+    files = [tmp_path / "log" / "trace.json", *(tmp_path / "log" / "graphs").glob("*.json")]
+    assert len(files) == 3
+    for f in files:
+        text = f.read_text()
+        assert text == json.dumps(json.loads(text), indent=1, sort_keys=True) + "\n"

@@ -52,6 +52,7 @@ import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from datetime import datetime, timezone
+from json.encoder import encode_basestring_ascii as _json_str
 from pathlib import Path
 from typing import Any
 
@@ -642,7 +643,7 @@ class LogWriter:
             self.log.model = self.model_facts()
         self.path.mkdir(parents=True, exist_ok=True)
         for h in sorted(set(self.log.graphs) - self._graphs_written):
-            text = json.dumps(self.log.graphs[h].to_json(), indent=1, sort_keys=True) + "\n"
+            text = indented_json(self.log.graphs[h].to_json()) + "\n"
             _atomic_write(self.path / GRAPHS_DIR / f"{h}.json", text.encode())
             self._graphs_written.add(h)
         if self._sample is not None:
@@ -659,7 +660,7 @@ class LogWriter:
         )
         if SAMPLE_FILE not in self.files:
             self.log.sample_info = None  # taken but not on disk: not in this trace.json
-        text = json.dumps(self.log.to_json(dict(self.files)), indent=1, sort_keys=True) + "\n"
+        text = indented_json(self.log.to_json(dict(self.files))) + "\n"
         _atomic_write(self.path / TRACE_FILE, text.encode())
         self.last_checkpoint = at
         self.log._dir = self.path
@@ -753,6 +754,53 @@ def remove_log(log_dir: str | os.PathLike[str]) -> None:
             graphs.rmdir()
     for f in path.glob(".*.tmp*"):  # temp files of a run killed mid-write
         f.unlink()
+
+
+def indented_json(obj: Any) -> str:
+    """``json.dumps(obj, indent=1, sort_keys=True)``, the same text, in half
+    the time: json's C encoder takes no indent, its Python one runs a
+    generator per container (a 150 kB graph: 30 ms). Anything but plain
+    dicts with str keys, lists, tuples, str, int, float, bool and None goes
+    to json itself."""
+    try:
+        return _json_text(obj, "\n")
+    except _NotPlain:
+        return json.dumps(obj, indent=1, sort_keys=True)
+
+
+class _NotPlain(Exception):
+    pass
+
+
+_INFINITIES = {float("inf"): "Infinity", float("-inf"): "-Infinity"}
+
+
+def _json_text(o: Any, nl: str) -> str:
+    kind = type(o)
+    if kind is str:
+        return _json_str(o)
+    if kind is dict:
+        if not o:
+            return "{}"
+        inner = nl + " "
+        if any(type(k) is not str for k in o):
+            raise _NotPlain  # json's own conversion of the keys, and its errors
+        items = [_json_str(k) + ": " + _json_text(o[k], inner) for k in sorted(o)]
+        return "{" + inner + ("," + inner).join(items) + nl + "}"
+    if kind is list or kind is tuple:
+        if not o:
+            return "[]"
+        inner = nl + " "
+        return "[" + inner + ("," + inner).join([_json_text(v, inner) for v in o]) + nl + "]"
+    if kind is int:
+        return int.__repr__(o)
+    if kind is bool:
+        return "true" if o else "false"
+    if o is None:
+        return "null"
+    if kind is float:
+        return "NaN" if o != o else _INFINITIES.get(o) or float.__repr__(o)
+    raise _NotPlain
 
 
 # below this many bytes a file's sha256 is taken inline, not on a helper thread
