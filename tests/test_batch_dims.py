@@ -297,3 +297,44 @@ def test_a_graph_with_a_dim_no_log_holds_fails_its_batch_not_the_log(
         model(torch.randn(4, 8)).pow(2).mean().backward()
     log = tracelog.load(tmp_path)  # readable
     assert log.unrecorded == 1 and "not a dim a log holds" in str(log.failures)
+
+
+def test_map_targs_copies_every_record_as_dataclasses_replace_does(
+    tmp_path: Path, monkeypatch: Any
+) -> None:
+    import dataclasses
+
+    from tracelog.adapters.tape import map_targs
+
+    tape = _tape(tmp_path, monkeypatch)
+    before = [(r.args, r.kwargs, r.outs) for r in tape.recs]
+    grown = map_targs(tape, lambda a: a._replace(shape=(*a.shape, 1)))
+    for rec, new in zip(tape.recs, grown.recs, strict=True):
+        want = dataclasses.replace(
+            rec,
+            args=tuple(_grown(a) for a in rec.args),
+            kwargs=tuple((k, _grown(v)) for k, v in rec.kwargs),
+            outs=tuple(_grown(o) for o in rec.outs),
+        )
+        assert new == want and new is not rec and new.func is rec.func
+    assert [(r.args, r.kwargs, r.outs) for r in tape.recs] == before  # the tape is kept
+
+
+def _grown(obj: Any) -> Any:
+    from tracelog.adapters.tape import TArg
+
+    if isinstance(obj, TArg):
+        return obj._replace(shape=(*obj.shape, 1))
+    if isinstance(obj, tuple):
+        return tuple(_grown(x) for x in obj)
+    return obj
+
+
+def test_a_parsed_dim_is_the_callers_own() -> None:
+    from tracelog.ir import dim_value, parse_dim
+
+    poly = parse_dim("batch*seq-batch+3")
+    assert poly == {("batch", "seq"): 1, ("batch",): -1, (): 3}
+    poly.clear()  # the remembered parse is not the caller's dict
+    assert parse_dim("batch*seq-batch+3") == {("batch", "seq"): 1, ("batch",): -1, (): 3}
+    assert dim_value("batch*seq-batch+3", {"batch": 2, "seq": 5}) == 11

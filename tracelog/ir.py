@@ -8,6 +8,7 @@ Nothing here knows any framework or target.
 
 from __future__ import annotations
 
+import functools
 import hashlib
 import json
 import operator
@@ -81,13 +82,20 @@ def parse_dim(d: Dim) -> Poly:
     {("batch", "seq"): 1, ("batch",): -1}."""
     if isinstance(d, int):
         return {(): d} if d else {}
+    return dict(_terms(d))
+
+
+@functools.lru_cache(maxsize=4096)
+def _terms(d: str) -> tuple[tuple[tuple[str, ...], int], ...]:
+    """parse_dim's polynomial of a text dim, as items (remembered: a replay
+    of the batch dims reads the same few dims thousands of times)."""
     poly: Poly = {}
     for sign, term in re.findall(r"([+-]?)([^+-]+)", d):
         parts = term.split("*")
         coef = int(parts[-1]) if parts[-1].isdigit() else 1
         symbols = tuple(sorted((p for p in parts if not p.isdigit()), key=symbol_key))
         poly[symbols] = poly.get(symbols, 0) + (-coef if sign == "-" else coef)
-    return {m: c for m, c in poly.items() if c}
+    return tuple((m, c) for m, c in poly.items() if c)
 
 
 def format_dim(poly: Poly) -> Dim:
@@ -109,7 +117,7 @@ def format_dim(poly: Poly) -> Dim:
 def dim_value(d: Dim, env: dict[str, int]) -> int:
     """The size of a dim when each symbol has the size `env` gives it."""
     total = 0
-    for m, c in parse_dim(d).items():
+    for m, c in _terms(d) if isinstance(d, str) else parse_dim(d).items():
         term = c
         for s in m:
             term *= env[s]

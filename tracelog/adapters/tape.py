@@ -193,18 +193,28 @@ def map_targs(tape: Tape, fn: Callable[[TArg], TArg]) -> Tape:
     the dims they found."""
 
     def walk(obj: Any) -> Any:
-        if isinstance(obj, TArg):
+        kind = type(obj)
+        if kind is TArg:
             return fn(obj)
-        if isinstance(obj, tuple):
-            return tuple(walk(x) for x in obj)
+        if kind is tuple or isinstance(obj, tuple):
+            return tuple([walk(x) for x in obj])
         return obj
 
     new = replace(tape)
     new.recs = [
-        replace(r, args=walk(r.args), kwargs=walk(r.kwargs), outs=walk(r.outs)) for r in tape.recs
+        _copied(r, args=walk(r.args), kwargs=walk(r.kwargs), outs=walk(r.outs)) for r in tape.recs
     ]
     new.inputs = {k: fn(v) for k, v in tape.inputs.items()}
     new.targets = [fn(t) for t in tape.targets]
+    return new
+
+
+def _copied(rec: Rec, **changes: Any) -> Rec:
+    """``dataclasses.replace(rec, **changes)``, less its per-call field checks
+    (a replay copies every record of a tape, several times)."""
+    new = object.__new__(Rec)
+    new.__dict__.update(rec.__dict__)
+    new.__dict__.update(changes)
     return new
 
 
