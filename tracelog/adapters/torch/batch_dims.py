@@ -751,8 +751,10 @@ class _MetaReplay:
         source = rec.args[0].shape if rec.op in _VIEWS and isinstance(rec.args[0], TArg) else None
         return (
             _OUTCOMES,
+            # (not the sizes: they act only through the metas and the ints'
+            # readings, so a record whose arguments no symbol moves, a weight's
+            # transpose, is ranked once for all the replays of other symbols)
             self.strict,
-            tuple(self.sizes.items()),
             rec.func,
             plan.key,
             tuple([(x, tuple(readings)) for x, readings in plan.slots]),
