@@ -39,6 +39,7 @@ from tracelog.adapters.builder import (
     input_names,
     output_roles,
     target_names,
+    user_names,
 )
 from tracelog.adapters.tape import (
     ConstInfo,
@@ -875,7 +876,8 @@ class ListenerBase(ABC):
         loss_t = w.tensor(w.tape.loss)
         array = self._to_array
         ir = input_names(w.tape)  # the IR's name of each data input
-        roles = output_roles(w.tape)  # and of each prediction output
+        taken = user_names(w.tape)
+        roles = output_roles(w.tape, taken)  # and of each prediction output
         try:
             pending, w.reference = w.reference, None
             reference: dict[str, Any] | None = (
@@ -888,7 +890,9 @@ class ListenerBase(ABC):
             reference["outputs"] = {roles[r]: a for r, a in reference["outputs"].items()}
         self._sample = build_sample(
             inputs={ir[name]: array(t) for name, t in w.input_tensors.items()},
-            targets=dict(zip(target_names(w.tape), map(array, w.target_tensors), strict=True)),
+            targets=dict(
+                zip(target_names(w.tape, taken), map(array, w.target_tensors), strict=True)
+            ),
             masks=[w.mask(rec_index) for rec_index in draws.prediction],
             loss_masks=[w.mask(rec_index) for rec_index in draws.loss],
             outputs={roles[role]: array(t) for role, t in w.output_tensors.items()},

@@ -58,18 +58,21 @@ def _state_names(tape: Tape) -> set[str]:
     return names
 
 
-def input_names(tape: Tape) -> dict[str, str]:
+def input_names(tape: Tape, state: set[str] | None = None) -> dict[str, str]:
     """The IR name of each data input: its own, unless a parameter or buffer
     holds that name (a model with an argument x and a parameter x), then with
-    "_" appended (the sample keys its inputs by these names too)."""
-    state = _state_names(tape)
+    "_" appended (the sample keys its inputs by these names too). `state`:
+    _state_names(tape), where the caller has it (each is a walk of the tape)."""
+    if state is None:
+        state = _state_names(tape)
     return {name: internal_name(name, state) for name in tape.inputs}
 
 
 def user_names(tape: Tape) -> set[str]:
     """The names the user chose, which the IR keeps: parameters, buffers and
     data inputs (whatever text they hold)."""
-    return _state_names(tape) | set(input_names(tape).values())
+    state = _state_names(tape)
+    return state | set(input_names(tape, state).values())
 
 
 def internal_name(base: str, taken: set[str]) -> str:
@@ -81,18 +84,22 @@ def internal_name(base: str, taken: set[str]) -> str:
     return base
 
 
-def output_roles(tape: Tape) -> dict[str, str]:
+def output_roles(tape: Tape, taken: set[str] | None = None) -> dict[str, str]:
     """The IR role of each prediction output: its own (prediction, ...),
     unless a user name holds it (the loss graph reads a prediction as an
-    input named by its role, beside the parameters it reads)."""
-    taken = user_names(tape)
+    input named by its role, beside the parameters it reads). `taken`:
+    user_names(tape), where the caller has it."""
+    if taken is None:
+        taken = user_names(tape)
     return {role: internal_name(role, taken) for role, _ref in tape.outputs}
 
 
-def target_names(tape: Tape) -> list[str]:
+def target_names(tape: Tape, taken: set[str] | None = None) -> list[str]:
     """The IR names of the tape's targets, in order: target, target_1, ...
-    (the sample keys its targets by these names too)."""
-    taken = user_names(tape)
+    (the sample keys its targets by these names too). `taken`:
+    user_names(tape), where the caller has it."""
+    if taken is None:
+        taken = user_names(tape)
     return [internal_name(target_name(k), taken) for k in range(len(tape.targets))]
 
 
@@ -138,9 +145,10 @@ class Builder:
         # in-place op's output by the tensor it wrote, whose history autograd keeps
         self.no_grad_refs: dict[Ref, TArg | None] = {}
         self._stopped: dict[str, str] = {}
-        self._user = user_names(tape)
-        self._inputs = input_names(tape)
-        self._targets = target_names(tape)
+        state = _state_names(tape)
+        self._inputs = input_names(tape, state)
+        self._user = state | set(self._inputs.values())  # user_names(tape)
+        self._targets = target_names(tape, self._user)
 
     # -- values -------------------------------------------------------------------
     def name_of(self, targ: TArg) -> str:
@@ -391,7 +399,7 @@ class Builder:
         loss_graph = None
         loss_random: list[int] = []
         feature_names: dict[str, str] = {}
-        roles = output_roles(tape)
+        roles = output_roles(tape, self._user)
         output_roles_of = {self._ref_name(ref): roles[role] for role, ref in tape.outputs}
         if tape.loss is not None:
             loss_name = self._ref_name(tape.loss)
