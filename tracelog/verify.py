@@ -137,6 +137,7 @@ class SampleJudge:
         sample = self.sample
         self.parity = _parity()
         self.medians = self.parity._typical_scales(sample)
+        self.largest = self.parity._largest_scales(sample)
         self.typical = self.parity._typical_error(sample, self.medians)
 
     def checked(self, name: str, got: Any, key: str, atol: float, rtol: float) -> Comparison:
@@ -156,7 +157,7 @@ class SampleJudge:
             ref,
             self.typical[self.parity._kind(key)],
             floor,
-            self.medians[is_grad],
+            self.largest[is_grad],
         )
         return Comparison(*row)
 
@@ -169,7 +170,7 @@ class SampleJudge:
         floor = self.parity._floor(self.sample, key, self.medians, is_grad)
         ref = self.sample[reference_key(key)]
         row = self.parity._translated(
-            name, got, ref, floor, self.sample[key], self.medians[is_grad]
+            name, got, ref, floor, self.sample[key], self.largest[is_grad]
         )
         return Comparison(*row)
 

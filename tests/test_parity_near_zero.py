@@ -1,0 +1,116 @@
+"""The parity check on an output that cancels to near zero (a conv bias before a
+training batch norm: its gradient is zero in exact arithmetic), in a model
+whose other gradients are far smaller than the terms that bias sums (SwiftFormer:
+1e-5 layer scales; HF EfficientNet: activations of 1e-16). The scale of such an
+output is the size of its terms, as the source's own rounding shows it, capped
+at the largest output of its kind (parity._terms), not at the median one."""
+
+from __future__ import annotations
+
+import numpy as np
+
+from tracelog.verify import SampleJudge
+
+KEY = "grad/stem.conv.bias"
+
+
+def _bias_grad(dtype: type, reverse: bool = False) -> np.ndarray:
+    """The gradient of a conv bias feeding a training batch norm: the sum over
+    batch and space of batch norm's input gradient, a * (dy - mean(dy) - xhat *
+    mean(dy * xhat)), zero in exact arithmetic; its terms are of size 1.
+    Summed one term after another, as a kernel's loop accumulates; `reverse`:
+    in the other order (another program's rounding)."""
+    rng = np.random.default_rng(0)
+    x, dy = (rng.standard_normal((2, 256)).astype(dtype) for _ in range(2))
+    xhat = (x - x.mean(1, keepdims=True)) / x.std(1, keepdims=True)
+    dx = 1.3 * (dy - dy.mean(1, keepdims=True) - xhat * (dy * xhat).mean(1, keepdims=True))
+    return np.cumsum(dx[:, ::-1] if reverse else dx, 1, dtype=dtype)[:, -1]
+
+
+def _sample() -> dict[str, np.ndarray]:
+    """Forty gradients of 1e-7 (behind a 1e-5 layer scale), the stem's conv
+    weight gradient of 0.9, and the stem's conv bias gradient, zero in exact
+    arithmetic: the median gradient scale is 1e-7, the bias sums terms of 1."""
+    rng = np.random.default_rng(1)
+    sample: dict[str, np.ndarray] = {}
+    for k in range(40):
+        ref = 1e-7 * rng.standard_normal(16)
+        sample[f"grad/block{k}.weight"] = ref.astype(np.float32)
+        sample[f"ref64/grad/block{k}.weight"] = ref
+    weight = 0.9 * np.tanh(rng.standard_normal(16))
+    sample["grad/stem.conv.weight"] = weight.astype(np.float32)
+    sample["ref64/grad/stem.conv.weight"] = weight
+    sample[KEY] = _bias_grad(np.float32)
+    sample["ref64/" + KEY] = _bias_grad(np.float64)
+    return sample
+
+
+def test_a_cancelling_gradient_is_judged_at_the_size_of_its_terms() -> None:
+    sample = _sample()
+    ref, source = sample["ref64/" + KEY], sample[KEY].astype(np.float64)
+    assert np.abs(ref).max() < 1e-14 and 1e-8 < np.abs(source - ref).max() < 1e-5
+    judge = SampleJudge(sample)
+    # float64 summed in another order: rounding of terms of 1, far above the
+    # median gradient scale's 1e-9 x 1e-7; the median cap failed this row
+    other = _bias_grad(np.float64, reverse=True)
+    assert np.abs(other - ref).max() > 1e-9 * judge.medians[True]
+    assert judge.translated("bias [float64]", other, KEY).ok
+    # a program in float32 that rounds as the source does, in another order
+    assert judge.checked("bias", _bias_grad(np.float32, reverse=True), KEY, 0, 0).ok
+
+
+def test_a_wrong_cancelling_gradient_still_fails() -> None:
+    sample = _sample()
+    ref = sample["ref64/" + KEY]
+    judge = SampleJudge(sample)
+    # off by 1e-6 of its terms: no float64 rounding; a wrong formula is off by ~1
+    assert not judge.translated("bias [float64]", ref + 1e-6, KEY).ok
+    assert not judge.translated("bias [float64]", ref + 1.0, KEY).ok
+    # in float32, off by 1e-3 of its terms, 1e4 float32 ulps
+    assert not judge.checked("bias", (ref + 1e-3).astype(np.float32), KEY, 0, 0).ok
+
+
+def test_the_cap_still_bounds_an_inflated_estimate() -> None:
+    """A source whose float32 error on the output is 1e3 (its upstream
+    ill-conditioned, not its terms 1e10): the terms are taken at most as the
+    largest gradient (0.9), so a float64 error of 1e-6 still fails."""
+    sample = _sample()
+    ref = sample["ref64/" + KEY]
+    sample[KEY] = (ref + 1e3).astype(np.float32)
+    judge = SampleJudge(sample)
+    assert judge.translated("bias [float64]", ref + 1e-10, KEY).ok
+    assert not judge.translated("bias [float64]", ref + 1e-6, KEY).ok
+
+
+def test_cancelling_outputs_are_not_the_typical_error_of_their_kind() -> None:
+    """HF EfficientNet's shape: weight gradients of 1e-17 (its activations are
+    1e-16), a classifier bias gradient of 0.3, and batch-norm bias gradients
+    that cancel to 1e-18 from terms of 1e-2, above the near-zero floor (1e-5 of
+    the median, 1e-22). Their float32 relative errors (1e8) are no measure of
+    what float32 costs the others: counted in the 90th percentile, they let a
+    weight gradient 10% off pass; left out, it fails, and the cancelling ones
+    are judged at the size of their terms."""
+    rng = np.random.default_rng(2)
+    sample: dict[str, np.ndarray] = {}
+    for k in range(12):
+        ref = 1e-17 * rng.standard_normal(16)
+        sample[f"grad/conv{k}.weight"] = (ref * (1 + 1e-7 * rng.standard_normal(16))).astype(
+            np.float32
+        )
+        sample[f"ref64/grad/conv{k}.weight"] = ref
+    for k in range(4):  # float32 noise of terms of 1e-2 around float64 noise of 1e-18
+        ref = 1e-18 * rng.standard_normal(16)
+        sample[f"grad/bn{k}.bias"] = (ref + 1e-9 * rng.standard_normal(16)).astype(np.float32)
+        sample[f"ref64/grad/bn{k}.bias"] = ref
+    bias = 0.3 * np.tanh(rng.standard_normal(5))
+    sample["grad/classifier.bias"] = bias.astype(np.float32)
+    sample["ref64/grad/classifier.bias"] = bias
+    judge = SampleJudge(sample)
+    assert judge.typical["grad"] < 1e-5
+    ref = sample["ref64/grad/conv0.weight"]
+    assert not judge.checked("w", ref * 1.1, "grad/conv0.weight", 0, 0).ok
+    assert judge.checked("w", ref * (1 + 1e-7), "grad/conv0.weight", 0, 0).ok
+    # a cancelling one: float32 noise of its terms passes, an error of its terms fails
+    ref = sample["ref64/grad/bn0.bias"]
+    assert judge.checked("b", ref + 2e-9, "grad/bn0.bias", 0, 0).ok
+    assert not judge.checked("b", ref + 1e-3, "grad/bn0.bias", 0, 0).ok
