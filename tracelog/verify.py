@@ -326,11 +326,62 @@ def _resize() -> type:
     return type("Resize", (Resize,), {"_run": _run})
 
 
+def _average_pool() -> type:
+    """onnx.reference's AveragePool with ceil_mode computed as the spec (and
+    torch, onnxruntime) reads it: the last window starts inside the input or
+    its begin padding, and the divisor counts the explicit padding
+    (count_include_pad) but never ceil_mode's overhang. onnx 1.23 pads the
+    overhang into the window: HF EfficientNet's pooler, AvgPool2d(320,
+    ceil_mode=True) over 4x4, read 0 (and NaN without count_include_pad)."""
+    from numpy.lib.stride_tricks import sliding_window_view
+    from onnx.reference.ops.op_average_pool import AveragePool_19
+
+    def _run(self: Any, x: Any, **attrs: Any) -> Any:
+        auto_pad = attrs.get("auto_pad")
+        if not attrs.get("ceil_mode") or auto_pad not in (None, "NOTSET", b"NOTSET"):
+            return super(type(self), self)._run(x, **attrs)
+        k = list(attrs["kernel_shape"])
+        n = len(k)
+        s = list(attrs.get("strides") or [1] * n)
+        d = list(attrs.get("dilations") or [1] * n)
+        p = list(attrs.get("pads") or [0] * 2 * n)
+        windows = [d[i] * (k[i] - 1) + 1 for i in range(n)]
+        over = []  # ceil_mode's overhang past the end padding, per axis
+        for i in range(n):
+            size, span = x.shape[2 + i], x.shape[2 + i] + p[i] + p[i + n]
+            out = -(-(span - windows[i]) // s[i]) + 1
+            if (out - 1) * s[i] >= size + p[i]:
+                out -= 1
+            over.append(max(0, (out - 1) * s[i] + windows[i] - span))
+
+        def pooled(a: np.ndarray, pads: list[tuple[int, int]]) -> np.ndarray:
+            """Windowed sums of `a` zero-padded by `pads` on its last n axes."""
+            a = np.pad(a, [(0, 0)] * (a.ndim - n) + pads)
+            axes = tuple(range(a.ndim - n, a.ndim))
+            v = sliding_window_view(a, windows, axis=axes)
+            steps = tuple(slice(None, None, st) for st in s) + tuple(
+                slice(None, None, dd) for dd in d
+            )
+            index: tuple[Any, ...] = (Ellipsis, *steps)
+            return np.asarray(v[index]).sum(axis=tuple(range(-n, 0)))
+
+        total = pooled(x, [(p[i], p[i + n] + over[i]) for i in range(n)])
+        ones = np.ones(x.shape[2:], dtype=x.dtype)
+        if attrs.get("count_include_pad"):
+            ones = np.pad(ones, [(p[i], p[i + n]) for i in range(n)], constant_values=1)
+            counts = pooled(ones, [(0, over[i]) for i in range(n)])
+        else:
+            counts = pooled(ones, [(p[i], p[i + n] + over[i]) for i in range(n)])
+        return ((total / counts).astype(x.dtype),)
+
+    return type("AveragePool", (AveragePool_19,), {"_run": _run})
+
+
 def _runner(model: Any, runtime: str) -> Any:
     if runtime == "reference":
         from onnx.reference import ReferenceEvaluator
 
-        ops = [*_sequence_lens_ops(), _conv_transpose(), _erf(), _resize()]
+        ops = [*_sequence_lens_ops(), _conv_transpose(), _erf(), _resize(), _average_pool()]
 
         class Evaluator(ReferenceEvaluator):
             """onnx.reference with our ops in the model's functions too (it
