@@ -834,23 +834,13 @@ _B_CLIP = {
 
 #  Vision, audio, time-series and
 # multimodal families, each 4 of 4 targets; MobileViTV2 after the batch-dim
-# replay read group norm's sizes from its input. Tried and left out: SwiftFormer
-# (translation passes but three conv-bias gradients before a batch norm, zero in
-# exact arithmetic, are judged at the median gradient scale, 8e-8 behind its
-# 1e-5 layer scales), EfficientNet (TensorFlow and JAX diverge in float64 at a
-# training batch norm whose outputs are near 1e-16), Autoformer (torch.fft:
-# complex), YOLOS (scipy matching). DPT, left out at first (its auxiliary head's
-# dropout lands in the loss graph, whose function took no rng), Informer
-# (randint, topk with sorted=False) and SEW-D (no float64 reference: its
-# XSoftmax fills the softmax output in place) are in the blocks at the end.
-# replay read group norm's sizes from its input. Tried and left out: SEW-D (no
-# float64 reference: its XSoftmax fills the softmax output in place), Informer
-# (randint, topk with sorted=False), Autoformer (torch.fft: complex), YOLOS
-# (scipy matching). DPT, left out at first (its auxiliary head's dropout lands
-# in the loss graph, whose function took no rng), and SwiftFormer and
-# EfficientNet, left out at first (gradients that cancel were judged at the
-# median gradient scale, which neither model's gradients have), are in the
-# blocks at the end.
+# replay read group norm's sizes from its input. Tried and left out: Autoformer
+# (torch.fft: complex), YOLOS (scipy matching). In the blocks at the end, left
+# out at first: DPT (its auxiliary head's dropout lands in the loss graph, whose
+# function took no rng), SwiftFormer and EfficientNet (gradients that cancel were
+# judged at the median gradient scale, which neither model's gradients have),
+# Informer (randint, topk with sorted=False) and SEW-D (no float64 reference: its
+# XSoftmax fills the softmax output in place).
 EXTRA_CASES += [
     _image("vit_msn", "ViTMSNConfig", "ViTMSNForImageClassification", 16, patch_size=4,
            **_B_VIT, **_IMAGE_16),
@@ -975,6 +965,8 @@ EXTRA_CASES += [
     ModelCase("sew_d", _hf("SEWDConfig", "SEWDForSequenceClassification", **_B_AUDIO,
               squeeze_factor=2, position_buckets=8, max_position_embeddings=32),
               _audio_batch, _hf_step, "transformers"),
+]  # fmt: skip
+
 # SwiftFormer and HF EfficientNet, left out at first (2026-11-29): their
 # translations were right, but gradients that cancel to near zero (conv and
 # batch-norm biases before a training batch norm) were judged at the median
