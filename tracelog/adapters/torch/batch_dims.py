@@ -448,9 +448,7 @@ class _MetaReplay:
             return self._sub(x, slots)
         dim = rec.args[1] if len(rec.args) > 1 else 0
         end = rec.args[3] if len(rec.args) > 3 else None
-        size = (
-            source.shape[int(dim)] if -len(source.shape) <= int(dim) < len(source.shape) else None
-        )
+        size = source.shape[int(dim)]  # (a dim the recorded slice took: in range)
         if not isinstance(size, int) or not (end is None or (type(end) is int and end >= size)):
             return self._sub(x, slots)
         if 0 < x < size:

@@ -382,7 +382,7 @@ class _Window(WindowBase):
     def mask(self, rec_index: int) -> np.ndarray:
         drawn = self.draws.get(rec_index)
         if drawn is not None:
-            if drawn.dtype in _INT_DTYPES:  # randint's: the values of its float32 draw node
+            if not drawn.is_floating_point():  # randint's: the values of its float32 draw node
                 drawn = drawn.to(torch.float32)
             return to_array(drawn)
         outs = self.rec_out[rec_index]
@@ -1419,7 +1419,6 @@ _PLAIN_TYPES = frozenset(_PLAIN)  # exactly these types (a subclass goes through
 
 
 # ops whose records keep something beside the tape (_Window._note)
-_INT_DTYPES = frozenset([torch.int8, torch.int16, torch.int32, torch.int64, torch.uint8])
 _NOTED = frozenset([*SELECTS, *DRAW_OPS, RRELU, TOPK])
 _SELECTIONS = frozenset([torch.ops.aten.masked_select.default, torch.ops.aten.nonzero.default])
 
