@@ -5,6 +5,7 @@ input. Small models, few batches: these run in seconds."""
 from __future__ import annotations
 
 import errno
+import hashlib
 import json
 import logging
 import os
@@ -427,3 +428,39 @@ def test_show_ends_quietly_on_a_closed_pipe(small_log) -> None:
     )
     os.close(w)
     assert proc.returncode in (0, 141) and proc.stderr == "", proc.stderr
+
+
+def test_a_large_sample_written_beside_the_graphs_lands_before_trace_json(
+    tmp_path, caplog, monkeypatch
+) -> None:
+    """A sample of a megabyte or more is written on a helper thread while the
+    graphs and weights are (log.LogWriter._write): a failure of its write
+    fails that checkpoint as any write's does (trace.json not written, one
+    warning), and the next checkpoint writes it, its sha256 in trace.json."""
+    torch.manual_seed(0)
+    big = torch.nn.Linear(4, 256 * 256, bias=False)  # 1 MB of weights, gradients beside them
+    model = torch.nn.Sequential(big, torch.nn.ReLU(), torch.nn.Linear(256 * 256, 3))
+    real = tlog._atomic_write
+    failed: list[str] = []
+
+    def sample_fails_once(path: Path, data: object) -> None:
+        if path.name == tlog.SAMPLE_FILE and not failed:
+            failed.append(path.name)
+            raise OSError(errno.EIO, "I/O error")
+        real(path, data)
+
+    monkeypatch.setattr(tlog, "_atomic_write", sample_fails_once)
+    d = tmp_path / "log"
+    listener = TorchListener(model, d, checkpoint_every_batches=1)
+    _train(model, 1, listener)  # the first checkpoint: the sample's write fails
+    assert failed and not (d / tlog.TRACE_FILE).exists()
+    assert len(_warnings(caplog)) == 1 and "I/O error" in _warnings(caplog)[0]
+    assert (d / "graphs").is_dir() and list((d / "graphs").iterdir())
+    _train(model, 1, listener)  # the next one writes it
+    log = listener.close()
+    assert (d / tlog.SAMPLE_FILE).stat().st_size > 1 << 20
+    on_disk = json.loads((d / tlog.TRACE_FILE).read_text())
+    digest = hashlib.sha256((d / tlog.SAMPLE_FILE).read_bytes()).hexdigest()
+    assert digest in json.dumps(on_disk["files"])
+    assert tracelog.load(d).sample_info is not None and log.recorded == 2
+    assert not list(d.rglob(".*.tmp*"))
