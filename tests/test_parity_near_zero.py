@@ -114,3 +114,58 @@ def test_cancelling_outputs_are_not_the_typical_error_of_their_kind() -> None:
     ref = sample["ref64/grad/bn0.bias"]
     assert judge.checked("b", ref + 2e-9, "grad/bn0.bias", 0, 0).ok
     assert not judge.checked("b", ref + 1e-3, "grad/bn0.bias", 0, 0).ok
+
+
+def _small_sample() -> dict[str, np.ndarray]:
+    """Forty forward outputs of about 1e-2 and logits of about 1e-17 (HF
+    EfficientNet's small config: batch-norm weights of 0.02 over many
+    layers), which do not cancel: the source's float32 error on them is a few
+    ulps of their own size. The median forward scale puts the near-zero floor
+    at 1e-7, ten orders above them."""
+    rng = np.random.default_rng(2)
+    sample: dict[str, np.ndarray] = {}
+    for k in range(40):
+        ref = 1e-2 * rng.standard_normal(16)
+        sample[f"output/hidden{k}"] = ref.astype(np.float32)
+        sample[f"ref64/output/hidden{k}"] = ref
+    logits = 1e-17 * rng.standard_normal(10)
+    sample["output/logits"] = logits.astype(np.float32)
+    sample["ref64/output/logits"] = logits
+    return sample
+
+
+def test_a_small_output_that_does_not_cancel_is_judged_at_its_own_size() -> None:
+    sample = _small_sample()
+    ref = sample["ref64/output/logits"]
+    judge = SampleJudge(sample)
+    assert np.abs(ref).max() < 1e-5 * judge.medians[False]  # below the floor
+    # right: float64 rounding of its own size, and float32 rounding as the source's
+    assert judge.translated("logits [float64]", ref * (1 + 1e-15), "output/logits").ok
+    assert judge.checked("logits", ref.astype(np.float32), "output/logits", 0, 0).ok
+    # wrong by a factor of 2, by a sign, or zero: at the floor (1e-7) all passed
+    for wrong in (2 * ref, -ref, np.zeros_like(ref)):
+        assert not judge.translated("logits [float64]", wrong, "output/logits").ok
+    # the float32 check keeps the floor (parity._own_size): accuracy, not correctness
+    assert judge.checked("logits", (2 * ref).astype(np.float32), "output/logits", 0, 0).ok
+
+
+def test_a_small_output_the_source_computed_exactly_keeps_the_floor() -> None:
+    """No rounding of the source to read (its float32 value is the float64
+    one): whether the output cancels is unknown, and the floor stands."""
+    sample = _small_sample()
+    ref = sample["ref64/output/logits"].astype(np.float32).astype(np.float64)
+    sample["ref64/output/logits"] = ref
+    judge = SampleJudge(sample)
+    assert judge.translated("logits [float64]", ref + 1e-20, "output/logits").ok
+
+
+def test_an_output_near_float32_underflow_keeps_the_floor() -> None:
+    """Values of 1e-35 (HF EfficientNet's squeeze-excite weight gradients):
+    one ulp of them is within float32's subnormals, so the source's rounding
+    of them is no reading of their terms: judged at the floor, as before."""
+    sample = _small_sample()
+    tiny = 1e-35 * np.random.default_rng(3).standard_normal(10)
+    sample["output/logits"] = tiny.astype(np.float32)
+    sample["ref64/output/logits"] = tiny
+    judge = SampleJudge(sample)
+    assert judge.translated("logits [float64]", 2 * tiny, "output/logits").ok

@@ -454,9 +454,32 @@ def _translated(
         return name, float("inf"), float("inf"), False, None, None
     err = _error(got, ref)
     terms = _terms(source, ref, largest)
-    scale = max(float(np.abs(ref[np.isfinite(ref)]).max(initial=0.0)), floor, terms)
+    size = float(np.abs(ref[np.isfinite(ref)]).max(initial=0.0))
+    own_size = _own_size(size, floor, terms, source.dtype)
+    scale = max(size, terms) if own_size else max(size, floor, terms)
     rel = err / max(scale, 1e-300)
     return name, err, rel, err <= TRANSLATION_RTOL * scale, None, None
+
+
+def _own_size(size: float, floor: float, terms: float, dtype: Any) -> bool:
+    """Is an output below `floor` (_floor) judged at its own size by the
+    translation check? Where the source's own rounding (_terms) shows that it
+    sums terms of about its size, within 1/NEAR_ZERO of it: it is small, not a
+    sum that cancels, and a wrong value of its size must fail (HF
+    EfficientNet's small config: logits of 6e-18 beside a median forward scale
+    of 1e-2). Where the source computed it exactly (no rounding to read: terms
+    0), or it cancels, the floor stands; and where it is so small that
+    subnormals of the source's `dtype` could move it by an ulp (below tiny /
+    eps**2: a sum of up to 1/eps terms each flushed to zero), its rounding is
+    no reading of its terms (the same model's squeeze-excite weight gradients
+    of 5e-35). The float32 check keeps the floor for all of these: their
+    accuracy is not what the model's rests on, and a sum that partly cancels
+    (a running mean of 1e-10 summing activations of 1e-6) reads as a kernel's
+    summation order (onnxruntime's ReduceMean 8x torch's error there)."""
+    if not (size < floor and 0.0 < terms and size >= NEAR_ZERO * terms):
+        return False
+    info = np.finfo(dtype)
+    return size >= float(info.tiny) / float(info.eps) ** 2
 
 
 def _typical_scales(sample: dict[str, np.ndarray], q: float = 0.5) -> dict[bool, float]:
@@ -902,6 +925,7 @@ INLINED = (
     "sample_params",
     "_in_float64",
     "_translated",
+    "_own_size",
     "_typical_scales",
     "_largest_scales",
     "_floor",
