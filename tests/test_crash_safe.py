@@ -430,12 +430,11 @@ def test_show_ends_quietly_on_a_closed_pipe(small_log) -> None:
     assert proc.returncode in (0, 141) and proc.stderr == "", proc.stderr
 
 
-def test_a_large_sample_written_beside_the_graphs_lands_before_trace_json(
+def test_a_failed_sample_write_is_retried_and_trace_json_waits_for_it(
     tmp_path, caplog, monkeypatch
 ) -> None:
-    """A sample of a megabyte or more is written on a helper thread while the
-    graphs and weights are (log.LogWriter._write): a failure of its write
-    fails that checkpoint as any write's does (trace.json not written, one
+    """A large sample (its sha256 taken on a helper thread) whose write fails:
+    that checkpoint fails as any write's does (trace.json not written, one
     warning), and the next checkpoint writes it, its sha256 in trace.json."""
     torch.manual_seed(0)
     big = torch.nn.Linear(4, 256 * 256, bias=False)  # 1 MB of weights, gradients beside them

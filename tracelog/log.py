@@ -40,7 +40,6 @@ Version 1 logs (every graph inline in trace.json) are still read.
 from __future__ import annotations
 
 import contextlib
-import functools
 import hashlib
 import json
 import logging
@@ -643,22 +642,15 @@ class LogWriter:
         if self.model_facts is not None:
             self.log.model = self.model_facts()
         self.path.mkdir(parents=True, exist_ok=True)
-        # a large sample is written on a helper thread while this one writes the
-        # graphs and the weights (its writes and fsync release the GIL); all of
-        # them land before trace.json, which names them
-        sample = self._sample_started() if self._sample is not None else None
-        try:
-            for h in sorted(set(self.log.graphs) - self._graphs_written):
-                text = indented_json(self.log.graphs[h].to_json()) + "\n"
-                _atomic_write(self.path / GRAPHS_DIR / f"{h}.json", text.encode())
-                self._graphs_written.add(h)
-            new_constants = not self._constants_written.issuperset(self.log.constants)
-            if weights or new_constants or WEIGHTS_FILE not in self.files:
-                self._write_weights(final=state == COMPLETE)
-        finally:
-            if sample is not None:
-                self.files[SAMPLE_FILE] = sample.result()  # OSError: retried at the next write
-                self._sample = None
+        for h in sorted(set(self.log.graphs) - self._graphs_written):
+            text = indented_json(self.log.graphs[h].to_json()) + "\n"
+            _atomic_write(self.path / GRAPHS_DIR / f"{h}.json", text.encode())
+            self._graphs_written.add(h)
+        if self._sample is not None:
+            self._write_sample(*self._sample)
+        new_constants = not self._constants_written.issuperset(self.log.constants)
+        if weights or new_constants or WEIGHTS_FILE not in self.files:
+            self._write_weights(final=state == COMPLETE)
         at = datetime.now(timezone.utc).isoformat(timespec="seconds")
         # a complete log names no run or time: a seeded run gives byte-identical files
         self.log.run = (
@@ -673,19 +665,17 @@ class LogWriter:
         self.last_checkpoint = at
         self.log._dir = self.path
 
-    def _sample_started(self) -> _Pending | None:
-        """The sample's write, started (on a helper thread where it is large);
-        None where it cannot be encoded (then it is dropped, with a warning)."""
-        assert self._sample is not None
-        sample, metadata = self._sample
+    def _write_sample(self, sample: dict[str, np.ndarray], metadata: dict[str, str] | None) -> None:
         try:
             pieces = tensor_pieces(sample, metadata) or [encode_sample(sample, metadata)]
         except Exception as e:  # a dtype safetensors cannot take: no retry would help
             self._sample = None
             self.log.sample_info = None
             self._sample_lost(f"{type(e).__name__}: {_one_line(e)}")
-            return None
-        return _Pending(functools.partial(_hashed_write, self.path / SAMPLE_FILE, pieces))
+            return
+        # OSError: retried at the next write
+        self.files[SAMPLE_FILE] = _hashed_write(self.path / SAMPLE_FILE, pieces)
+        self._sample = None
 
     def _sample_lost(self, reason: str) -> None:
         logger.warning(
@@ -815,37 +805,6 @@ def _json_text(o: Any, nl: str) -> str:
 
 # below this many bytes a file's sha256 is taken inline, not on a helper thread
 _HASH_ALONE = 1 << 20
-
-
-class _Pending:
-    """``write()`` (a _hashed_write) on a helper thread from now, where the
-    write is _HASH_ALONE bytes or more (else inline, here: a thread costs more
-    than such a write); ``result()`` waits for it and returns its sha256 or
-    raises its error."""
-
-    def __init__(self, write: functools.partial[str]) -> None:
-        self._found: list[Any] = []
-        self._thread: threading.Thread | None = None
-        if sum(len(p) for p in write.args[1]) < _HASH_ALONE:
-            self._run(write)
-        else:
-            self._thread = threading.Thread(
-                target=self._run, args=(write,), name="tracelog-write", daemon=True
-            )
-            self._thread.start()
-
-    def _run(self, write: functools.partial[str]) -> None:
-        try:
-            self._found.append(write())
-        except BaseException as e:  # raised where the result is asked for
-            self._found.append(e)
-
-    def result(self) -> str:
-        if self._thread is not None:
-            self._thread.join()
-        if isinstance(self._found[0], BaseException):
-            raise self._found[0]
-        return str(self._found[0])
 
 
 def _hashed_write(path: Path, pieces: list[bytes | memoryview]) -> str:
