@@ -854,7 +854,15 @@ class _MetaReplay:
             moved = self.changes(rec, outs)
             if moved is None or not self._view_kept(rec, outs):
                 continue
-            key = (self._unlikely(rec, outs), not moved, moved)
+            # the batch alone: the choice that moves the earliest dims first (the
+            # batch leads in the data); with other symbols, the one that moves the
+            # most dims (most ints following, as choices() ranks them): a record no
+            # later one constrains (torch.ones(B, T) whose only reader is .all())
+            # then reads alike in every replay, where the earliest-first order took
+            # (B + 1, T) with both symbols moved but (B, T + 1) with T alone, and
+            # the fit of its T failed (BART's decoder mask: one graph per length)
+            most = 0 if self.strict else -len(moved)
+            key = (self._unlikely(rec, outs), not moved, most, moved)
             shapes = tuple(tuple(t.shape) for t in outs)
             if shapes not in ranked or key < ranked[shapes][0]:
                 ranked[shapes] = (key, outs)
