@@ -30,6 +30,10 @@ from .tensors import OUT_OF_PLACE_VIEWS, TORCH_DTYPES, flatten_tensors
 _VIEWS = {"aten.view.default", "aten._unsafe_view.default", "aten.reshape.default"}
 _EXPAND = "aten.expand.default"
 _ARANGE_STEP = "aten.arange.start_step"
+# an arange's start is never read as following a size: the rule writes it as the
+# number it was, so arange(T, 2T) read so gave a `seq`-long graph whose positions
+# were T's for every length (arange(n)'s end, a lone int, is read as before)
+_ARANGE_FROM = ("aten.arange.start", _ARANGE_STEP)
 _EMBEDDING_BAGS = {"aten._embedding_bag.default", "aten._embedding_bag_forward_only.default"}
 _RESHAPE = torch.ops.aten.reshape.default
 _RANDOM_INPLACE = {
@@ -457,7 +461,7 @@ class _MetaReplay:
                 else (
                     self._start(rec, a, slots)
                     if k == 2 and rec.op == _SLICE
-                    else self._sub(a, slots)
+                    else a if k == 0 and rec.op in _ARANGE_FROM else self._sub(a, slots)
                 )
             )
             for k, a in enumerate(rec.args)
