@@ -34,6 +34,13 @@ _ARANGE_STEP = "aten.arange.start_step"
 # number it was, so arange(T, 2T) read so gave a `seq`-long graph whose positions
 # were T's for every length (arange(n)'s end, a lone int, is read as before)
 _ARANGE_FROM = ("aten.arange.start", _ARANGE_STEP)
+
+
+def _arange_start(rec: Any, a: Any) -> bool:
+    """Is `a` an arange's start given as an int (kept as it is by a replay)?"""
+    return rec.op in _ARANGE_FROM and type(a) is int
+
+
 _EMBEDDING_BAGS = {"aten._embedding_bag.default", "aten._embedding_bag_forward_only.default"}
 _RESHAPE = torch.ops.aten.reshape.default
 _RANDOM_INPLACE = {
@@ -461,7 +468,7 @@ class _MetaReplay:
                 else (
                     self._start(rec, a, slots)
                     if k == 2 and rec.op == _SLICE
-                    else a if k == 0 and rec.op in _ARANGE_FROM else self._sub(a, slots)
+                    else (a if k == 0 and _arange_start(rec, a) else self._sub(a, slots))
                 )
             )
             for k, a in enumerate(rec.args)
@@ -862,9 +869,9 @@ class _MetaReplay:
             # batch leads in the data); with other symbols, the one that moves the
             # most dims (most ints following, as choices() ranks them): a record no
             # later one constrains (torch.ones(B, T) whose only reader is .all())
-            # then reads alike in every replay, where the earliest-first order took
-            # (B + 1, T) with both symbols moved but (B, T + 1) with T alone, and
-            # the fit of its T failed (BART's decoder mask: one graph per length)
+            # then reads alike in every replay. Earliest-first, T's own replay gave
+            # (B, T + 1) but the replay of both gave (B + 1, T), and T's fit failed
+            # its check (BART's decoder mask: a graph per target length)
             most = 0 if self.strict else -len(moved)
             key = (self._unlikely(rec, outs), not moved, most, moved)
             shapes = tuple(tuple(t.shape) for t in outs)
