@@ -27,6 +27,13 @@ def _bias_grad(dtype: type, reverse: bool = False) -> np.ndarray:
     return np.cumsum(dx[:, ::-1] if reverse else dx, 1, dtype=dtype)[:, -1]
 
 
+def _put(sample: dict[str, np.ndarray], key: str, ref: np.ndarray) -> None:
+    """An output the source computed in float32 (its float64 value rounded
+    once) beside its float64 reference."""
+    sample[key] = ref.astype(np.float32)
+    sample["ref64/" + key] = ref
+
+
 def _sample() -> dict[str, np.ndarray]:
     """Forty gradients of 1e-7 (behind a 1e-5 layer scale), the stem's conv
     weight gradient of 0.9, and the stem's conv bias gradient, zero in exact
@@ -34,12 +41,8 @@ def _sample() -> dict[str, np.ndarray]:
     rng = np.random.default_rng(1)
     sample: dict[str, np.ndarray] = {}
     for k in range(40):
-        ref = 1e-7 * rng.standard_normal(16)
-        sample[f"grad/block{k}.weight"] = ref.astype(np.float32)
-        sample[f"ref64/grad/block{k}.weight"] = ref
-    weight = 0.9 * np.tanh(rng.standard_normal(16))
-    sample["grad/stem.conv.weight"] = weight.astype(np.float32)
-    sample["ref64/grad/stem.conv.weight"] = weight
+        _put(sample, f"grad/block{k}.weight", 1e-7 * rng.standard_normal(16))
+    _put(sample, "grad/stem.conv.weight", 0.9 * np.tanh(rng.standard_normal(16)))
     sample[KEY] = _bias_grad(np.float32)
     sample["ref64/" + KEY] = _bias_grad(np.float64)
     return sample
@@ -125,12 +128,8 @@ def _small_sample() -> dict[str, np.ndarray]:
     rng = np.random.default_rng(2)
     sample: dict[str, np.ndarray] = {}
     for k in range(40):
-        ref = 1e-2 * rng.standard_normal(16)
-        sample[f"output/hidden{k}"] = ref.astype(np.float32)
-        sample[f"ref64/output/hidden{k}"] = ref
-    logits = 1e-17 * rng.standard_normal(10)
-    sample["output/logits"] = logits.astype(np.float32)
-    sample["ref64/output/logits"] = logits
+        _put(sample, f"output/hidden{k}", 1e-2 * rng.standard_normal(16))
+    _put(sample, "output/logits", 1e-17 * rng.standard_normal(10))
     return sample
 
 
@@ -165,7 +164,6 @@ def test_an_output_near_float32_underflow_keeps_the_floor() -> None:
     of them is no reading of their terms: judged at the floor, as before."""
     sample = _small_sample()
     tiny = 1e-35 * np.random.default_rng(3).standard_normal(10)
-    sample["output/logits"] = tiny.astype(np.float32)
-    sample["ref64/output/logits"] = tiny
+    _put(sample, "output/logits", tiny)
     judge = SampleJudge(sample)
     assert judge.translated("logits [float64]", 2 * tiny, "output/logits").ok

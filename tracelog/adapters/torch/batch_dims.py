@@ -30,17 +30,7 @@ from .tensors import OUT_OF_PLACE_VIEWS, TORCH_DTYPES, flatten_tensors
 _VIEWS = {"aten.view.default", "aten._unsafe_view.default", "aten.reshape.default"}
 _EXPAND = "aten.expand.default"
 _ARANGE_STEP = "aten.arange.start_step"
-# an arange's start is never read as following a size: the rule writes it as the
-# number it was, so arange(T, 2T) read so gave a `seq`-long graph whose positions
-# were T's for every length (arange(n)'s end, a lone int, is read as before)
-_ARANGE_FROM = ("aten.arange.start", _ARANGE_STEP)
-
-
-def _arange_start(rec: Any, a: Any) -> bool:
-    """Is `a` an arange's start given as an int (kept as it is by a replay)?"""
-    return rec.op in _ARANGE_FROM and type(a) is int
-
-
+_ARANGE_FROM = ("aten.arange.start", _ARANGE_STEP)  # the aranges with a start
 _EMBEDDING_BAGS = {"aten._embedding_bag.default", "aten._embedding_bag_forward_only.default"}
 _RESHAPE = torch.ops.aten.reshape.default
 _RANDOM_INPLACE = {
@@ -461,18 +451,7 @@ class _MetaReplay:
         self._tainted = rec.tainted
         self._after_selection = rec.index in self._following
         slots: list[tuple[int, list[int]]] = []
-        args = [
-            (
-                self._end(a, slots)
-                if k == 1 and rec.op == _ARANGE_STEP
-                else (
-                    self._start(rec, a, slots)
-                    if k == 2 and rec.op == _SLICE
-                    else (a if k == 0 and _arange_start(rec, a) else self._sub(a, slots))
-                )
-            )
-            for k, a in enumerate(rec.args)
-        ]
+        args = [self._arg(rec, k, a, slots) for k, a in enumerate(rec.args)]
         kwargs = {k: self._sub(v, slots) for k, v in rec.kwargs}
         if "device" in kwargs:
             kwargs["device"] = torch.device("meta")
@@ -491,6 +470,19 @@ class _MetaReplay:
             if alternatives:
                 return self._slot(obj, alternatives, slots)
         return obj
+
+    def _arg(self, rec: Any, k: int, a: Any, slots: list[tuple[int, list[int]]]) -> Any:
+        """rec's k-th positional argument as plan() substitutes it."""
+        if k == 0 and rec.op in _ARANGE_FROM and type(a) is int:
+            # an arange's start is never read as following a size: the rule writes
+            # it as the number it was, so arange(T, 2T) read so gave a `seq`-long
+            # graph whose positions were T's for every length
+            return a
+        if k == 1 and rec.op == _ARANGE_STEP:
+            return self._end(a, slots)
+        if k == 2 and rec.op == _SLICE:
+            return self._start(rec, a, slots)
+        return self._sub(a, slots)
 
     def _end(self, x: Any, slots: list[tuple[int, list[int]]]) -> Any:
         """arange(start, end, step)'s end, read as a multiple k*B of the batch
