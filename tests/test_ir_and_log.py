@@ -12,6 +12,8 @@ import pytest
 import torch
 import torch.nn as nn
 from helpers import record
+from hypothesis import given, settings
+from hypothesis import strategies as st
 from zoo import CNNBnDrop
 
 import tracelog
@@ -199,3 +201,40 @@ def test_emit_reads_the_tensors_it_needs_and_check_checks_them_all(log_dir, tmp_
         tracelog.check(d, "torch")
     with pytest.raises(tracelog.LogError, match="sha256 differs"):
         tracelog.check(d, "onnx")
+
+
+@settings(max_examples=200, deadline=None)
+@given(
+    st.lists(
+        st.tuples(st.integers(0, 3), st.integers(0, 6), st.booleans()), min_size=1, max_size=30
+    )
+)
+def test_the_guarded_count_keeps_what_count_keeps(batches: list[tuple[int, int, bool]]) -> None:
+    """``count_guarded`` (a guarded batch's count in one call, its pair's
+    usages found once) leaves the log as ``count(..., guarded=True)`` does,
+    whatever the order: later batches, a new epoch, an earlier epoch, a batch
+    counted late, exact batches between."""
+    logs = []
+    for one_call in (False, True):
+        log = tracelog.TraceLog()
+        loss_graph = _tiny(("h", "y"))
+        loss_graph.kind = "loss"
+        prediction, loss = log.add_graph(_tiny(("h", "y"))), log.add_graph(loss_graph)
+        assert prediction != loss
+        usages = None
+        for epoch, batch, guarded in batches:
+            if not guarded or not one_call:
+                log.count("train", prediction, loss, epoch, batch, guarded=guarded)
+                continue
+            if usages is None:  # as the listener: found on the first guarded batch
+                log.count("train", prediction, loss, epoch, batch, guarded=True)
+                usages = log.usages("train", prediction, loss)
+            else:
+                log.count_guarded(usages, epoch, batch)
+        logs.append(log)
+    plain, fast = logs
+    assert fast.recorded == plain.recorded
+    for a, b in [(plain.entries, fast.entries), (plain.pairs, fast.pairs)]:
+        assert {k: (e.usage.to_json(), e.usage.guarded) for k, e in a.items()} == {
+            k: (e.usage.to_json(), e.usage.guarded) for k, e in b.items()
+        }

@@ -221,6 +221,28 @@ class TraceLog:
         pair.usage.add(epoch, batch, guarded)
         self.recorded += 1
 
+    def usages(self, phase: str, prediction: str, loss: str | None) -> tuple[Usage, ...]:
+        """The usages ``count`` adds to for this pair (its graphs' and its own),
+        for ``count_guarded``; the pair must have been counted before."""
+        found = [self.entries[(h, phase)].usage for h in (prediction, loss) if h is not None]
+        found.append(self.pairs[(phase, prediction, loss or "")].usage)
+        return tuple(found)
+
+    def count_guarded(self, usages: tuple[Usage, ...], epoch: int, batch: int) -> None:
+        """``count(..., guarded=True)`` with the pair's ``usages`` known: a
+        guarded batch (every batch of a long run; the usual one, a later
+        batch of the same epoch, in a few steps)."""
+        pos = (epoch, batch)
+        for u in usages:
+            last = u.last
+            if last is not None and last[0] == epoch and pos > last:  # epoch listed already
+                u.batches += 1
+                u.guarded += 1
+                u.last = pos
+            else:
+                u.add(epoch, batch, True)
+        self.recorded += 1
+
     def count_failure(self, phase: str, epoch: int, batch: int, error: str) -> None:
         self.unrecorded += 1
         if len(self.failures) < MAX_FAILURE_DETAILS:
@@ -611,12 +633,14 @@ class LogWriter:
         given = policy.every_batches  # policy.batches, less a call: this runs every batch
         batches = DEFAULT_EVERY_BATCHES if given is None else given
         counted = self._since >= batches and (
-            policy.every_batches is not None or elapsed * DEFAULT_MAX_SHARE >= self._cost
+            given is not None or elapsed * DEFAULT_MAX_SHARE >= self._cost
         )
         due = (
             counted
             or elapsed >= policy.every_s
-            or not self._graphs_written.issuperset(self.log.graphs)
+            # graphs are only ever added, and written ones are the log's: a new
+            # one shows in the count (no scan of the log's graphs every batch)
+            or len(self._graphs_written) != len(self.log.graphs)
             or self._sample is not None
         )
         return self.checkpoint() if due else True

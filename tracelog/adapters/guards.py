@@ -48,6 +48,9 @@ class Streak:
     key: tuple[Hashable, ...]
     pair: Pair
     count: int = 1
+    # the log's usages its guarded batches count into (TraceLog.usages), found
+    # on its first guarded batch: (phase, usages)
+    usages: Any = field(default=None, compare=False, repr=False)
 
     @property
     def static(self) -> Hashable:

@@ -715,6 +715,7 @@ class TorchListener(GuardedCounting, ListenerBase):
         self._tree_seen = -1
         # by the root's training flag: the static key the last forward of that phase read
         self._statics: dict[bool, int] = {}
+        self._cuda = torch.cuda.is_available()  # CUDA autocast is in the key only where it is
         self._static_numbers: dict[tuple[Any, ...], int] = {}  # _tree_key's
         self._params: list[torch.nn.Parameter] = []
         self._modules: list[torch.nn.Module] = []
@@ -851,13 +852,13 @@ class TorchListener(GuardedCounting, ListenerBase):
         return paused_call
 
     def _watching(self, w: _Window | FastWindow, before: StateBefore | None) -> Any:
-        if self._compiled:
-            w.stop(COMPILED_REASON)
-            return contextlib.nullcontext()
-        if isinstance(w, FastWindow):
+        if isinstance(w, FastWindow):  # never for a compiled model (_begin_window)
             # the recorder is pushed only if the batch turns out to need it
             self._dispatch_depth = torch._C._len_torch_dispatch_stack()
             return self._unwatched
+        if self._compiled:
+            w.stop(COMPILED_REASON)
+            return contextlib.nullcontext()
         self._scopes(True)
         self._pause_collector()
         self._mode = _Mode(w)
@@ -894,12 +895,13 @@ class TorchListener(GuardedCounting, ListenerBase):
             tuple(map(_REQUIRES_GRAD, self._params)),
             self._tree_version,
             torch.get_default_dtype(),
-            torch.are_deterministic_algorithms_enabled(),
+            torch._C._get_deterministic_algorithms(),  # are_deterministic_algorithms_enabled
         )
         static = self._static_numbers.get(facts)
         if static is None:
             static = self._static_numbers[facts] = len(self._static_numbers)
-        self._statics[training[0]] = static
+        if self._statics.get(training[0]) != static:
+            self._statics[training[0]] = static
         return static
 
     def _tree_changed(self, module: torch.nn.Module, name: str, value: Any) -> None:
@@ -919,23 +921,25 @@ class TorchListener(GuardedCounting, ListenerBase):
             return w
         try:
             static = self._tree_key()  # now: a trainer may switch modes after the window opened
-            # the modes that decide a batch's graphs, read as the forward starts
-            # (a torch.no_grad() inside the window counts)
-            modes = (
+            # the modes that decide a batch's graphs, read as the forward starts (a
+            # torch.no_grad() inside the window counts); CUDA autocast only where CUDA
+            # is: elsewhere torch turns it off whatever is asked, so it decides nothing
+            modes: tuple[Any, ...] = (
                 torch.is_grad_enabled(),
                 torch.is_inference_mode_enabled(),
                 torch.is_autocast_enabled("cpu"),
                 torch.get_autocast_dtype("cpu"),
-                torch.is_autocast_enabled("cuda"),
-                torch.get_autocast_dtype("cuda"),
             )
+            if self._cuda:
+                modes += (torch.is_autocast_enabled("cuda"), torch.get_autocast_dtype("cuda"))
             inputs = (modes, input_key(args, kwargs))
         except Exception as e:  # fail open: no key, the batch recorded exactly or not at all
             if isinstance(w, FastWindow):
                 w.fail(e)
             return w
         if isinstance(w, FastWindow):
-            w.streak = self._book.trusted_for(static, inputs) if static == w.static else None
+            # GuardBook.trusted_for, inline (every guarded batch)
+            w.streak = self._book.trusted.get((static, inputs)) if static == w.static else None
             if w.streak is None:  # no trusted key starts so: recorded exactly
                 w = self._to_exact(w)
         w.static, w.inputs = static, inputs
@@ -1059,7 +1063,10 @@ class TorchListener(GuardedCounting, ListenerBase):
             return False  # a branch: the long way warns, and holds it if unknown
         pair = streak.pair
         try:
-            self.log.count(w.phase, pair[0], pair[1], w.epoch, w.batch, True)
+            usages = streak.usages
+            if usages is None or usages[0] != w.phase:
+                usages = streak.usages = (w.phase, self.log.usages(w.phase, pair[0], pair[1]))
+            self.log.count_guarded(usages[1], w.epoch, w.batch)
         except Exception as e:  # fail open, as _finish: counted unrecorded the long way
             w.fail(e)
             return False
@@ -1068,7 +1075,13 @@ class TorchListener(GuardedCounting, ListenerBase):
         book.since_exact[static] = book.since_exact.get(static, 0) + 1
         self.last_counted = pair
         self.last_guarded = True
-        self._batch_counted()
+        if self.strict:  # _batch_counted, inline
+            self.writer.batch_done()
+        else:
+            try:
+                self.writer.batch_done()  # fail-open inside; this guards the guard
+            except Exception as e:
+                logger.warning("tracelog: checkpoint failed: %s", describe(e))
         if self._collector_paused:  # _window_closed
             self._resume_collector()
         return True
@@ -1154,7 +1167,13 @@ class TorchListener(GuardedCounting, ListenerBase):
         def hook(module: torch.nn.Module, args: Any, kwargs: Any) -> None:
             if compiling():
                 return  # traced by Dynamo: adds nothing to the compiled graph
-            w = self._root_window(module, args, kwargs)
+            w = self._window
+            if type(w) is FastWindow and not w.key_started:
+                w = self._fast_forward_starts(w, args, kwargs, recurrent)
+                if w is None:
+                    return
+            else:
+                w = self._root_window(module, args, kwargs)
             if w is None:
                 if recurrent:
                     self._recurrent_scopes.enter(None)  # the post hook always runs: balanced
@@ -1172,6 +1191,41 @@ class TorchListener(GuardedCounting, ListenerBase):
                 self._recurrent_scopes.enter(w)
 
         return hook
+
+    def _fast_forward_starts(
+        self, w: FastWindow, args: Any, kwargs: Any, recurrent: bool
+    ) -> _Window | FastWindow | None:
+        """The root pre hook's work as a fast window's forward starts (the
+        usual guarded batch), in fewer calls: what ``_root_window`` comes to
+        for it, then, where its guards hold, the root call entered (None: the
+        hook is done); else the exact window it became, for the hook to enter."""
+        v = self._forward_starts(w, args, kwargs)
+        if type(v) is not FastWindow:
+            return v
+        if w.calls is not None:  # else the key failed to read: w stopped, counted unrecorded
+            w.calls.calls.append("")  # the key's root call
+        w.root_calls = w.root_depth = 1  # enter_root, from a window not yet entered
+        if recurrent:
+            self._recurrent_scopes.enter(None)
+        return None
+
+    def _fast_forward_returned(self, w: FastWindow, output: Any, recurrent: bool) -> None:
+        """The root post hook's work as a fast window's forward returns (the
+        usual guarded batch): ``exit_root`` and ``_forward_ended`` inline."""
+        w.root_depth = 0
+        w.root_done = True
+        if recurrent:
+            self._recurrent_scopes.exit()
+        calls = w.calls
+        if calls is not None and not calls.started:
+            if not torch.is_grad_enabled():
+                calls.start(())
+            elif type(output) is torch.Tensor:
+                calls.start(() if output.grad_fn is None else (output.grad_fn,))
+            else:
+                calls.start(_grad_fns(output))
+        if self._auto:
+            self.close_batch(self._auto.pop())
 
     def _root_window(self, module: torch.nn.Module, args: Any, kwargs: Any) -> Any:
         """The window the root's call is in: an eval window opened for it, the
@@ -1209,6 +1263,9 @@ class TorchListener(GuardedCounting, ListenerBase):
             if compiling():
                 return
             w = self._window
+            if type(w) is FastWindow and w.root_depth == 1 and w.root_calls == 1:
+                self._fast_forward_returned(w, output, recurrent)
+                return
             if w is not None:
                 if isinstance(w, FastWindow):
                     w.exit_root()
