@@ -671,3 +671,122 @@ def test_a_custom_function_in_the_loss_counts_as_in_exact_mode(tmp_path: Path) -
         if mode == "guarded":
             assert sum(e.usage.guarded for e in log.entries.values()) > 0
     assert rows[0] == rows[1]
+
+
+class _Gate(nn.Module):
+    """Calls the layer it holds on batches whose inputs are large (a
+    data-dependent branch), else passes its input through."""
+
+    def __init__(self, inner: nn.Module) -> None:
+        super().__init__()
+        self.inner = inner
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return self.inner(x) if x.abs().max() > 50 else x
+
+
+class _Conv(nn.Sequential):
+    """A Sequential subclass that only builds (as torchvision's
+    Conv2dNormActivation): its call still calls each child once, in order."""
+
+    def __init__(self) -> None:
+        super().__init__(nn.Linear(4, 4), nn.ReLU())
+
+
+class _Reordered(nn.Sequential):
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return self[0](x) if x.sum() > 0 else self[1](x)
+
+
+def test_calls_implied_by_a_sequential_root() -> None:
+    """Only modules reached from a Sequential root through Sequentials that
+    pass through (torch's forward), and held by no other module, have their
+    calls implied by the root's call."""
+    from tracelog.adapters.torch.guards import implied_calls
+
+    inner = nn.Sequential(nn.Linear(4, 4), _Conv())
+    shared = nn.Linear(4, 4)
+    model = nn.Sequential(inner, _Gate(shared), shared, _Reordered(nn.ReLU(), nn.Tanh()))
+    implied = implied_calls(model)
+    named = {path: id(m) for path, m in model.named_modules()}
+    assert {p for p, i in named.items() if i in implied} == {
+        "0", "0.0", "0.1", "0.1.0", "0.1.1", "1", "3"
+    }  # fmt: skip
+    # not: the shared layer (a gate calls it or not), the children of a Sequential
+    # with its own forward, nor the root
+    patched = nn.Sequential(nn.Linear(4, 4))
+    patched.forward = lambda x: x  # type: ignore[method-assign]
+    assert implied_calls(patched) == set() and implied_calls(_Branchy()) == set()
+
+
+def test_a_sequential_models_guarded_batches_call_only_the_roots_hooks(tmp_path: Path) -> None:
+    """A Sequential root's children carry no hook in a fast window (their calls
+    are the root's), their scopes still recorded in exact windows: the graphs
+    and counts are exact mode's."""
+    model = _mlp()
+    with tracelog.Listener(model, tmp_path / "g", strict=True) as listener:
+        for i in range(6):
+            x = torch.randn(6, 8)
+            with listener.batch():
+                hooks = sum(len(m._forward_pre_hooks) for m in model[:])
+                F.cross_entropy(model(x), torch.zeros(6, dtype=torch.long)).backward()
+            assert listener.last_guarded == (i >= 3)
+            assert hooks == (0 if listener.last_guarded else 4)  # the scopes' pre hooks
+    exact = _train(_mlp(), tmp_path / "e", mode="exact")
+    guarded = _train(_mlp(), tmp_path / "g2")
+    assert _rows(exact) == _rows(guarded)
+    modules = {n.module for g in guarded.graphs.values() for n in g.nodes}
+    assert {"0", "1", "2", "3"} <= modules  # each layer's scope, recorded
+
+
+def test_a_layer_held_by_a_module_added_later_has_its_calls_noted(tmp_path: Path) -> None:
+    """A Sequential's layer that a module added after attach holds too (and
+    calls or not, by the data) is no longer implied by the root's call: the
+    key notes its calls, and the branch is counted as in exact mode."""
+
+    def model() -> nn.Module:
+        torch.manual_seed(0)
+        return nn.Sequential(nn.Linear(8, 8), nn.ReLU(), nn.Linear(8, 4))
+
+    def train(log_dir: Path, **options: Any) -> tracelog.TraceLog:
+        m = model()
+        opt = torch.optim.SGD(m.parameters(), lr=0.01)
+        with tracelog.Listener(m, log_dir, strict=True, **options) as listener:
+            m.insert(2, _Gate(m[0]))  # after attach: the first layer, held twice
+            for x, y in _batches(16, big={6, 7, 11}):
+                with listener.batch():
+                    F.cross_entropy(m(x), y).backward()
+                opt.step()
+                opt.zero_grad()
+        return tracelog.load(log_dir)
+
+    exact = train(tmp_path / "e", mode="exact")
+    guarded = train(tmp_path / "g", rerecord_every=50)
+    assert _rows(exact) == _rows(guarded) and len(guarded.pairs) == 2
+    assert guarded.recording is not None and guarded.recording["branches"] > 0
+
+
+def test_an_implied_modules_scope_hook_keeps_its_place_among_the_users(tmp_path: Path) -> None:
+    """The scope pre hook of a module whose calls the root implies comes and
+    goes with exact windows, in the place a hook registered at attach has:
+    after the user's pre hooks that were there then, before those added since
+    (which see the scope entered)."""
+    model = _mlp()
+    seen: list[tuple[str, str]] = []
+
+    def user_hook(when: str) -> Any:
+        def hook(module: nn.Module, args: Any) -> None:
+            stack = getattr(listener.window, "stack", None)
+            seen.append((when, stack[-1][0] if stack else "-"))
+
+        return hook
+
+    model[3].register_forward_pre_hook(user_hook("before"))
+    with tracelog.Listener(model, tmp_path / "g", strict=True, mode="exact") as listener:
+        model[3].register_forward_pre_hook(user_hook("after"))
+        for _ in range(2):
+            with listener.batch():
+                F.cross_entropy(
+                    model(torch.randn(6, 8)), torch.zeros(6, dtype=torch.long)
+                ).backward()
+    assert seen == [("before", ""), ("after", "3")] * 2  # "": the root's scope

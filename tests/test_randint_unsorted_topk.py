@@ -4,7 +4,9 @@ largest sparsity measure picked (topk, unsorted), a dropout drawn over the
 picked rows, the result scattered back. randint is a uniform float draw,
 floored, capped and cast; the sample keeps the ints. topk(sorted=False) is
 TopK put in the order the batch's gave, as a draw (a fresh run draws an
-order): the dropout mask drawn over the picked rows meets them in that order."""
+order): the dropout mask drawn over the picked rows meets them in that order.
+The draw also decides which of the values tied at the k-th are picked (the
+kernel's own choice): a mask scattered at the picked meets them (Doge)."""
 
 from __future__ import annotations
 
@@ -16,7 +18,7 @@ import pytest
 torch = pytest.importorskip("torch", reason="the PyTorch adapter needs torch")
 
 import tracelog  # noqa: E402
-from tracelog.adapters.torch.rules_attention import topk_order  # noqa: E402
+from tracelog.adapters.torch.rules_attention import topk_keys  # noqa: E402
 from tracelog.emit import TARGETS, targets  # noqa: E402
 from tracelog.sample import mask_key  # noqa: E402
 
@@ -68,16 +70,17 @@ def test_the_draws_are_nodes_and_the_sample_keeps_them(recorded: Path) -> None:
     pred = log.graph(log.sample_info["prediction"])
     ops = [n.op for n in pred.nodes]
     assert "Unsupported" not in ops
-    # randint's draw, topk's order draw; the dropout's
+    # randint's draw, topk's keys; the dropout's
     assert ops.count("RandomUniformLike") == 2 and ops.count("Dropout") == 1
-    assert ops.count("Floor") == 1 and ops.count("TopK") == 2
+    # topk(sorted=False): the input sorted by its keys, the k picked, put in key order
+    assert ops.count("Floor") == 1 and ops.count("TopK") == 3
     sample = log.sample()
     draws = [sample[mask_key(k)] for k in range(log.sample_info["masks"])]
     ints = [d for d in draws if d.shape == (5,)]
     assert len(ints) == 1 and (ints[0] % 1 == 0).all() and 0 <= ints[0].min() < 12
-    (order,) = [d for d in draws if d.shape == (3, 4)]
-    # one rank per picked query: (q + 0.5) / k for q a permutation of 0..3
-    assert sorted(np.round(order[0] * 4 - 0.5).astype(int)) == [0, 1, 2, 3]
+    (keys,) = [d for d in draws if d.shape == (3, 12)]
+    # one key per query: (r + 0.5) / 12 for r a permutation of 0..11, the picked 0..3
+    assert sorted(np.round(keys[0] * 12 - 0.5).astype(int)) == list(range(12))
 
 
 @pytest.mark.parametrize("target", TARGETS)
@@ -89,25 +92,81 @@ def test_every_target_replays_the_ints_and_the_order(recorded: Path, target: str
     assert any("[float64]" in c.name for c in report.comparisons)
 
 
-def test_topk_order_puts_the_sorted_output_in_the_recorded_order() -> None:
-    """argsort of the draw, applied to TopK's sorted output (ties: the lower
-    index first), gives back the unsorted output, along any dim."""
+def _picked_by_keys(
+    x: torch.Tensor, keys: torch.Tensor, k: int, dim: int, largest: bool
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """topk(sorted=False)'s rule, in torch: the input in key order, the k
+    first of a stable sort (the lower key first among equals), in key order."""
+    perm = torch.argsort(keys, dim=dim, stable=True)
+    values, picked = torch.sort(x.gather(dim, perm), dim=dim, descending=largest, stable=True)
+    values, indices = values.narrow(dim, 0, k), perm.gather(dim, picked.narrow(dim, 0, k))
+    order = torch.argsort(keys.gather(dim, indices), dim=dim, stable=True)
+    return values.gather(dim, order), indices.gather(dim, order)
+
+
+def test_topk_keys_pick_what_the_kernel_picked_in_its_order() -> None:
+    """The keys make the rule pick the kernel's elements, in the kernel's
+    order, along any dim, where many values tie at the k-th and the kernel
+    kept other tied elements than the lower indices."""
     g = torch.Generator().manual_seed(0)
-    x = torch.randint(0, 5, (3, 9, 4), generator=g).float()  # many ties
+    x = torch.randint(0, 3, (3, 9, 4), generator=g).float()  # many ties
     for dim, largest in ((1, True), (2, False), (0, True)):
         k = 3 if dim != 0 else 2
-        values, indices = x.topk(k, dim, largest, sorted=False)
-        perm = torch.randperm(k, generator=g)  # any order a kernel may give
-        values, indices = values.index_select(dim, perm), indices.index_select(dim, perm)
-        # ties broken the same way in both: indices where values tie must agree with sorting
-        u = topk_order(values, indices, dim, largest)
-        ordered_v, ordered_i = x.topk(k, dim, largest, sorted=True)
-        order = torch.argsort(u, dim=dim, stable=True)
-        assert torch.equal(ordered_v.gather(dim, order), values)
-        # among tied values TopK's indices may differ from the kernel's: compare
-        # the picked set's values per position, and the indices where unique
-        unique = (values.unsqueeze(dim) == values.unsqueeze(dim + 1)).sum(dim + 1) == 1
-        assert torch.equal(ordered_i.gather(dim, order)[unique], indices[unique])
+        # a kernel's pick: a valid top k whose ties are broken at random, in any order
+        noise = torch.rand(x.shape, generator=g) * 0.5  # below the values' spacing
+        _, indices = (x + (noise if largest else -noise)).topk(k, dim, largest, sorted=False)
+        indices = indices.index_select(dim, torch.randperm(k, generator=g))
+        values = x.gather(dim, indices)
+        keys = topk_keys(indices, x.shape[dim], dim)
+        assert keys.shape == x.shape and keys.dtype == torch.float32
+        got_values, got_indices = _picked_by_keys(x, keys, k, dim, largest)
+        assert torch.equal(got_indices, indices) and torch.equal(got_values, values)
+    # the lower indices among ties are not what such a kernel keeps: the case matters
+    tied = torch.ones(1, 6)
+    assert not torch.equal(tied.topk(2, sorted=False)[1], torch.tensor([[2, 5]]))
+    keys = topk_keys(torch.tensor([[2, 5]]), 6, 1)
+    assert torch.equal(_picked_by_keys(tied, keys, 2, 1, True)[1], torch.tensor([[2, 5]]))
+
+
+class _TiedMask(nn.Module):
+    """Doge's dynamic mask over [B, L, 8]: the top 4 keys by a per-key score
+    stay, the others are masked. Its score parameter starts at zero, so every
+    key ties and the kernel's partial sort decides which 4 stay."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.q, self.k, self.v = nn.Linear(8, 8), nn.Linear(8, 8), nn.Linear(8, 8)
+        self.score, self.a = nn.Linear(8, 1), nn.Parameter(torch.zeros(1))
+        self.out = nn.Linear(8, 2)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        score = torch.exp(self.a * F.softplus(self.score(x)).squeeze(-1))  # [B, L], 1 at init
+        top = score.topk(4, dim=-1, sorted=False).indices
+        keep = torch.zeros_like(score).scatter(-1, top, 1.0)
+        scores = self.q(x) @ self.k(x).transpose(1, 2) + score.unsqueeze(1)
+        attn = torch.softmax(scores.masked_fill(keep.unsqueeze(1) == 0, -1e9), -1)
+        return self.out((attn @ self.v(x)).mean(1))
+
+
+@pytest.mark.parametrize("target", TARGETS)
+def test_a_mask_at_the_picked_of_tied_values_checks_on_every_target(
+    tmp_path_factory: pytest.TempPathFactory, target: str
+) -> None:
+    framework = targets.get(target).framework
+    pytest.importorskip(framework, reason=f"the {target} target needs {framework} installed")
+    log_dir = tmp_path_factory.mktemp(f"tied_{target}")
+    torch.manual_seed(0)
+    model = _TiedMask()
+    g = torch.Generator().manual_seed(1)
+    with tracelog.Listener(model, log_dir, strict=True) as listener, listener.batch():
+        x, y = torch.randn(3, 12, 8, generator=g), torch.randn(3, 2, generator=g)
+        F.mse_loss(model(x), y).backward()
+    report = tracelog.check(log_dir, target)
+    assert report.ok, report.table()
+    # the float64 reference is the batch's: it kept the kernel's picks (with the lower
+    # indices kept, it and the program agree, and the source's float32 is 0.2 off)
+    errors = [c.source_err for c in report.comparisons if c.source_err is not None]
+    assert errors and max(errors) < 1e-5, report.table()
 
 
 def test_a_fresh_run_draws_ints_in_range() -> None:

@@ -419,6 +419,53 @@ class FastWindow:
         return (self.static, self.inputs, calls)
 
 
+def _passes_through(module: torch.nn.Module) -> bool:
+    """Does calling `module` call each of its children once, in order, and
+    nothing else (torch's ``nn.Sequential.forward``, not overridden)?"""
+    if not isinstance(module, torch.nn.Sequential) or "forward" in vars(module):
+        return False
+    cls = type(module)
+    return (
+        cls.forward is torch.nn.Sequential.forward
+        and cls.__iter__ is torch.nn.Sequential.__iter__
+        and cls.__call__ is torch.nn.Module.__call__
+        and cls._call_impl is torch.nn.Module._call_impl
+    )
+
+
+def implied_calls(root: torch.nn.Module) -> set[int]:
+    """The modules (by id) whose calls the root's call implies: reached from
+    an ``nn.Sequential`` root only through ``nn.Sequential``s, each held by no
+    other module. Inside the root's forward only those Sequentials' loops call
+    them, once each, in order, and the key's module calls need not note them.
+    (A call from outside the root's forward, in the window, is in the loss's
+    autograd graph or the function calls the key reads there.)"""
+    parents: dict[int, list[torch.nn.Module]] = {}
+    for module in root.modules():
+        for child in module._modules.values():
+            if child is not None:
+                parents.setdefault(id(child), []).append(module)
+    pure: dict[int, bool] = {}  # passes through, and is reached only through such
+
+    def is_pure(module: torch.nn.Module) -> bool:
+        found = pure.get(id(module))
+        if found is None:
+            pure[id(module)] = False  # a cycle in the tree: not pure
+            found = _passes_through(module) and (
+                module is root or all(is_pure(p) for p in parents.get(id(module), []))
+            )
+            pure[id(module)] = found
+        return found
+
+    if not is_pure(root):
+        return set()
+    return {
+        id(m)
+        for m in root.modules()
+        if m is not root and all(is_pure(p) for p in parents.get(id(m), []))
+    }
+
+
 def on_backward(recorder: Callable[[Any], None] | None) -> None:
     """What this thread's next backward (``torch.autograd.backward``, ``grad``)
     tells first, with its roots: an exact window's recorder (None: nothing)."""
@@ -427,4 +474,4 @@ def on_backward(recorder: Callable[[Any], None] | None) -> None:
     _READING.recorder = recorder
 
 
-__all__ = ["Calls", "FastWindow", "input_key", "on_backward"]
+__all__ = ["Calls", "FastWindow", "implied_calls", "input_key", "on_backward"]

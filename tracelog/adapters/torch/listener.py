@@ -49,11 +49,11 @@ from .compiled import (
     unwrap_compiled,
 )
 from .distributed import LocalGrads, Ranks, facts_for_log, placement, unwrap, world
-from .guards import Calls, FastWindow, input_key, on_backward
+from .guards import Calls, FastWindow, implied_calls, input_key, on_backward
 from .recurrent import InnerOps, RecurrentScopes, wrap_pad_packed
 from .reference import forward64
 from .rules import ATEN, DRAW_OPS, RESTRIDE, VIEW_WRITE, WHOLE_VIEWS
-from .rules_attention import TOPK, topk_args, topk_order
+from .rules_attention import TOPK, topk_args, topk_keys
 from .rules_math import RRELU, rrelu_draws
 from .tensors import (
     _DTYPES,
@@ -165,6 +165,20 @@ def _grad_fns(output: Any) -> tuple[Any, ...]:
     flat: list[tuple[str, torch.Tensor]] = []
     _flatten_tensors(output, "", flat)
     return tuple([t.grad_fn for _, t in flat if t.grad_fn is not None])
+
+
+def _pre_hook_as_at_attach(
+    module: torch.nn.Module, hook: Callable[..., None], before: frozenset[int]
+) -> Any:
+    """`hook` registered on `module` where a pre hook registered as the
+    listener attached stands: after the user's pre hooks that were there then
+    (`before`: it sees the arguments they give), before those added since
+    (they see the scope it entered, as a recurrent layer's)."""
+    handle = module.register_forward_pre_hook(hook)
+    hooks = module._forward_pre_hooks  # ordered: prepend=True reorders it so
+    for later in [i for i in hooks if i not in before and i != handle.id]:
+        hooks[later] = hooks.pop(later)  # to the end, after ours
+    return handle
 
 
 def _flatten_tensors(obj: Any, prefix: str, out: list[tuple[str, torch.Tensor]]) -> None:
@@ -471,8 +485,8 @@ class _Window(WindowBase):
             self.draws[index] = outs[0].detach().clone()
         elif name == TOPK:
             _k, dim, largest, ordered = topk_args(args, kwargs)
-            if not ordered:  # the order it gave, as the draw its rule replays
-                self.draws[index] = topk_order(outs[0], outs[1], dim, largest)
+            if not ordered:  # what it picked, in its order, as the draw its rule replays
+                self.draws[index] = topk_keys(outs[1], int(args[0].shape[dim]), dim)
         elif name == RRELU and rrelu_draws(args, kwargs):
             self.draws[index] = args[1].detach().clone()  # the slopes it drew (its noise)
 
@@ -730,6 +744,11 @@ class TorchListener(GuardedCounting, ListenerBase):
         self._recurrent_scopes = RecurrentScopes()  # recurrent calls recorded whole (recurrent.py)
         wrap_pad_packed(_window_of)  # and pad_packed_sequence's call (once per process)
         self._inner: list[tuple[torch.nn.Module, bool]] = []  # non-root: (module, recurrent)
+        # modules whose calls the root's call implies, with their pre hook (a scope
+        # only), registered with the post hooks (_scopes)
+        # (module, hook, the ids of the pre hooks it had as the listener attached)
+        self._implied: list[tuple[torch.nn.Module, Callable[..., None], frozenset[int]]] = []
+        self._implied_ids: set[int] = set()  # of those, the ones whose calls are not noted
         self._scope_handles: list[Any] = []
         self._scoped = False
         self._signature: tuple[Any, inspect.Signature] | None = None
@@ -746,7 +765,12 @@ class TorchListener(GuardedCounting, ListenerBase):
         # recorded scope in exact windows) and the root's post hook. The other
         # modules' post hooks matter only while an exact window records: they
         # are registered with its recorder and removed as a fast window begins
-        # (_scopes), since every hook a module has costs a fast window a call.
+        # (_scopes), since every hook a module has costs a fast window a call
+        # (~3 us: torch's _call_impl takes its slow path for a module with any
+        # hook). So do the pre hooks of modules whose calls the root's call
+        # implies (an nn.Sequential's children: guards.implied_calls): the key
+        # need not note those calls.
+        implied = implied_calls(model)
         for path, mod in model.named_modules():
             self._holds_params[path] = any(True for _ in mod.parameters())
             if _is_metric(mod):  # torchmetrics: never part of the graphs
@@ -765,9 +789,14 @@ class TorchListener(GuardedCounting, ListenerBase):
                         self._root_post_hook(recurrent), with_kwargs=True, always_call=True
                     )
                 )
+            elif id(mod) in implied:
+                hook = self._pre_hook(path, tname, recurrent, False)
+                self._implied.append((mod, hook, frozenset(mod._forward_pre_hooks)))
+                self._implied_ids.add(id(mod))
+                self._inner.append((mod, recurrent))
             else:
                 self._handles.append(
-                    mod.register_forward_pre_hook(self._pre_hook(path, tname, recurrent))
+                    mod.register_forward_pre_hook(self._pre_hook(path, tname, recurrent, True))
                 )
                 self._inner.append((mod, recurrent))
 
@@ -1162,6 +1191,20 @@ class TorchListener(GuardedCounting, ListenerBase):
             self._modules = [m for _, m in self._named_modules]
             self._module_ids = {id(m) for m in self._modules}  # a new submodule's too
             self._tree_seen = self._tree_version
+            if self._implied_ids:
+                self._note_no_longer_implied()
+
+    def _note_no_longer_implied(self) -> None:
+        """The tree changed: a module whose calls the root's call implied, now
+        held by another module too (whose forward may call it or not), has its
+        calls noted in the key from now on, by a pre hook of its own (its
+        scope stays with the exact windows' hooks)."""
+        implied = implied_calls(self.model)
+        for path, mod in self.model.named_modules():
+            if id(mod) in self._implied_ids and id(mod) not in implied:
+                self._implied_ids.discard(id(mod))
+                noting = self._pre_hook(path, type(mod).__name__, False, True, False)
+                self._handles.append(mod.register_forward_pre_hook(noting))
 
     def _root_pre_hook(self, tname: str, recurrent: bool) -> Callable[..., None]:
         def hook(module: torch.nn.Module, args: Any, kwargs: Any) -> None:
@@ -1241,7 +1284,13 @@ class TorchListener(GuardedCounting, ListenerBase):
                 w = self._forward_starts(w, args, kwargs)
         return w
 
-    def _pre_hook(self, path: str, tname: str, recurrent: bool) -> Callable[..., None]:
+    def _pre_hook(
+        self, path: str, tname: str, recurrent: bool, noted: bool, scoped: bool = True
+    ) -> Callable[..., None]:
+        """A non-root module's pre hook: its call noted in the key (`noted`:
+        not where the root's call implies it) and, in exact windows, its scope
+        entered (`scoped`)."""
+
         def hook(module: torch.nn.Module, args: Any) -> None:
             if compiling():  # first: Dynamo would guard on what it read before
                 return
@@ -1249,9 +1298,9 @@ class TorchListener(GuardedCounting, ListenerBase):
             if w is None:
                 return
             calls = w.calls
-            if calls is not None and calls.on:
+            if noted and calls is not None and calls.on:
                 calls.calls.append(path)  # the key's module calls
-            if self._scoped and type(w) is _Window:  # its post hook is there
+            if scoped and self._scoped and type(w) is _Window:  # its post hook is there
                 w.guarded(w.enter_module, path, tname, False, args, {})
                 if recurrent:
                     self._recurrent_scopes.enter(w)
@@ -1303,6 +1352,8 @@ class TorchListener(GuardedCounting, ListenerBase):
             return
         if on:
             self._scope_handles = [
+                _pre_hook_as_at_attach(mod, hook, before) for mod, hook, before in self._implied
+            ] + [
                 mod.register_forward_hook(
                     self._post_hook(recurrent), always_call=True, prepend=True
                 )

@@ -269,11 +269,17 @@ class _Replay:
         return outs
 
     def _unsorted_topk(self, rec: Any) -> list[torch.Tensor]:
-        """topk(sorted=False) in the order the batch's gave (rules_attention.topk_order:
-        the draw its rule replays), not the one float64's partial sort leaves."""
+        """topk(sorted=False) picking the elements the batch's picked, in its
+        order (rules_attention.topk_keys: the draw its rule replays), not those
+        float64's partial sort would keep among equals: the input in key order,
+        a stable sort (the lower index first among equals), the picked in key
+        order."""
         k, dim, largest, _ordered = topk_args(rec.args, dict(rec.kwargs))
-        values, indices = torch.topk(self.sub(rec.args[0]), k, dim, largest, sorted=True)
-        order = torch.argsort(self.drawn[rec.index][0].detach(), dim=dim, stable=True)
+        x, keys = self.sub(rec.args[0]), self.drawn[rec.index][0].detach()
+        perm = torch.argsort(keys, dim=dim, stable=True)
+        values, picked = torch.sort(x.gather(dim, perm), dim=dim, descending=largest, stable=True)
+        values, indices = values.narrow(dim, 0, k), perm.gather(dim, picked.narrow(dim, 0, k))
+        order = torch.argsort(keys.gather(dim, indices), dim=dim, stable=True)
         return [values.gather(dim, order), indices.gather(dim, order)]
 
     def _drawn(self, rec: Any) -> list[torch.Tensor]:

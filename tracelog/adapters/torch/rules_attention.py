@@ -1166,17 +1166,24 @@ def topk_args(args: Sequence[Any], kwargs: Any) -> tuple[Any, int, bool, bool]:
     )
 
 
-def topk_order(
-    values: torch.Tensor, indices: torch.Tensor, dim: int, largest: bool
-) -> torch.Tensor:
-    """The order topk(sorted=False) gave its k elements, as the draw that puts
-    TopK's sorted output in it (_sort): u[..., j] = (q[j] + 0.5) / k along dim,
-    q[j] the output position of the j-th element in TopK's order (by value,
-    the lower index first among equals). Ascending u is then that order."""
-    by_index = torch.argsort(indices, dim=dim, stable=True)
-    by_value = torch.argsort(values.gather(dim, by_index), dim=dim, descending=largest, stable=True)
-    q = by_index.gather(dim, by_value)
-    return ((q.to(torch.float64) + 0.5) / max(int(values.shape[dim]), 1)).to(torch.float32)
+def topk_keys(indices: torch.Tensor, size: int, dim: int) -> torch.Tensor:
+    """The draw that makes topk(sorted=False)'s rule (_sort) pick the elements
+    the batch's kernel picked, in its order: one key per input element along
+    dim, the j-th picked (j + 0.5) / size, the others after them in index
+    order. Where values tie at the k-th, which of them a kernel keeps is its
+    own (torch's CPU partial sort keeps others than the lower indices): the
+    rule sorts by the keys first, and TopK keeps the lower index (the lower
+    key) among equals."""
+    k = int(indices.shape[dim])
+    shape = list(indices.shape)
+    shape[dim] = size
+    rest = torch.ones(shape, dtype=torch.bool).scatter(dim, indices, False)
+    after = torch.cumsum(rest.to(torch.int64), dim) - 1 + k  # the others, in index order
+    where = [1] * len(shape)
+    where[dim] = k
+    picked = torch.arange(k, dtype=torch.int64).view(where).expand_as(indices)
+    rank = torch.where(rest, after, 0).scatter(dim, indices, picked)
+    return ((rank.to(torch.float64) + 0.5) / max(size, 1)).to(torch.float32)
 
 
 @ATEN.register("aten.sort.default", "aten.sort.stable", TOPK)
@@ -1202,21 +1209,34 @@ def _sort(ctx: Ctx) -> Names:
     # a symbolic dim (the batch: lengths sorted for pack_padded_sequence) is sorted
     # whole: K is its size at run time
     axis = int(dim) % rank
-    values, indices = ctx.node(
-        "TopK", [ctx.t(0), ctx.b_dim(k)], axis=axis, largest=int(largest), sorted=1
-    )
     if ordered:
-        return [values, indices]
-    # sorted=False: an order torch leaves open (on CPU, what its partial sort left),
-    # which later ops may meet (a dropout mask drawn over the selected rows: Informer).
-    # A draw of that order (topk_order): the sample's replays the batch's, a fresh
-    # run draws one at random, an order the contract allows.
+        return ctx.node("TopK", [ctx.t(0), ctx.b_dim(k)], axis=axis, largest=int(largest), sorted=1)
+    # sorted=False: which of the elements tied at the k-th it keeps, and their
+    # order, torch leaves open (on CPU, what its partial sort left); later ops
+    # meet both (a dropout drawn over the selected rows: Informer; a mask
+    # scattered at them: Doge's dynamic mask, whose values all tie at init).
+    # A draw of keys over the input (topk_keys) decides both: the input in key
+    # order, TopK (the lower index, so the lower key, among equals), the picked
+    # in key order. The sample's draw replays the batch's; a fresh run draws
+    # one at random, a choice the contract allows.
     vt, it = ctx.rec.outs[0].type, ctx.rec.outs[1].type
-    u = random_like(ctx, TensorType("float32", it.shape), "RandomUniformLike", low=0.0, high=1.0)
+    n = xt.shape[axis]
+    keys_t, perm_t = TensorType("float32", xt.shape), TensorType(it.dtype, xt.shape)
+    u = random_like(ctx, keys_t, "RandomUniformLike", low=0.0, high=1.0)
+    _, perm = ctx.node(
+        "TopK", [u, ctx.b_dim(n)], outs=[keys_t, perm_t], axis=axis, largest=0, sorted=1
+    )
+    permuted = ctx.helper("GatherElements", [ctx.t(0), perm], xt, axis=axis)
+    values, picked = ctx.node(
+        "TopK", [permuted, ctx.b_dim(k)], outs=[vt, it], axis=axis, largest=int(largest), sorted=1
+    )
+    indices = ctx.helper("GatherElements", [perm, picked], it, axis=axis)
+    picked_keys_t = TensorType("float32", it.shape)
+    picked_keys = ctx.helper("GatherElements", [u, indices], picked_keys_t, axis=axis)
     _, order = ctx.node(
         "TopK",
-        [u, ctx.b_dim(k)],
-        outs=[TensorType("float32", it.shape), it],
+        [picked_keys, ctx.b_dim(k)],
+        outs=[picked_keys_t, it],
         axis=axis,
         largest=0,
         sorted=1,
