@@ -993,9 +993,9 @@ EXTRA_CASES += [
 # run at another batch, so the recording falls back to reading every 4 as the batch,
 # and at top-2 its key repeat of 2 kv heads to 4 is such a 4 ("not a whole number of
 # times"); at top-3 the fallback holds (the counts are constants: a graph per batch);
-# Wav2Vec2-BERT runs without SpecAugment (mask_time_prob=0.0, as wav2vec2):
-# its numpy-drawn mask [4, 16] is recorded as a constant, and index_put_ by it on
-# [batch, seq, 32] is unsupported. Tried and left out: SwitchTransformers and
+# Wav2Vec2-BERT's SpecAugment mask (drawn by numpy) was a constant [4, 16], and
+# index_put_ by it on [batch, seq, 32] unsupported, until such a mask became a data
+# input following the data's sizes (base.external_mask). Tried and left out: SwitchTransformers and
 # NLLB-MoE (their experts loop's nonzero: a count the batch-dim replay could not
 # follow, router jitter or not); LED (Longformer's as_strided chunks, slices of part
 # of the batch, writes through strided views); PhiMoE (its router weight's gradient,
@@ -1090,7 +1090,7 @@ EXTRA_CASES += [
     ModelCase("wav2vec2_bert", _hf("Wav2Vec2BertConfig", "Wav2Vec2BertForSequenceClassification",
               feature_size=8, num_labels=3, hidden_size=32, num_hidden_layers=2,
               num_attention_heads=2, intermediate_size=64, conv_depthwise_kernel_size=3,
-              output_hidden_size=32, feature_projection_input_dim=8, mask_time_prob=0.0),
+              output_hidden_size=32, feature_projection_input_dim=8),
               _b_features_batch(8, 16, channels_first=True), _hf_step, "transformers"),
     _image("dinov2_with_registers", "Dinov2WithRegistersConfig",
            "Dinov2WithRegistersForImageClassification", 16, patch_size=4, num_register_tokens=2,

@@ -300,7 +300,28 @@ class WindowBase(ABC):
             self.tape.targets.append(targ)
             self.target_tensors.append(t)
             return ref
+        if region == "pred" and batch is not None and batch > 1 and lead == batch:
+            if self.dtype_of(t) == "bool":
+                return self.external_mask(t)
         return self.constant(t, region)
+
+    def external_mask(self, t: Any) -> Ref:
+        """A boolean mask with a batch dim that the forward made from outside
+        the framework (SpecAugment's time mask, drawn by numpy per batch, then
+        torch.tensor): a data input of the graph, its value the batch's in the
+        sample. As a constant, each batch's draw made a graph of its own, and
+        every batch was recorded exactly (the guards cannot see its values)."""
+        base = name = f"external_mask_{len(self.tape.external)}"
+        k = 0
+        while name in self.input_tensors:  # a forward argument of that name
+            k += 1
+            name = f"{base}_{k}"
+        ref: Ref = ("i", name)
+        self.taint.add(ref)
+        self.input_tensors[name] = t
+        self.tape.inputs[name] = self.targ(t, ref, True)
+        self.tape.external.add(name)
+        return ref
 
     def constant(self, t: Any, region: str) -> Ref:
         k = self._batch_multiple(t) if region == "post" else 0

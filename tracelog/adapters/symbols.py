@@ -54,11 +54,19 @@ def candidates(tape: Tape) -> list[tuple[int, list[tuple[Ref, int]]]]:
     size itself are no candidates."""
     batch = tape.batch_size
     found: dict[int, list[tuple[Ref, int]]] = {}
+    made = []  # masks made to fit the model's dims: they follow the data's sizes
     for a in (*tape.inputs.values(), *tape.targets):
+        if a.ref[0] == "i" and a.ref[1] in tape.external:
+            made.append(a)
+            continue
         for axis, d in enumerate(a.shape):
             if axis == 0 or not isinstance(d, int) or d < 2 or d == batch:
                 continue
             found.setdefault(d, []).append((a.ref, axis))
+    for a in made:  # a place of a size the data has, never a size of its own
+        for axis, d in enumerate(a.shape):
+            if axis and d in found:
+                found[d].append((a.ref, axis))
     return list(found.items())
 
 

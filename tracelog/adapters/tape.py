@@ -111,6 +111,10 @@ class Tape:
     # selections by the data (x[mask], nonzero): each one's record index and the
     # count it selected, which the fingerprint reads as the batch size is read
     selected: list[tuple[int, int]] = field(default_factory=list)
+    # data inputs the forward made from outside the framework (a numpy-drawn
+    # boolean mask: base.external_mask): their dims past the batch's are made
+    # to fit the model's, never sizes of their own (symbols.candidates)
+    external: set[str] = field(default_factory=set)
 
     def fingerprint(self) -> tuple[Any, ...]:
         keys = [r.key(self.batch_size) for r in self.recs]
