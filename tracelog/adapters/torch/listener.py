@@ -967,8 +967,7 @@ class TorchListener(GuardedCounting, ListenerBase):
                 w.fail(e)
             return w
         if isinstance(w, FastWindow):
-            # GuardBook.trusted_for, inline (every guarded batch)
-            w.streak = self._book.trusted.get((static, inputs)) if static == w.static else None
+            w.streak = self._book.trusted_for(static, inputs) if static == w.static else None
             if w.streak is None:  # no trusted key starts so: recorded exactly
                 w = self._to_exact(w)
         w.static, w.inputs = static, inputs
@@ -1104,13 +1103,7 @@ class TorchListener(GuardedCounting, ListenerBase):
         book.since_exact[static] = book.since_exact.get(static, 0) + 1
         self.last_counted = pair
         self.last_guarded = True
-        if self.strict:  # _batch_counted, inline
-            self.writer.batch_done()
-        else:
-            try:
-                self.writer.batch_done()  # fail-open inside; this guards the guard
-            except Exception as e:
-                logger.warning("tracelog: checkpoint failed: %s", describe(e))
+        self._batch_counted()
         if self._collector_paused:  # _window_closed
             self._resume_collector()
         return True
@@ -1247,26 +1240,19 @@ class TorchListener(GuardedCounting, ListenerBase):
             return v
         if w.calls is not None:  # else the key failed to read: w stopped, counted unrecorded
             w.calls.calls.append("")  # the key's root call
-        w.root_calls = w.root_depth = 1  # enter_root, from a window not yet entered
+        w.enter_root()
         if recurrent:
             self._recurrent_scopes.enter(None)
         return None
 
     def _fast_forward_returned(self, w: FastWindow, output: Any, recurrent: bool) -> None:
         """The root post hook's work as a fast window's forward returns (the
-        usual guarded batch): ``exit_root`` and ``_forward_ended`` inline."""
+        usual guarded batch): ``exit_root`` inline, then ``_forward_ended``."""
         w.root_depth = 0
         w.root_done = True
         if recurrent:
             self._recurrent_scopes.exit()
-        calls = w.calls
-        if calls is not None and not calls.started:
-            if not torch.is_grad_enabled():
-                calls.start(())
-            elif type(output) is torch.Tensor:
-                calls.start(() if output.grad_fn is None else (output.grad_fn,))
-            else:
-                calls.start(_grad_fns(output))
+        self._forward_ended(w, output)
         if self._auto:
             self.close_batch(self._auto.pop())
 
