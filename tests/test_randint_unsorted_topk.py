@@ -169,6 +169,41 @@ def test_a_mask_at_the_picked_of_tied_values_checks_on_every_target(
     assert errors and max(errors) < 1e-5, report.table()
 
 
+def _lower_index_first(indices: torch.Tensor, size: int, dim: int) -> torch.Tensor:
+    """topk_keys as it was before: the lower index first among equals, whatever
+    the kernel picked."""
+    shape, where = list(indices.shape), [1] * indices.dim()
+    shape[dim] = where[dim] = size
+    return ((torch.arange(size).view(where).expand(shape).double() + 0.5) / size).float()
+
+
+def test_a_reference_that_replays_another_draw_than_the_batch_is_dropped(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, caplog: pytest.LogCaptureFixture
+) -> None:
+    """The draw wrong on both sides (the rule and the float64 replay keep the
+    lower indices among ties): the reference agrees with the program and not
+    with the batch. The sample drops it, saying why, and the check then judges
+    the program against the batch's own float32 values, and fails."""
+    from tracelog.adapters.torch import listener as torch_listener
+
+    monkeypatch.setattr(torch_listener, "topk_keys", _lower_index_first)
+    torch.manual_seed(0)
+    model = _TiedMask()
+    g = torch.Generator().manual_seed(1)
+    with tracelog.Listener(model, tmp_path, strict=True) as listener, listener.batch():
+        x, y = torch.randn(3, 12, 8, generator=g), torch.randn(3, 2, generator=g)
+        F.mse_loss(model(x), y).backward()
+    log = tracelog.load(tmp_path)
+    assert log.sample_info is not None
+    note = log.sample_info["reference"]
+    assert note.startswith("none: its loss ") and "a tracelog bug" in note, note
+    assert note[len("none: ") :] in caplog.text
+    assert not any(k.startswith(("ref64/", "scale64/")) for k in log.sample())
+    report = tracelog.check(tmp_path, "torch")
+    assert not report.ok and "no float64 reference: its loss" in report.title
+    assert not next(c for c in report.comparisons if c.name == "loss").ok
+
+
 def test_a_fresh_run_draws_ints_in_range() -> None:
     """As a training program (no recorded draws): floor of a uniform draw in
     [low, high), capped at high - 1, covers every int of the range."""

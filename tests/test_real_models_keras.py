@@ -49,6 +49,8 @@ def test_recorded_whole(keras_log: Any) -> None:
     # back the recorded batch, and the parity check could not tell
     assert all(log.graph(p.prediction).inputs for p in train)
     assert log.sample_info is not None
+    # a float64 reference that replays the batch: the parity check's translation rows
+    assert log.sample_info.get("reference") == "float64", log.sample_info.get("reference")
 
 
 @pytest.mark.parametrize("target", TARGETS)

@@ -177,3 +177,32 @@ def test_a_reference_backward_that_fails_on_its_thread_leaves_the_sample(
     assert info["reference"] == "none: RuntimeError: no float64 kernel for this op"
     sample = log.sample()
     assert LOSS_KEY in sample and reference_key(LOSS_KEY) not in sample
+
+
+def test_a_reference_off_the_batch_s_own_loss_by_more_than_rounding_is_named() -> None:
+    """_reference_off judges the source's loss against the reference's at the
+    loss's scale (its value, or its sensitivity to the predictions' rounding
+    where larger) in ulps of the batch's narrowest float dtype."""
+    from tracelog.adapters.base import _reference_off
+    from tracelog.sample import scale_key, without_reference
+
+    f32, bf16 = 2.0**-23, 2.0**-7
+
+    def sample(own: float, ref: float, scale: float | None = None) -> dict:
+        s = {LOSS_KEY: np.float32(own), reference_key(LOSS_KEY): np.float64(ref)}
+        if scale is not None:
+            s[scale_key(LOSS_KEY)] = np.float64(scale)
+        return s
+
+    assert _reference_off(sample(0.5163, 0.5163 + 1e-6), f32) is None  # rounding
+    off = _reference_off(sample(0.5163, 0.5946), f32)  # another draw replayed: 0.13
+    assert off is not None and off.startswith("its loss 0.5946 is 0.0783 from")
+    # a small difference of larger terms: judged at how far rounding moves it
+    assert _reference_off(sample(1e-4, 1.2e-4), f32) is not None
+    assert _reference_off(sample(1e-4, 1.2e-4, scale=10.0), f32) is None
+    # an autocast run rounds by bfloat16's epsilon: a float32 bound would misjudge it
+    assert _reference_off(sample(2.0, 2.03), bf16) is None
+    assert _reference_off(sample(float("nan"), 2.0), f32) is None  # judged elsewhere
+    assert _reference_off({LOSS_KEY: np.float32(1.0)}, f32) is None  # no reference
+    dropped = without_reference(sample(1.0, 1.0, scale=2.0) | {grad_key("w"): np.ones(2)})
+    assert sorted(dropped) == [grad_key("w"), LOSS_KEY]

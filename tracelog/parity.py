@@ -23,7 +23,7 @@ from tracelog.log import TraceLog
 from tracelog.passes.layout import TO_NHWC
 from tracelog.progress import stage
 from tracelog.sample import input_key, sample_feeds
-from tracelog.verify import Comparison, Report, all_values, compare
+from tracelog.verify import Comparison, Report, all_values, compare, unreferenced
 
 
 def _import_path(path: Path, target: str | None = None) -> types.ModuleType:
@@ -83,7 +83,7 @@ def check_program(
     """Write a program target's program and run its own parity check (`draw`:
     check())."""
     stage("checking the log's tensor files")
-    TraceLog.load(log_dir)  # the program reads them as they are: the sha256s first
+    log = TraceLog.load(log_dir)  # the program reads them as they are: the sha256s first
     stage(f"writing {tgt.name}'s program")
     path = write_program(log_dir, tgt)
     stage(f"importing {path.name} and its framework")
@@ -106,7 +106,10 @@ def check_program(
             f"within {FLOAT32_FACTOR:g}x the source's own error in them: the ratio"
         )
     else:
-        title = f"{path.name} vs recorded batch (atol {atol:g}, rtol {rtol:g}; gradients atol {grad_atol:g})"
+        title = (
+            f"{path.name} vs recorded batch (atol {atol:g}, rtol {rtol:g}; gradients atol "
+            f"{grad_atol:g}){unreferenced(log)}"
+        )
     report = Report(title, comparisons)
     if not report.ok:
         report.divergence = accuracy_only(report)

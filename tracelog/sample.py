@@ -216,6 +216,12 @@ def build_sample(
     return sample
 
 
+def without_reference(sample: dict[str, np.ndarray]) -> dict[str, np.ndarray]:
+    """The sample less its float64 reference and the scales it gave."""
+    dropped = (reference_key(""), scale_key(""))
+    return {k: v for k, v in sample.items() if not k.startswith(dropped)}
+
+
 def sample_info(
     *,
     epoch: int,

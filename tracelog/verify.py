@@ -89,6 +89,13 @@ class Report:
         return "\n".join(lines)
 
 
+def unreferenced(log: TraceLog) -> str:
+    """For a check's title where the sample has no float64 reference: why not
+    (trace.json's ``reference``), as "; no float64 reference: ..."."""
+    note = log.sample_info.get("reference", "") if log.sample_info else ""
+    return f"; no float64 reference: {note[len('none: '):]}" if note.startswith("none: ") else ""
+
+
 def compare(name: str, got: Any, want: Any, atol: float, rtol: float) -> Comparison:
     got_a, want_a = np.asarray(got), np.asarray(want)
     if got_a.shape != want_a.shape:
@@ -455,7 +462,9 @@ def verify(
         raise LogError("this log has no recorded sample batch (no training batch with a loss)")
     sample = log.sample()
     weights = log.weights()
-    report = Report(f"IR vs recorded batch, run by {runtime} (atol {atol:g}, rtol {rtol:g})")
+    report = Report(
+        f"IR vs recorded batch, run by {runtime} (atol {atol:g}, rtol {rtol:g}){unreferenced(log)}"
+    )
 
     pred = log.graph(info["prediction"])
     feeds = sample_feeds(sample)

@@ -55,11 +55,14 @@ from tracelog.ir import Graph, batch_dim
 from tracelog.log import COMPLETE, CheckpointPolicy, LogWriter, TraceLog, claim_log_dir
 from tracelog.registry import Table
 from tracelog.sample import (
+    LOSS_KEY,
     build_sample,
     custom_backward_key,
     grad_key,
     reference_key,
     sample_info,
+    scale_key,
+    without_reference,
 )
 
 logger = logging.getLogger("tracelog")
@@ -924,6 +927,11 @@ class ListenerBase(ABC):
             updates={name: self._buffer_now(name) for name, _ref in w.tape.buffer_updates},
             reference=reference,
         )
+        off = None if reference is None else _reference_off(self._sample, _narrowest_eps(w.tape))
+        if off is not None:  # not the batch the source ran: no reference, and check says why
+            self._sample = without_reference(self._sample)
+            reference, reference_note = None, f"none: {off}"
+            logger.warning("tracelog: the sample has no float64 reference: %s", off)
         if reference is not None:
             self._sample.update(_custom_backwards(self._custom_functions(w), self._sample))
         self.log.sample_info = sample_info(
@@ -983,6 +991,54 @@ class ListenerBase(ABC):
 # a float32 gradient further than this share of its largest value from the
 # float64 reference is not rounding (the source's own error is 1e-6 .. 1e-4 of it)
 _NOT_ROUNDING = 1e-2
+
+
+# the source's own loss further than this many ulps (of the narrowest float dtype the
+# batch computed in) of the loss's scale from the float64 reference's is not
+# rounding: 2**16 float32 ulps are 7.8e-3 (as _NOT_ROUNDING for gradients), where
+# 180 PyTorch and 32 Keras models of the matrices read at most 7.4e-5 (Keras
+# ResNet50 at 32x32, batch 4) and a replay of another draw 0.13 (topk among ties);
+# a bfloat16 or float16 run's bound is above 1: it is judged on float32 runs only
+_REFERENCE_ULPS = 2.0**16
+
+
+# float epsilons by dtype name (numpy has no bfloat16)
+_EPS = {"bfloat16": 2.0**-7, "float16": 2.0**-10, "float32": 2.0**-23}
+
+
+def _narrowest_eps(tape: Tape) -> float:
+    """The epsilon of the narrowest float dtype among the batch's recorded
+    values (float32's where none is narrower): a bfloat16 autocast region
+    rounds the loss by its epsilon, whatever dtype the loss is computed in."""
+    found = {o.dtype for rec in tape.recs for o in rec.outs}
+    return max(eps for name, eps in _EPS.items() if name in found or name == "float32")
+
+
+def _reference_off(sample: dict[str, np.ndarray], eps: float) -> str | None:
+    """Why the float64 reference is not a replay of the sampled batch, if it is
+    not: the source's own loss further from the reference's than rounding by
+    `eps` (_narrowest_eps) explains, at the loss's scale (the larger of its value
+    and how far rounding the predictions moves it: tracelog.sample.scale_key).
+    A draw or data-dependent choice the replay did not take as the source did
+    would make the reference, and every program that replays alike, agree on
+    another function than the source's, where the float32 check judged the
+    source's own error as large and passed (topk among tied values, 0.15 of the
+    loss). None where it agrees, or the loss is not finite on either side."""
+    loss, ref = sample.get(LOSS_KEY), sample.get(reference_key(LOSS_KEY))
+    if loss is None or ref is None:
+        return None
+    own, want = float(np.asarray(loss, dtype=np.float64)), float(np.asarray(ref, dtype=np.float64))
+    if not (np.isfinite(own) and np.isfinite(want)):
+        return None
+    scale = max(abs(want), float(np.asarray(sample.get(scale_key(LOSS_KEY), 0.0))))
+    bound = _REFERENCE_ULPS * eps * scale
+    if abs(own - want) <= bound:
+        return None
+    return (
+        f"its loss {want:.9g} is {abs(own - want):.3g} from the batch's own {own:.9g} "
+        f"(more than {bound:.3g}, {_REFERENCE_ULPS:g} ulps of its scale {scale:.3g}): the "
+        f"float64 replay did not compute what the source did (a tracelog bug; please report it)"
+    )
 
 
 def _custom_backwards(functions: list[str], sample: dict[str, np.ndarray]) -> dict[str, Any]:

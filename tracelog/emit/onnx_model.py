@@ -342,7 +342,7 @@ def check_model(log_dir: str | os.PathLike[str], *, atol: float, rtol: float) ->
 
     from tracelog.emit.runtime.parity import FLOAT32_FACTOR, TRANSLATION_RTOL
     from tracelog.sample import reference_key, sample_feeds
-    from tracelog.verify import Comparison, Report, SampleJudge, run_model
+    from tracelog.verify import Comparison, Report, SampleJudge, run_model, unreferenced
 
     onnx = _onnx()
     path = write_model(log_dir)
@@ -379,7 +379,10 @@ def check_model(log_dir: str | os.PathLike[str], *, atol: float, rtol: float) ->
         )
         report = Report(title, translation_rows(log, sample))
     else:
-        title = f"{path.name} vs recorded batch, run by {run_by} (atol {atol:g}, rtol {rtol:g})"
+        title = (
+            f"{path.name} vs recorded batch, run by {run_by} (atol {atol:g}, rtol {rtol:g})"
+            f"{unreferenced(log)}"
+        )
         report = Report(title)
     roles = [out.name for out in model.graph.output][:-1]  # the loss comes last
     judge = SampleJudge(sample)
