@@ -995,9 +995,9 @@ EXTRA_CASES += [
 # times"); at top-3 the fallback holds (the counts are constants: a graph per batch);
 # Wav2Vec2-BERT's SpecAugment mask (drawn by numpy) was a constant [4, 16], and
 # index_put_ by it on [batch, seq, 32] unsupported, until such a mask became a data
-# input following the data's sizes (base.external_mask). Tried and left out: SwitchTransformers and
-# NLLB-MoE (their experts loop's nonzero: a count the batch-dim replay could not
-# follow, router jitter or not); LED (Longformer's as_strided chunks, slices of part
+# input following the data's sizes (base.external_mask). Tried and left out:
+# SwitchTransformers and NLLB-MoE (their experts loop's nonzero: a count the
+# batch-dim replay could not follow; added in the block at the end since); LED (Longformer's as_strided chunks, slices of part
 # of the batch, writes through strided views); PhiMoE (its router weight's gradient,
 # by sparsemixer's custom autograd backward, fails the float32 row: 0.25 relative);
 # Flaubert with
@@ -1159,6 +1159,24 @@ EXTRA_CASES += [
                              "num_group_tokens": [4, 0], "num_output_groups": [4, 4],
                              "num_attention_heads": 2}),
               _b_image_text_batch, _b_contrastive_step, "transformers", varies=True),
+]  # fmt: skip
+
+# Top-1 mixtures of experts whose loop picks each expert's module by a data value
+# read into Python (2026-11-29; left out before): the experts hit, found by nonzero
+# and iterated, are a number of the graph (batch_dims.iterated: another number is
+# another graph), each expert's tokens a count symbol (a count of 1, or equal to the
+# batch size, read only where the replay's view or size argument takes it);
+# NLLB-MoE's router keeps a flattened [B, T] mask's last B*T tokens.
+EXTRA_CASES += [
+    ModelCase("switch_transformers", _hf("SwitchTransformersConfig",
+              "SwitchTransformersForConditionalGeneration", vocab_size=VOCAB, d_model=32,
+              d_kv=16, d_ff=64, num_layers=2, num_sparse_encoder_layers=1, num_decoder_layers=2,
+              num_sparse_decoder_layers=1, num_heads=2, num_experts=4, expert_capacity=16,
+              decoder_start_token_id=0, pad_token_id=0), _seq2seq_batch, _hf_step,
+              "transformers"),
+    ModelCase("nllb_moe", _hf("NllbMoeConfig", "NllbMoeForConditionalGeneration",
+              **_SEQ2SEQ_SMALL, num_experts=4, expert_capacity=8, encoder_sparse_step=1,
+              decoder_sparse_step=1), _seq2seq_batch, _hf_step, "transformers"),
 ]  # fmt: skip
 
 BY_NAME = {c.name: c for c in CASES + EXTRA_CASES}

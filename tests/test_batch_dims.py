@@ -126,8 +126,8 @@ def test_no_two_tries_of_a_record_run_the_same_arguments(tmp_path: Path, monkeyp
         runs[-1].append((values, infer))
         return run_with(self, rec, plan, values, infer)
 
-    def counted_choices(self: Any, plan: Any) -> Any:
-        found = choices(self, plan)
+    def counted_choices(self: Any, plan: Any, limit: int = 128) -> Any:
+        found = choices(self, plan, limit)
         duplicated[0] += len({plan.values(c) for c in found}) < len(found)
         return found
 

@@ -138,3 +138,81 @@ def test_a_tiny_mixtral_translates(target: str, tmp_path: Path) -> None:
     batches = [torch.randint(0, 64, (2, 8)) for _ in range(2)]
     _record(tmp_path, model, batches, lambda m, ids: m(input_ids=ids, labels=ids).loss)
     _check(target, tmp_path)
+
+
+class _ExpertModules(nn.Module):
+    """SwitchTransformers' and NLLB-MoE's loop: the experts hit found by
+    nonzero and iterated in Python (Tensor.__iter__: unbind), each expert a
+    module picked by the index read, its tokens by torch.where. Tokens go to
+    the expert of their id (mod 4), so a batch sets each expert's count."""
+
+    def __init__(self, width: int = 8, experts: int = 4) -> None:
+        super().__init__()
+        self.embed = nn.Embedding(20, width)
+        self.router = nn.Linear(width, experts)
+        self.experts = nn.ModuleList(nn.Linear(width, width) for _ in range(experts))
+        self.head = nn.Linear(width, 3)
+
+    def forward(self, ids: torch.Tensor) -> torch.Tensor:
+        h = self.embed(ids)
+        tokens = h.reshape(-1, h.shape[-1])
+        probs = F.softmax(self.router(tokens), dim=-1)
+        mask = F.one_hot(ids.reshape(-1) % len(self.experts), len(self.experts)).permute(1, 0)
+        out = torch.zeros_like(tokens)
+        for expert in torch.greater(mask.sum(dim=-1), 0).nonzero():
+            (rows,) = torch.where(mask[expert].squeeze(0))
+            y = self.experts[int(expert[0])](tokens[rows]) * probs[rows, expert, None]
+            out.index_add_(0, rows, y)
+        return self.head(out.view(h.shape)).mean(dim=1)
+
+
+@pytest.mark.parametrize("target", TARGETS)
+def test_experts_iterated_in_python_translate(target: str, tmp_path: Path) -> None:
+    # the number of experts hit is a number of the graph (one unbind output per
+    # expert), not a symbol; each expert's count is one, a count of 1 (expert 3
+    # in the first batch) and counts equal to the batch size (4) among them
+    torch.manual_seed(0)
+    first = torch.tensor([[0, 1, 2, 3, 0, 1], [4, 5, 6, 8, 9, 10], [12, 13, 14, 16, 17, 0],
+                          [1, 2, 5, 6, 9, 10]])  # fmt: skip
+    second = torch.tensor([[0, 1, 2, 3, 7], [4, 5, 6, 11, 8], [8, 9, 10, 15, 12],
+                           [12, 13, 14, 19, 16]])  # fmt: skip
+    batches = [(ids, torch.arange(4) % 3) for ids in (first, second)]
+    log = _record(
+        tmp_path,
+        _ExpertModules(),
+        batches,
+        lambda model, batch: F.cross_entropy(model(batch[0]), batch[1]),
+    )
+    assert log.unrecorded == 0
+    _check(target, tmp_path)
+
+
+@pytest.mark.parametrize("mode", ["exact", "guarded"])
+def test_a_batch_that_hits_fewer_experts_is_a_graph_of_its_own(mode: str, tmp_path: Path) -> None:
+    """The number of experts hit is a number of the graph: a batch of the same
+    shape that hits three of the four is another graph pair, in exact mode
+    and in guarded mode (its calls of the expert modules differ: the key),
+    and the batches that hit all four keep theirs."""
+    torch.manual_seed(0)
+    model = _ExpertModules()
+    all_four = torch.tensor([[0, 1, 2, 3, 0, 1], [4, 5, 6, 7, 8, 9], [1, 2, 3, 5, 6, 7],
+                             [0, 4, 8, 3, 7, 11]])  # fmt: skip
+    three = all_four.clone()
+    three[three % 4 == 3] = 2  # expert 3 gets no token
+    labels = torch.arange(4) % 3
+    # a guarded batch that notices the branch is held until an exact recording
+    # shows its path: the next batch of that path is recorded exactly
+    order = [all_four] * 5 + [three, three] + [all_four]
+    with tracelog.Listener(model, tmp_path, mode=mode, strict=True) as listener:
+        for ids in order:
+            with listener.batch():
+                F.cross_entropy(model(ids), labels).backward()
+            model.zero_grad()
+    log = tracelog.load(tmp_path)
+    assert log.unrecorded == 0, log.failures
+    pairs = sorted(p.usage.batches for p in log.pairs.values() if p.phase == "train")
+    assert pairs == [2, 6], [(p.prediction[:8], p.usage) for p in log.pairs.values()]
+    ops = set().union(*(g.op_histogram() for g in log.graphs.values()))
+    assert "tracelog.Unsupported" not in ops, ops
+    if mode == "guarded":
+        assert sum(p.usage.guarded for p in log.pairs.values()) > 0

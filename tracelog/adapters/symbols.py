@@ -34,8 +34,8 @@ Sources = dict[str, tuple[int, list[tuple[Ref, int]]]]
 # ref -> its shape in one replay
 Shapes = dict[Ref, tuple[int, ...]]
 # (sizes of the symbols that differ from the recording, sources, the axes of
-# each ref that must keep their size) -> shapes, or None
-Fixed = dict[Ref, set[int]]
+# each ref whose size the replay must give, and that size) -> shapes, or None
+Fixed = dict[Ref, dict[int, int]]
 Replay = Callable[[dict[str, int], Sources, Fixed], Shapes | None]
 # (symbol, symbol) -> the shapes of a replay with both one larger
 Pairs = dict[tuple[str, ...], Shapes]
@@ -112,8 +112,9 @@ def with_symbols(tape: Tape, batch_tape: Tape, replay: Replay, selections: Candi
             continue
         # a dim that moves with neither the batch nor the symbol alone moves with
         # neither together (ints equal to both, B = heads = 4, are told apart so)
-        fixed = _unmoved(base, bumped_batch, [alone])
-        joint = replay({BATCH: batch + 1, symbol: size + 1}, trial, fixed)
+        joint = replay(
+            {BATCH: batch + 1, symbol: size + 1}, trial, _joint(base, bumped_batch, alone)
+        )
         if joint is None:
             continue
         trial_runs = {**runs, symbol: (alone, joint)}
@@ -173,14 +174,38 @@ def _monomial(*symbols: str) -> tuple[str, ...]:
 def _unmoved(
     base: dict[Ref, tuple[int, ...]], bumped_batch: dict[Ref, tuple[int, ...]], runs: list[Shapes]
 ) -> Fixed:
-    """Per ref, the axes no single-symbol replay moved."""
+    """Per ref, the axes no single-symbol replay moved, at their size."""
     fixed: Fixed = {}
     for ref, d in base.items():
         shapes = [bumped_batch.get(ref)] + [r.get(ref) for r in runs]
         fixed[ref] = {
-            axis
+            axis: d0
             for axis, d0 in enumerate(d)
             if all(sh is not None and len(sh) == len(d) and sh[axis] == d0 for sh in shapes)
+        }
+    return fixed
+
+
+def _joint(
+    base: dict[Ref, tuple[int, ...]], bumped_batch: dict[Ref, tuple[int, ...]], alone: Shapes
+) -> Fixed:
+    """Per ref, the axes whose size in the replay with the batch and a symbol
+    both one larger the two replays of each alone give: an axis that moved
+    in at most one of them. (A dim with a batch*symbol term moves in both: a
+    term that moved in neither is zero; one in one alone is linear in it.)
+    So only the dims that moved with both are the joint replay's to find,
+    and an int that two readings fit (a length of 8 = 2 * batch beside a
+    batch of 4: `torch.zeros(4, 8, 4)` of a one-hot) is read as each alone
+    read it."""
+    fixed: Fixed = {}
+    for ref, d in base.items():
+        b, s = bumped_batch.get(ref), alone.get(ref)
+        if b is None or s is None or len(b) != len(d) or len(s) != len(d):
+            continue
+        fixed[ref] = {
+            axis: d0 + (b[axis] - d0) + (s[axis] - d0)
+            for axis, d0 in enumerate(d)
+            if b[axis] == d0 or s[axis] == d0
         }
     return fixed
 

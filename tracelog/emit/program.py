@@ -216,6 +216,10 @@ def _statement(target: Target, c: RuleCtx) -> str:
         raise UnsupportedOpError(
             target.name, [(f"{c.node.qualified_op} ({e})", 1, [c.node.module])]
         ) from None
+    if c.node.op == "Split" and len(c.outs) == 1:
+        # one part (unbind over a dim of 1, torch.where of a 1-D mask): the
+        # frameworks' split still returns a sequence of parts
+        return f"{c.outs[0]} = {expr}[0]"
     return f"{', '.join(c.outs)} = {expr}"
 
 

@@ -61,6 +61,7 @@ _INDEX = "aten.index.Tensor"
 _GROUP_NORM = "aten.native_group_norm.default"
 _GROUPED_MM = "aten._grouped_mm.default"
 _SLICE = "aten.slice.Tensor"
+_UNBIND = "aten.unbind.int"
 SELECTS = {_INDEX, "aten.masked_select.default", "aten.nonzero.default"}
 
 # A meta kernel's outputs are a function of its tensors' metadata and its other
@@ -128,14 +129,32 @@ def selection_axis(rec: Any) -> int | None:
     return 0 if rec.op in SELECTS else None
 
 
+def iterated(recs: list[Any], rec: Any, axis: int) -> bool:
+    """Whether a selection's count is a number of its graph: its output is
+    unbound along the count's axis (Python iterating over the selected rows,
+    `for row in mask.nonzero()`: Tensor.__iter__), one output per row. Another
+    count is then another number of outputs, another graph (and another
+    fingerprint), never this one at another size: the count needs no symbol."""
+    out = rec.outs[0].ref if rec.outs else None
+    rank = len(rec.outs[0].shape) if rec.outs else 0
+    for later in recs[rec.index + 1 :]:
+        if later.op != _UNBIND or not later.args or not isinstance(later.args[0], TArg):
+            continue
+        dim = later.args[1] if len(later.args) > 1 else later.kwarg("dim", 0)
+        if later.args[0].ref == out and type(dim) is int and dim % rank == axis:
+            return True
+    return False
+
+
 def selections(tape: Tape) -> list[tuple[int, list[tuple[Ref, int]]]]:
     """The counts of the data's selections, candidates for symbols of their own
     (symbols.with_symbols): per mask (x[m] and y[m] select alike; nonzero(m)
-    counts the same elements), its recorded count and the output axes it sizes."""
+    counts the same elements), its recorded count and the output axes it sizes.
+    A count the graph iterates over (iterated) is its own number, no candidate."""
     found: dict[Any, tuple[int, list[tuple[Ref, int]]]] = {}
     for rec in tape.recs:
         axis = selection_axis(rec) if rec.op in SELECTS else None
-        if axis is None:
+        if axis is None or iterated(tape.recs, rec, axis):
             continue
         if rec.op == _INDEX:
             mask = rec.args[1][axis]
@@ -148,6 +167,24 @@ def selections(tape: Tape) -> list[tuple[int, list[tuple[Ref, int]]]]:
         count = concrete_shape(rec.outs[0].shape, tape.batch_size or 0)[axis]
         found.setdefault(key, (count, []))[1].append((("o", rec.index, 0), axis))
     return list(found.values())
+
+
+@functools.cache
+def _size_args(func: Any) -> frozenset[int | str] | None:
+    """The positions and names of an op's arguments its schema declares sizes
+    (SymInt, SymInt[]: view's size, not mean's dim or permute's dims); None
+    (every argument) for an op with no schema."""
+    schema = getattr(func, "_schema", None)
+    if schema is None:
+        return None
+    found: set[int | str] = set()
+    for k, a in enumerate(schema.arguments):
+        t = a.real_type
+        while hasattr(t, "getElementType"):  # Optional[...], List[...]
+            t = t.getElementType()
+        if isinstance(t, torch.SymIntType):
+            found.update((k, a.name))
+    return frozenset(found)
 
 
 def _following_selections(recs: list[Any]) -> set[int]:
@@ -167,6 +204,7 @@ def _following_selections(recs: list[Any]) -> set[int]:
 # (0: kept; k: the k-th reading); None: the first reading of every one
 Choice = dict[int, int] | None
 
+_SHAPED_COMBINATIONS = 2048  # readings of a view's or an expand's sizes tried (choices)
 _BACKTRACKS = 64  # choices undone per replay before it gives up
 _PLAIN_ARGS = (bool, int, float, str, torch.dtype, torch.device, torch.layout, torch.memory_format)
 
@@ -400,11 +438,14 @@ class _MetaReplay:
         self._tainted = False  # of the record being planned
         # each symbol's size in the recording, and each int's readings as a multiple
         self._base = {BATCH: batch, **{s: n for s, (n, _) in self.sources.items()}}
-        self._multiples: dict[tuple[int, bool], list[int]] = {}
+        self._multiples: dict[tuple[int, bool, bool], list[int]] = {}
         # the count symbols this replay sizes, and the records that follow a selection
         # (read from self.recs once they are set: _following)
         self._counts = {s for s in self.sizes if s.startswith("count")}
         self._after_selection = False
+        # whether the argument being planned is declared a size (SymInt): of its
+        # schema's or an unknown op's (_size_args)
+        self._sized = True
         self._follow: set[int] | None = None
         self._concrete: dict[tuple[int | str, ...], tuple[int, ...]] = {}
 
@@ -451,8 +492,16 @@ class _MetaReplay:
         self._tainted = rec.tainted
         self._after_selection = rec.index in self._following
         slots: list[tuple[int, list[int]]] = []
-        args = [self._arg(rec, k, a, slots) for k, a in enumerate(rec.args)]
-        kwargs = {k: self._sub(v, slots) for k, v in rec.kwargs}
+        sized = _size_args(rec.func)
+        args = []
+        for k, a in enumerate(rec.args):
+            self._sized = sized is None or k in sized
+            args.append(self._arg(rec, k, a, slots))
+        kwargs = {}
+        for name, v in rec.kwargs:
+            self._sized = sized is None or name in sized
+            kwargs[name] = self._sub(v, slots)
+        self._sized = True
         if "device" in kwargs:
             kwargs["device"] = torch.device("meta")
         key = _arg_key((args, sorted(kwargs.items())))
@@ -482,7 +531,33 @@ class _MetaReplay:
             return self._end(a, slots)
         if k == 2 and rec.op == _SLICE:
             return self._start(rec, a, slots)
+        if k == 1 and rec.op == _EXPAND and isinstance(a, tuple):
+            return self._expanded(rec, a, slots)
         return self._sub(a, slots)
+
+    def _expanded(
+        self, rec: Any, sizes: tuple[Any, ...], slots: list[tuple[int, list[int]]]
+    ) -> Any:
+        """expand(x, sizes)'s sizes: where x's dim (sizes aligned to its end)
+        was not 1 in the recording, expand keeps it, so the size is x's dim in
+        the replay, with no reading of its own (an int equal to several
+        symbols' sizes there: Switch's [4, 2, 16, 8], batch 4, heads 2, a count
+        of 2, length 8, gave 180 combinations of readings, past what is
+        tried); the others (new leading dims, dims of 1 broadcast) are read
+        as a size list's ints are."""
+        source = rec.args[0]
+        src = self.metas.get(source.ref) if isinstance(source, TArg) else None
+        if src is None or src.dim() > len(sizes):
+            return self._sub(sizes, slots)
+        recorded = self._recorded(source.shape)
+        lead = len(sizes) - src.dim()
+        found: list[Any] = []
+        for i, x in enumerate(sizes):
+            if i >= lead and type(x) is int and x == recorded[i - lead] != 1:
+                found.append(int(src.shape[i - lead]))
+            else:
+                found.append(self._sub_item(x, slots))
+        return found
 
     def _end(self, x: Any, slots: list[tuple[int, list[int]]]) -> Any:
         """arange(start, end, step)'s end, read as a multiple k*B of the batch
@@ -497,19 +572,29 @@ class _MetaReplay:
         """A slice's start where the slice runs to its input's end (a table of L
         positions cut to its last T, `bias[:, L - T:]`: MPT's ALiBi bias): the
         length kept, L - start (or -start), read as a lone int is, moves the
-        start, in a record not derived from the data."""
+        start, in a record not derived from the data. Of data, only a start
+        of -n that keeps the input whole (n its length) reads as keeping it
+        whole (NLLB-MoE's router keeps a flattened [B, T] mask's last B*T
+        tokens, `mask[-nb_tokens:]`)."""
         source = rec.args[0]
-        if type(x) is not int or self._tainted or not isinstance(source, TArg):
+        if type(x) is not int or not isinstance(source, TArg):
             return self._sub(x, slots)
-        dim = rec.args[1] if len(rec.args) > 1 else 0
+        dim = int(rec.args[1]) if len(rec.args) > 1 else 0
         end = rec.args[3] if len(rec.args) > 3 else None
-        size = source.shape[int(dim)]  # (a dim the recorded slice took: in range)
-        if not isinstance(size, int) or not (end is None or (type(end) is int and end >= size)):
+        size = self._recorded(source.shape)[dim]  # (a dim the recorded slice took: in range)
+        if not (end is None or (type(end) is int and end >= size)):
             return self._sub(x, slots)
+        if self._tainted:
+            src = self.metas.get(source.ref)
+            if x == -size and src is not None and src.shape[dim] != size:
+                return self._slot(x, [-int(src.shape[dim])], slots)
+            return self._sub(x, slots)
+        if not isinstance(source.shape[dim], int):
+            return self._sub(x, slots)  # a batch dim: the batch's slices are the rule's
         if 0 < x < size:
-            readings = [size - n for n in self._lone(size - x)]
+            readings = [size - n for n in self._kept(size - x)]
         elif -size <= x < 0:
-            readings = [-n for n in self._lone(-x)]
+            readings = [-n for n in self._kept(-x)]
         else:
             readings = []
         return self._slot(x, readings, slots) if readings else self._sub(x, slots)
@@ -528,6 +613,14 @@ class _MetaReplay:
         slots.append((x, alternatives))
         return _Slot(len(slots) - 1)
 
+    def _kept(self, n: int) -> list[int]:
+        """The readings of the length a slice keeps to its input's end: a size
+        the replay changes, or a multiple of one, as a size list's ints are
+        (NLLB-MoE's router keeps a flattened [B, T] mask's last B*T tokens,
+        `mask.reshape(-1)[-nb_tokens:]`)."""
+        readings = self._lone(n)
+        return readings + [m for m in self._multiple(n) if m not in readings]
+
     def _lone(self, x: int) -> list[int]:
         """The readings of a lone int of a record not derived from the data:
         a size the replay changes (arange(B) for a batch index, arange(T))."""
@@ -542,8 +635,8 @@ class _MetaReplay:
         """x read as k times a product of symbol sizes, at the replay's sizes:
         one reading per group of symbols that divides it, most symbols first
         (remembered: a model's size lists repeat)."""
-        after = self._after_selection
-        readings = self._multiples.get((x, after))
+        after, sized = self._after_selection, self._sized
+        readings = self._multiples.get((x, after, sized))
         if readings is not None:
             return readings
         if self.strict:
@@ -556,9 +649,15 @@ class _MetaReplay:
             readings = []
             for n in range(len(symbols), 0, -1):
                 for group in itertools.combinations(symbols, n):
+                    if n > 1 and any(base[s] < 2 for s in group):
+                        # a factor of 1 leaves the product as it was: the group
+                        # without it reads it, its reading alone is expand(1, C)'s
+                        continue
                     size = math.prod(base[s] for s in group)
                     if size < 2:  # a count of 0 or 1 divides nothing or everything:
-                        if x != size:  # only an int equal to it reads it (expand(n, C))
+                        # only an int equal to it reads it (expand(n, C)), in an
+                        # argument that is a size (mean(x, dim=[1]): a dim, no count)
+                        if x != size or not sized:
                             continue
                         new = math.prod(self.sizes[s] for s in group)
                     elif x % size:
@@ -567,7 +666,7 @@ class _MetaReplay:
                         new = x // size * math.prod(self.sizes[s] for s in group)
                     if new not in readings:
                         readings.append(new)
-        self._multiples[(x, after)] = readings
+        self._multiples[(x, after, sized)] = readings
         return readings
 
     def run_with(
@@ -735,16 +834,17 @@ class _MetaReplay:
             raise ValueError("batch sizes not made by pack_padded_sequence")
         return rec
 
-    def choices(self, plan: _Plan) -> list[Choice]:
+    def choices(self, plan: _Plan, limit: int = 128) -> list[Choice]:
         """Which batch-valued ints in size lists follow the batch is ambiguous
         when a feature dim equals it (view(x, [B, B])): all of them, each
         alone, and none; records not derived from the data too (a buffer
         expanded to [B, T], arange(B)). With several symbols, each int may
         be read as any of them (B = 4 and T = 8 both divide 8), so every
-        combination is tried, most ints following first."""
+        combination is tried, most ints following first, up to `limit`
+        combinations."""
         readings = [len(alternatives) for _x, alternatives in plan.slots]
         n = len(readings)
-        if not self.strict and 1 <= n and math.prod(r + 1 for r in readings) <= 128:
+        if not self.strict and 1 <= n and math.prod(r + 1 for r in readings) <= limit:
             combos = itertools.product(*(range(r + 1) for r in readings))
             ranked = sorted(combos, key=lambda c: (-sum(1 for k in c if k), c))
             return [{i: k for i, k in enumerate(c) if k} for c in ranked]
@@ -818,12 +918,19 @@ class _MetaReplay:
             tuple([a.shape for a in rec.outs]),
             source,
             tuple(
-                [frozenset(self.fixed.get(("o", rec.index, k), ())) for k in range(len(rec.outs))]
+                [
+                    tuple(sorted(self.fixed.get(("o", rec.index, k), {}).items()))
+                    for k in range(len(rec.outs))
+                ]
             ),
         )
 
     def _outcomes_of(self, rec: Any, plan: _Plan) -> list[list[torch.Tensor]]:
-        tries: list[tuple[Choice, int | None]] = [(c, None) for c in self.choices(plan)]
+        # a view's or an expand's wrong combinations are told by their sizes'
+        # product (_cannot_fit), not run: more of them are tried (a view of
+        # [B, H, D, T] to [8, 16, 8] with B = 4, H = 2, a count of 2, T = 8)
+        limit = _SHAPED_COMBINATIONS if rec.op in _VIEWS or rec.op == _EXPAND else 128
+        tries: list[tuple[Choice, int | None]] = [(c, None) for c in self.choices(plan, limit)]
         if not self.strict and rec.op in _VIEWS and isinstance(rec.args[1], tuple):
             tries += [(None, i) for i in range(len(rec.args[1]))]
         found = self._ranked(rec, plan, tries)
@@ -895,7 +1002,8 @@ class _MetaReplay:
         """A view regroups dims without moving elements across groups: where
         its input and output shapes share a prefix product in the recording
         (view(x[T, B, E], [T, B*H, D]): T), they share it in the replay too, so
-        a choice that moves T for the batch is wrong however the sizes multiply."""
+        a choice that moves T for the batch is wrong however the sizes multiply;
+        and a view of an input the replay kept is the view it recorded."""
         if rec.op not in _VIEWS or not isinstance(rec.args[0], TArg):
             return True
         src = self.metas.get(rec.args[0].ref)
@@ -904,6 +1012,11 @@ class _MetaReplay:
         was_in = self._recorded(rec.args[0].shape)
         was_out = self._recorded(rec.outs[0].shape)
         now_in, now_out = tuple(src.shape), tuple(outs[0].shape)
+        if now_in == was_in:
+            # an input the replay kept keeps its view: an int equal to a symbol's
+            # size (a count equal to the batch, or of 1: view(x, [-1, 1, E]) after
+            # a selection) read as following it only regroups the same elements
+            return now_out == was_out
         ends_in, ends_out = _prefix_ends(was_in), _prefix_ends(was_out)
         for product in ends_in.keys() & ends_out.keys():
             a, b = ends_in[product], ends_out[product]
@@ -926,7 +1039,10 @@ class _MetaReplay:
             if t.dim() != len(concrete):
                 return None
             moved = self._moved(concrete, t.shape)
-            if moved is None or set(moved) & self.fixed.get(("o", rec.index, k), set()):
+            if moved is None:
+                return None
+            need = self.fixed.get(("o", rec.index, k))
+            if need and any(t.shape[axis] != size for axis, size in need.items()):
                 return None
             found += moved
         return tuple(found)

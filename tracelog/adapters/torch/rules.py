@@ -1095,6 +1095,10 @@ def _slice(ctx: Ctx) -> Names:
     start = 0 if start is None else int(start)
     end = INT64_MAX if end is None or end >= INT64_MAX else int(end)
     size = shape[dim]
+    if is_symbolic(size) and step == 1 and ctx.out_type().shape[dim] == size:
+        # as long as its input at every size the replay tried (x[-n:] with n the
+        # input's own length, B*T: NLLB-MoE's router mask[-nb_tokens:]): the whole
+        return [ctx.t(0)]
     if is_symbolic(size) and BATCH in str(size) and (start, end, step) != (0, INT64_MAX, 1):
         if ctx.batch is not None and end >= ctx.batch and start == 0 and step == 1:
             return [ctx.t(0)]  # a slice of the whole batch: x[:n] with n >= batch

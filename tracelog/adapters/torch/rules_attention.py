@@ -27,6 +27,7 @@ import torch
 
 from tracelog.adapters.builder import UNINITIALISED, Converter, Ctx, NotSupported
 from tracelog.adapters.tape import TArg
+from tracelog.adapters.torch.batch_dims import iterated
 from tracelog.adapters.torch.rules import (
     ATEN,
     INT64_MAX,
@@ -529,9 +530,13 @@ def _counted(ctx: Ctx, axis: int) -> None:
     """The output's size along `axis` is the data's count of selected elements:
     it must follow a count symbol (symbols.py: the batch-dim replay sized the
     selection at other counts); a count it could not follow (below 2, or a
-    replay that failed) would hold this batch's number in every batch's graph."""
+    replay that failed) would hold this batch's number in every batch's graph.
+    A count the graph iterates over (one unbind output per selected row:
+    batch_dims.iterated) is a number of this graph, as the outputs' number is."""
     d = ctx.out_type().shape[axis]
     if not (is_symbolic(d) and any(s.startswith("count") for m in parse_dim(d) for s in m)):
+        if isinstance(d, int) and iterated(ctx.b.tape.recs, ctx.rec, axis):
+            return
         raise NotSupported(
             "a boolean selection whose count the batch-dim replay could not follow "
             f"(counted {d}): its size depends on the data"
