@@ -146,8 +146,9 @@ class _ExpertModules(nn.Module):
     module picked by the index read, its tokens by torch.where. Tokens go to
     the expert of their id (mod 4), so a batch sets each expert's count."""
 
-    def __init__(self, width: int = 8, experts: int = 4) -> None:
+    def __init__(self, width: int = 8, experts: int = 4, by_index: bool = False) -> None:
         super().__init__()
+        self.by_index = by_index  # `for i in range(len(hit)): hit[i]`: a select per row
         self.embed = nn.Embedding(20, width)
         self.router = nn.Linear(width, experts)
         self.experts = nn.ModuleList(nn.Linear(width, width) for _ in range(experts))
@@ -159,7 +160,8 @@ class _ExpertModules(nn.Module):
         probs = F.softmax(self.router(tokens), dim=-1)
         mask = F.one_hot(ids.reshape(-1) % len(self.experts), len(self.experts)).permute(1, 0)
         out = torch.zeros_like(tokens)
-        for expert in torch.greater(mask.sum(dim=-1), 0).nonzero():
+        hit = torch.greater(mask.sum(dim=-1), 0).nonzero()
+        for expert in [hit[i] for i in range(len(hit))] if self.by_index else hit:
             (rows,) = torch.where(mask[expert].squeeze(0))
             y = self.experts[int(expert[0])](tokens[rows]) * probs[rows, expert, None]
             out.index_add_(0, rows, y)
@@ -187,14 +189,17 @@ def test_experts_iterated_in_python_translate(target: str, tmp_path: Path) -> No
     _check(target, tmp_path)
 
 
+@pytest.mark.parametrize("by_index", [False, True], ids=["unbind", "select"])
 @pytest.mark.parametrize("mode", ["exact", "guarded"])
-def test_a_batch_that_hits_fewer_experts_is_a_graph_of_its_own(mode: str, tmp_path: Path) -> None:
+def test_a_batch_that_hits_fewer_experts_is_a_graph_of_its_own(
+    mode: str, by_index: bool, tmp_path: Path
+) -> None:
     """The number of experts hit is a number of the graph: a batch of the same
     shape that hits three of the four is another graph pair, in exact mode
     and in guarded mode (its calls of the expert modules differ: the key),
     and the batches that hit all four keep theirs."""
     torch.manual_seed(0)
-    model = _ExpertModules()
+    model = _ExpertModules(by_index=by_index)
     all_four = torch.tensor([[0, 1, 2, 3, 0, 1], [4, 5, 6, 7, 8, 9], [1, 2, 3, 5, 6, 7],
                              [0, 4, 8, 3, 7, 11]])  # fmt: skip
     three = all_four.clone()
@@ -216,3 +221,8 @@ def test_a_batch_that_hits_fewer_experts_is_a_graph_of_its_own(mode: str, tmp_pa
     assert "tracelog.Unsupported" not in ops, ops
     if mode == "guarded":
         assert sum(p.usage.guarded for p in log.pairs.values()) > 0
+    # the experts hit (the first NonZero) are counted by a number in each graph
+    for p in log.pairs.values():
+        graph = log.graph(p.prediction)
+        hit = next(n for n in graph.nodes if n.op == "NonZero")
+        assert "count" not in str(graph.values[hit.outputs[0]].type), graph.values[hit.outputs[0]]

@@ -62,6 +62,7 @@ _GROUP_NORM = "aten.native_group_norm.default"
 _GROUPED_MM = "aten._grouped_mm.default"
 _SLICE = "aten.slice.Tensor"
 _UNBIND = "aten.unbind.int"
+_SELECT = "aten.select.int"
 SELECTS = {_INDEX, "aten.masked_select.default", "aten.nonzero.default"}
 
 # A meta kernel's outputs are a function of its tensors' metadata and its other
@@ -129,21 +130,35 @@ def selection_axis(rec: Any) -> int | None:
     return 0 if rec.op in SELECTS else None
 
 
-def iterated(recs: list[Any], rec: Any, axis: int) -> bool:
-    """Whether a selection's count is a number of its graph: its output is
-    unbound along the count's axis (Python iterating over the selected rows,
-    `for row in mask.nonzero()`: Tensor.__iter__), one output per row. Another
-    count is then another number of outputs, another graph (and another
-    fingerprint), never this one at another size: the count needs no symbol."""
-    out = rec.outs[0].ref if rec.outs else None
-    rank = len(rec.outs[0].shape) if rec.outs else 0
+def iterated(recs: list[Any], rec: Any, axis: int, batch: int | None) -> bool:
+    """Whether a selection's count is a number of its graph: Python iterates
+    over the selected rows, reading each by itself: its output unbound along
+    the count's axis (`for row in mask.nonzero()`: Tensor.__iter__), or each
+    of its rows selected along it (`for i in range(len(x)): x[i]`, a count of
+    2 or more). Another count is then another number of outputs or reads,
+    another graph (and another fingerprint), never this one at another size:
+    the count needs no symbol. (`batch`: the tape's, for a count recorded as
+    the batch it equals.)"""
+    if not rec.outs:
+        return False
+    out, shape = rec.outs[0].ref, concrete_shape(rec.outs[0].shape, batch or 0)
+    rank, count = len(shape), shape[axis]
+    rows: set[int] = set()
     for later in recs[rec.index + 1 :]:
-        if later.op != _UNBIND or not later.args or not isinstance(later.args[0], TArg):
+        if later.op not in (_UNBIND, _SELECT) or not later.args:
+            continue
+        source = later.args[0]
+        if not isinstance(source, TArg) or source.ref != out:
             continue
         dim = later.args[1] if len(later.args) > 1 else later.kwarg("dim", 0)
-        if later.args[0].ref == out and type(dim) is int and dim % rank == axis:
+        if type(dim) is not int or dim % rank != axis:
+            continue
+        if later.op == _UNBIND:
             return True
-    return False
+        index = later.args[2] if len(later.args) > 2 else None
+        if type(index) is int and 0 <= index < count:
+            rows.add(index)
+    return count >= 2 and len(rows) == count
 
 
 def selections(tape: Tape) -> list[tuple[int, list[tuple[Ref, int]]]]:
@@ -154,7 +169,7 @@ def selections(tape: Tape) -> list[tuple[int, list[tuple[Ref, int]]]]:
     found: dict[Any, tuple[int, list[tuple[Ref, int]]]] = {}
     for rec in tape.recs:
         axis = selection_axis(rec) if rec.op in SELECTS else None
-        if axis is None or iterated(tape.recs, rec, axis):
+        if axis is None or iterated(tape.recs, rec, axis, tape.batch_size):
             continue
         if rec.op == _INDEX:
             mask = rec.args[1][axis]

@@ -535,7 +535,7 @@ def _counted(ctx: Ctx, axis: int) -> None:
     batch_dims.iterated) is a number of this graph, as the outputs' number is."""
     d = ctx.out_type().shape[axis]
     if not (is_symbolic(d) and any(s.startswith("count") for m in parse_dim(d) for s in m)):
-        if isinstance(d, int) and iterated(ctx.b.tape.recs, ctx.rec, axis):
+        if isinstance(d, int) and iterated(ctx.b.tape.recs, ctx.rec, axis, ctx.batch):
             return
         raise NotSupported(
             "a boolean selection whose count the batch-dim replay could not follow "
