@@ -204,6 +204,7 @@ EXTRA_CASES: list[KerasCase] = [
     _extra_app("resnet50_v2", "ResNet50V2"),
     _extra_app("efficientnet_v2_b0", "EfficientNetV2B0"),
     _extra_app("nasnet_mobile", "NASNetMobile"),
+    _extra_app("inception_resnet_v2", "InceptionResNetV2", 75),
 ]
 
 
