@@ -111,7 +111,8 @@ def with_symbols(tape: Tape, batch_tape: Tape, replay: Replay, selections: Candi
         if alone is None:
             continue
         # a dim that moves with neither the batch nor the symbol alone moves with
-        # neither together (ints equal to both, B = heads = 4, are told apart so)
+        # neither together (ints equal to both, B = heads = 4, are told apart so),
+        # and one that moves with one of them alone moves so together (_joint)
         joint = replay(
             {BATCH: batch + 1, symbol: size + 1}, trial, _joint(base, bumped_batch, alone)
         )
