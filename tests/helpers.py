@@ -45,6 +45,15 @@ def record(
     return listener.close()
 
 
+def load_whole(log_dir: Any) -> tracelog.TraceLog:
+    """The log at `log_dir`, every batch recorded and no op Unsupported."""
+    log = tracelog.load(log_dir)
+    assert log.unrecorded == 0, log.failures
+    ops = set().union(*(g.op_histogram() for g in log.graphs.values()))
+    assert "tracelog.Unsupported" not in ops, ops
+    return log
+
+
 def assert_translated(report: Any) -> None:
     """A check report on a log with a float64 reference: every float32 row has
     its translation twin "<name> [float64]", the float64 run ran (no "[float64]

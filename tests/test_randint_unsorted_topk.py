@@ -148,6 +148,16 @@ class _TiedMask(nn.Module):
         return self.out((attn @ self.v(x)).mean(1))
 
 
+def _record_tied(log_dir: Path) -> None:
+    """One batch of _TiedMask, every key tied, recorded with its sample."""
+    torch.manual_seed(0)
+    model = _TiedMask()
+    g = torch.Generator().manual_seed(1)
+    with tracelog.Listener(model, log_dir, strict=True) as listener, listener.batch():
+        x, y = torch.randn(3, 12, 8, generator=g), torch.randn(3, 2, generator=g)
+        F.mse_loss(model(x), y).backward()
+
+
 @pytest.mark.parametrize("target", TARGETS)
 def test_a_mask_at_the_picked_of_tied_values_checks_on_every_target(
     tmp_path_factory: pytest.TempPathFactory, target: str
@@ -155,12 +165,7 @@ def test_a_mask_at_the_picked_of_tied_values_checks_on_every_target(
     framework = targets.get(target).framework
     pytest.importorskip(framework, reason=f"the {target} target needs {framework} installed")
     log_dir = tmp_path_factory.mktemp(f"tied_{target}")
-    torch.manual_seed(0)
-    model = _TiedMask()
-    g = torch.Generator().manual_seed(1)
-    with tracelog.Listener(model, log_dir, strict=True) as listener, listener.batch():
-        x, y = torch.randn(3, 12, 8, generator=g), torch.randn(3, 2, generator=g)
-        F.mse_loss(model(x), y).backward()
+    _record_tied(log_dir)
     report = tracelog.check(log_dir, target)
     assert report.ok, report.table()
     # the float64 reference is the batch's: it kept the kernel's picks (with the lower
@@ -187,12 +192,7 @@ def test_a_reference_that_replays_another_draw_than_the_batch_is_dropped(
     from tracelog.adapters.torch import listener as torch_listener
 
     monkeypatch.setattr(torch_listener, "topk_keys", _lower_index_first)
-    torch.manual_seed(0)
-    model = _TiedMask()
-    g = torch.Generator().manual_seed(1)
-    with tracelog.Listener(model, tmp_path, strict=True) as listener, listener.batch():
-        x, y = torch.randn(3, 12, 8, generator=g), torch.randn(3, 2, generator=g)
-        F.mse_loss(model(x), y).backward()
+    _record_tied(tmp_path)
     log = tracelog.load(tmp_path)
     assert log.sample_info is not None
     note = log.sample_info["reference"]
