@@ -167,3 +167,29 @@ def test_an_output_near_float32_underflow_keeps_the_floor() -> None:
     _put(sample, "output/logits", tiny)
     judge = SampleJudge(sample)
     assert judge.translated("logits [float64]", 2 * tiny, "output/logits").ok
+
+
+def test_an_output_holding_a_mask_fill_is_judged_at_its_other_values() -> None:
+    """Splinter's question answering logits hold torch.finfo(float32).min at
+    masked positions: judged at that scale, a wrong logit passed both checks.
+    The fills (both sides equal) are left out of the scale; a fill the program
+    does not reproduce fails."""
+    from tracelog.verify import _parity
+
+    parity = _parity()  # the programs' runtime, bound as the ONNX target binds it
+    fill = float(np.finfo(np.float32).min)
+    ref = np.array([[fill, 0.5, 0.9], [0.2, fill, -0.4]])
+    source = ref.astype(np.float32)
+    assert parity._magnitude(ref) == 0.9
+    assert parity._magnitude(np.array([fill, fill])) == -fill  # all fills: their size
+    right, wrong = ref.copy(), ref.copy()
+    wrong[0, 2] *= 1 + 1e-6  # far below float32's resolution of the fill's scale
+    assert parity._translated("logits", right, ref, 0.0, source, 1.0)[3]
+    assert not parity._translated("logits", wrong, ref, 0.0, source, 1.0)[3]
+    unfilled = ref.copy()
+    unfilled[0, 0] = -1e9  # the program masked with another value
+    assert not parity._translated("logits", unfilled, ref, 0.0, source, 1.0)[3]
+    # the float32 row: an error of 1e-3 on a logit of 0.9 is no float32 rounding
+    off = ref.copy()
+    off[1, 2] += 1e-3
+    assert not parity._calibrated("logits", off, source, ref, 0.0, 0.0)[3]

@@ -65,6 +65,10 @@ FLOOR_ULPS = 4.0
 TRANSLATION_RTOL = 1e-9
 # an output below this times the median scale of its kind counts as zero
 NEAR_ZERO = 1e-5
+# a reference value at least this large is a fill, not a result (a masked logit
+# written as torch.finfo(float32).min: Splinter's question answering): an output's
+# scale leaves its fills out (_magnitude), and an error there is judged at it
+FILL = 1e30
 # Where the translation holds and the recorded-dtype run fails, runs on the sample
 # with every float input and parameter nudged by one ulp (_nudged), up to this many:
 # one that passes on every output shows the failure was a branch decided by
@@ -261,6 +265,15 @@ def _error(got: np.ndarray, ref: np.ndarray) -> float:
     return float(np.nan_to_num(err, nan=np.inf).max(initial=0.0))
 
 
+def _magnitude(ref: np.ndarray) -> float:
+    """The largest finite |value| of a reference output, fills (at least FILL)
+    left out where it holds any other value: a masked logit of -3.4e38 put
+    every other logit's error at that scale, where a wrong one passed."""
+    found = np.abs(ref[np.isfinite(ref)]) if ref.dtype.kind == "f" else np.abs(ref)
+    kept = found[found < FILL]
+    return float((kept if kept.size else found).max(initial=0.0))
+
+
 def _terms(source: np.ndarray, ref: np.ndarray, largest: float) -> float:
     """The size of the terms an output sums, as the source's own rounding shows
     it (its error over its dtype's epsilon), up to the `largest` scale of its
@@ -309,7 +322,7 @@ def _calibrated(
     mine = ref if source_ref is None else np.asarray(source_ref, dtype=np.float64)
     own = _error(np.asarray(source, dtype=np.float64), mine)
     eps = float(np.finfo(source.dtype).eps) if source.dtype.kind == "f" else 0.0
-    scale = float(np.abs(ref[np.isfinite(ref)]).max(initial=0.0))
+    scale = _magnitude(ref)
     terms = _terms(source, mine, largest)
     if scale < max(floor, NEAR_ZERO * terms):
         scale = max(floor, terms)
@@ -349,7 +362,7 @@ def _typical_error(sample: dict[str, np.ndarray], medians: dict[bool, float]) ->
         if ref is None or value.dtype.kind != "f":
             continue
         is_grad = key.startswith(grad_key(""))
-        scale = float(np.abs(ref[np.isfinite(ref)]).max(initial=0.0))
+        scale = _magnitude(ref)
         # a sum that cancels (NEAR_ZERO of its terms) is near zero too, where the
         # kind's median scale is no measure of it (HF EfficientNet: bias gradients
         # of 1e-18 summing terms of 1e-2 beside weight gradients of 1e-17 read 1e8)
@@ -454,7 +467,7 @@ def _translated(
         return name, float("inf"), float("inf"), False, None, None
     err = _error(got, ref)
     terms = _terms(source, ref, largest)
-    size = float(np.abs(ref[np.isfinite(ref)]).max(initial=0.0))
+    size = _magnitude(ref)
     own_size = _own_size(size, floor, terms, source.dtype)
     scale = max(size, terms) if own_size else max(size, floor, terms)
     rel = err / max(scale, 1e-300)
@@ -488,10 +501,7 @@ def _typical_scales(sample: dict[str, np.ndarray], q: float = 0.5) -> dict[bool,
     scales: dict[bool, list[float]] = {True: [], False: []}
     for key, ref in sample.items():
         if key.startswith(reference_key("")):
-            finite = np.abs(ref[np.isfinite(ref)]) if ref.dtype.kind == "f" else np.abs(ref)
-            scales[key.startswith(reference_key(grad_key("")))].append(
-                float(finite.max(initial=0.0))
-            )
+            scales[key.startswith(reference_key(grad_key("")))].append(_magnitude(ref))
     return {kind: float(np.quantile(found, q)) if found else 0.0 for kind, found in scales.items()}
 
 
@@ -915,6 +925,7 @@ def main() -> int:
 
 # What a standalone program inlines from this module, in this order (the check).
 INLINED = (
+    "_magnitude",
     "_terms",
     "_compare",
     "_error",
