@@ -1187,7 +1187,8 @@ EXTRA_CASES += [
 # left out: DeepSeek-V2 and Llama 4 (text), whose rotary embedding runs in complex64
 # (polar, view_as_complex, a complex mul, view_as_real): the tape has no complex
 # dtype, so every batch goes unrecorded; Splinter's question answering passed but
-# read as degenerate (3 graphs for 2 batches, a float32 error of 0 on ONNX), not
+# read as degenerate (a float32 error of 0 on ONNX: its logits' finfo.min fills set
+# their scale, fixed since: parity.FILL) and records 3 graphs for 2 batches, not
 # looked into.
 EXTRA_CASES += [
     _lm("qwen3_moe", "Qwen3MoeConfig", "Qwen3MoeForCausalLM", head_dim=16, num_experts=4,
