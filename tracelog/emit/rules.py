@@ -46,6 +46,7 @@ class RuleCtx:
     mask_key: str = ""  # Dropout: the key of its mask in the rng dict ("mask.<k>")
     mask_expr: str = ""  # or an expression giving it (a module kind's function: from mask_base)
     f: dict[str, Any] = field(default_factory=dict)  # fields, set by the shared table
+    takes: frozenset[str] = frozenset()  # a module kind's function: the values it takes
 
     def i(self, k: int) -> str:
         name = self.node.inputs[k] if k < len(self.node.inputs) else ""
@@ -82,6 +83,47 @@ class RuleCtx:
 
     def inputs(self) -> list[str]:
         return [self.i(k) for k in range(len(self.node.inputs))]
+
+    def gets_gradient(self, k: int) -> bool:
+        """Whether input k is a float value the program's gradients pass
+        through: computed from a trainable parameter, or from a loss graph's
+        inputs (the predictions), or taken by a module kind's function (a
+        later call may pass it an activation), not through StopGradient."""
+        if not self.has(k):
+            return False
+        name = self.node.inputs[k]
+        return self.graph.values[name].type.dtype in FLOAT_DTYPES and (
+            name in self.takes or name in differentiable(self.graph)
+        )
+
+
+FLOAT_DTYPES = ("float64", "float32", "float16", "bfloat16")
+_DIFFERENTIABLE: dict[int, tuple[Graph, frozenset[str]]] = {}
+
+
+def differentiable(graph: Graph) -> frozenset[str]:
+    """The float values of `graph` a gradient of the loss reaches: those
+    computed from a trainable parameter (or, in a loss graph, from an input),
+    not through StopGradient. One pass per graph, kept for the emission's
+    later nodes (keyed by the graph object, held so its id stays its own)."""
+    kept = _DIFFERENTIABLE.get(id(graph))
+    if kept is not None and kept[0] is graph:
+        return kept[1]
+    found = {
+        v.name
+        for v in graph.values.values()
+        if v.type.dtype in FLOAT_DTYPES
+        and ((v.kind == "param" and v.trainable) or (v.kind == "input" and graph.kind == "loss"))
+    }
+    for node in graph.nodes:
+        if node.qualified_op != "tracelog.StopGradient" and any(i in found for i in node.inputs):
+            found.update(
+                o for o in node.outputs if o and graph.values[o].type.dtype in FLOAT_DTYPES
+            )
+    if len(_DIFFERENTIABLE) > 64:  # one emission's graphs; older ones are done with
+        _DIFFERENTIABLE.clear()
+    _DIFFERENTIABLE[id(graph)] = (graph, frozenset(found))
+    return _DIFFERENTIABLE[id(graph)][1]
 
 
 Binder = Callable[[RuleCtx], dict[str, Any]]
@@ -271,12 +313,16 @@ def _gemm(c: RuleCtx) -> dict[str, Any]:
     }
 
 
-def scaled_gemm(c: RuleCtx, product: str) -> str:
-    """alpha * product + beta * C, with the factors that are 1 left out."""
+def scaled_gemm(
+    c: RuleCtx, product: str, add: Callable[[RuleCtx, str, int, str], str] | None = None
+) -> str:
+    """alpha * product + beta * C, with the factors that are 1 left out; `add`
+    writes the sum (of the expression, input C's index and its term) where a
+    target adds a bias its own way."""
     expr = product if c.f["alpha"] == 1.0 else f"{literal(c.f['alpha'])} * {product}"
     if c.has(2):
         bias = c.i(2) if c.f["beta"] == 1.0 else f"{literal(c.f['beta'])} * {c.i(2)}"
-        expr = f"{expr} + {bias}"
+        expr = add(c, expr, 2, bias) if add is not None else f"{expr} + {bias}"
     return expr
 
 
