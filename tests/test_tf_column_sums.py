@@ -127,3 +127,38 @@ def test_values_no_gradient_passes_through_are_broadcast_by_tensorflow(tmp_path:
         program.count("_broadcast(bias, y)")
     ), [line for line in program.splitlines() if "_broadcast(" in line]
     assert tracelog.check(tmp_path, "tensorflow").ok
+
+
+class _Scale(nn.Module):
+    def forward(self, x: torch.Tensor, s: torch.Tensor) -> torch.Tensor:
+        return torch.tanh(x * s)
+
+
+class _TwoScales(nn.Module):
+    """One module kind called twice: first with a scale no gradient passes
+    through (detached), then with a parameter's."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.fc = nn.Linear(8, 8)
+        self.w = nn.Parameter(torch.linspace(0.5, 1.5, 8))
+        self.first, self.second = _Scale(), _Scale()
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        h = self.first(self.fc(x), x.mean(0, keepdim=True).detach())
+        return self.second(h, self.w[None])
+
+
+def test_a_module_kinds_function_broadcasts_what_a_later_call_differentiates(
+    tmp_path: Path,
+) -> None:
+    """The kind's function is written from its first call, where the scale
+    gets no gradient; the second call passes a parameter through it."""
+    torch.manual_seed(0)
+    model = _TwoScales()
+    with TorchListener(model, tmp_path, strict=True) as listener, listener.batch():
+        model(torch.randn(16, 8)).square().mean().backward()
+    program = tracelog.emit(tmp_path, target="tensorflow").read_text()
+    kind = program[program.index("(_Scale): Mul, Tanh") :].split("\n\n", 1)[0]
+    assert "x * _broadcast(x_1, x)" in kind, kind
+    assert tracelog.check(tmp_path, "tensorflow").ok

@@ -380,6 +380,7 @@ class _Body:
                 for n in nodes[self.at.start : self.at.end]
             ]
         self.candidates = value_candidates(Graph(self.graph.kind, self.graph.values, nodes, []))
+        self.takes = frozenset(self.at.inputs) if self.at is not None else frozenset()
 
     def bind(self, value: str, candidate: str | None = None) -> str:
         """The printed name of a value the function defines (a fresh one):
@@ -511,7 +512,7 @@ class _Body:
         for index in range(start, end):
             node = self.graph.nodes[index]
             outs = [self.bind(o) if o else "_" for o in node.outputs]
-            ctx = RuleCtx(self.graph, node, self.names, self.constants, outs)
+            ctx = RuleCtx(self.graph, node, self.names, self.constants, outs, takes=self.takes)
             if is_random(node):  # takes its recorded mask from rng when replayed
                 k = self._random_before(index)
                 if self.at is None:  # the loss graph's keys are its own (draw_key)
