@@ -2,11 +2,11 @@
 leading axes (a column sum) adds each column in one running float32 sum, so a
 bias's gradient over many rows, or a per-head scale's over a whole attention
 map, came out several times further from the float64 reference than PyTorch's
-own (Swin2SR's logit_scale: accuracy ratio 3.76, Doge's A: 3.82). The runtime's
-_reduce_sum / _reduce_mean and the gradients of _broadcast / _bias_add sum
-rows instead; the emitter calls them only where a sum would run over an axis
-that a kept axis follows, and broadcasts only values the gradients pass
-through."""
+own (Swin2SR's logit_scale: accuracy ratio 3.76). The runtime's _reduce_sum /
+_reduce_mean and the gradients of _broadcast / _bias_add sum rows instead
+where each sum adds SUMMED_ALIKE values or more; the emitter calls them only
+where a sum would run over an axis that a kept axis follows, and broadcasts
+only values the gradients pass through."""
 
 from __future__ import annotations
 
@@ -27,9 +27,17 @@ from tracelog.emit.tensorflow import column_sum  # noqa: E402
 SHAPE = (3, 4, 5, 6)
 
 
+@pytest.fixture(params=[1, rt.SUMMED_ALIKE], ids=["rows", "short_sums_left_to_tf"])
+def threshold(request: pytest.FixtureRequest, monkeypatch: pytest.MonkeyPatch) -> int:
+    """The helpers with every sum long (1: summed by rows), and as shipped
+    (this file's small shapes: TensorFlow's own sums)."""
+    monkeypatch.setattr(rt, "SUMMED_ALIKE", request.param)
+    return int(request.param)
+
+
 @pytest.mark.parametrize("axes", [[0], [1, 3], [0, 2, 3], [3], [2, 3], [-1], [-3], [0, 1, 2, 3]])
 @pytest.mark.parametrize("keepdims", [False, True])
-def test_row_sums_equal_tensorflows_own(axes: list[int], keepdims: bool) -> None:
+def test_row_sums_equal_tensorflows_own(axes: list[int], keepdims: bool, threshold: int) -> None:
     x = tf.constant(np.random.default_rng(0).standard_normal(SHAPE))
     for ours, theirs in [(rt._reduce_sum, tf.math.reduce_sum), (rt._reduce_mean, tf.reduce_mean)]:
         got, want = ours(x, axes, keepdims).numpy(), theirs(x, axes, keepdims=keepdims).numpy()
@@ -38,7 +46,9 @@ def test_row_sums_equal_tensorflows_own(axes: list[int], keepdims: bool) -> None
 
 
 @pytest.mark.parametrize("shape", [(6,), (1, 5, 1), (1, 4, 1, 6), (3, 1, 5, 6), (1,), (), SHAPE])
-def test_broadcast_is_tensorflows_own_with_its_gradient(shape: tuple[int, ...]) -> None:
+def test_broadcast_is_tensorflows_own_with_its_gradient(
+    shape: tuple[int, ...], threshold: int
+) -> None:
     rng = np.random.default_rng(1)
     v, other = tf.Variable(rng.standard_normal(shape)), tf.constant(rng.standard_normal(SHAPE))
     dy = rng.standard_normal(SHAPE)
@@ -49,6 +59,17 @@ def test_broadcast_is_tensorflows_own_with_its_gradient(shape: tuple[int, ...]) 
     want = tape.gradient(theirs, v, output_gradients=dy).numpy()
     assert got.shape == want.shape == shape
     np.testing.assert_allclose(got, want, rtol=1e-13, atol=1e-13)
+
+
+def test_short_sums_are_tensorflows_own() -> None:
+    """Under SUMMED_ALIKE values summed into each, the helpers are TensorFlow's
+    own ops (as accurate there, and cheaper: no transpose, no custom gradient)."""
+    x = tf.constant(np.random.default_rng(2).standard_normal((255, 3)).astype(np.float32))
+    np.testing.assert_array_equal(rt._reduce_sum(x, [0], False), tf.reduce_sum(x, [0]))
+    b = tf.constant(np.ones(3, np.float32))
+    assert rt._broadcast(b, x) is b
+    long = tf.concat([x, x[:1]], 0)  # 256 rows
+    assert rt._broadcast(b, long) is not b
 
 
 def test_which_sums_are_column_sums() -> None:
