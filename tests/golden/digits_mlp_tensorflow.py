@@ -192,10 +192,18 @@ def _summed_alike(x: tf.Tensor, axes: list[int]) -> bool:
 
 def _reduce_sum(x: tf.Tensor, axes: list[int], keepdims: bool) -> tf.Tensor:
     """tf.math.reduce_sum(x, axes, keepdims), a long sum along the innermost axis."""
+    return _row_reduced(tf.math.reduce_sum, x, axes, keepdims)
+
+
+def _row_reduced(
+    reduce: Callable[..., tf.Tensor], x: tf.Tensor, axes: list[int], keepdims: bool
+) -> tf.Tensor:
+    """reduce (tf.math.reduce_sum or reduce_mean) over `axes`: TensorFlow's own
+    for a short sum, else over _rows' innermost axis."""
     if _summed_alike(x, axes):
-        return tf.math.reduce_sum(x, axes, keepdims=keepdims)
+        return reduce(x, axes, keepdims=keepdims)
     rows, kept_shape = _rows(x, axes)
-    y = tf.math.reduce_sum(rows, axis=-1)
+    y = reduce(rows, axis=-1)
     return tf.reshape(y, kept_shape) if keepdims else y
 
 
